@@ -1,0 +1,453 @@
+//! Where objects live in the store, as pure functions: the hour partition of an event time,
+//! the raw and rollup partition prefixes, and the raw file name that carries the Kafka topic,
+//! partition and offset range (and its parse back).
+//!
+//! ```text
+//! raw/date=2026-11-30/hour=14/verdict.decisions.v1+00003+00000000000000001000+00000000000000001999.parquet
+//! rollup/denied_hourly/date=2026-11-30/hour=14/
+//! ```
+//!
+//! Offsets are zero-padded to 20 digits so that names sort as their offsets do.
+
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, NaiveDate, NaiveDateTime, Timelike, Utc};
+
+/// Prefix of the raw decisions table.
+pub const RAW_PREFIX: &str = "raw";
+/// Prefix of the denied-only hourly rollup.
+pub const DENIED_HOURLY_PREFIX: &str = "rollup/denied_hourly";
+/// File extension of every table file.
+pub const PARQUET_EXT: &str = "parquet";
+
+const MS_PER_HOUR: i64 = 3_600_000;
+
+/// Why a time, path or file name does not fit the layout.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LayoutError {
+    /// The time cannot be a calendar hour (outside chrono's range).
+    #[error("event time {0} ms is outside the representable calendar")]
+    TimeOutOfRange(i64),
+    /// An hour given as text does not parse.
+    #[error("hour {input:?} is not of the form YYYY-MM-DDTHH (UTC), e.g. 2026-11-30T14")]
+    BadHour {
+        /// The text given.
+        input: String,
+    },
+    /// A path does not hold `date=YYYY-MM-DD/hour=HH`.
+    #[error("path {path:?} has no date=YYYY-MM-DD/hour=HH partition: {reason}")]
+    BadPartitionPath {
+        /// The path given.
+        path: String,
+        /// What was wrong.
+        reason: &'static str,
+    },
+    /// A raw file name does not parse.
+    #[error(
+        "raw file name {name:?} is not <topic>+<partition>+<first offset>+<last offset>.parquet: {reason}"
+    )]
+    BadFileName {
+        /// The name given.
+        name: String,
+        /// What was wrong.
+        reason: &'static str,
+    },
+}
+
+/// One UTC hour: the unit of raw partitioning and of the rollup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HourPartition {
+    date: NaiveDate,
+    hour: u8,
+}
+
+impl HourPartition {
+    /// The hour holding `date` at `hour`, `None` if `hour > 23`.
+    pub fn new(date: NaiveDate, hour: u8) -> Option<Self> {
+        (hour < 24).then_some(Self { date, hour })
+    }
+
+    /// The hour holding an event time (Unix ms, UTC).
+    pub fn from_event_time_ms(ms: i64) -> Result<Self, LayoutError> {
+        let t =
+            DateTime::<Utc>::from_timestamp_millis(ms).ok_or(LayoutError::TimeOutOfRange(ms))?;
+        Ok(Self {
+            date: t.date_naive(),
+            // Always < 24.
+            hour: t.hour() as u8,
+        })
+    }
+
+    /// The calendar date.
+    pub fn date(&self) -> NaiveDate {
+        self.date
+    }
+
+    /// The hour of the day, 0–23.
+    pub fn hour(&self) -> u8 {
+        self.hour
+    }
+
+    /// The first millisecond of the hour, Unix ms UTC.
+    pub fn start_ms(&self) -> i64 {
+        let start = NaiveDateTime::from(self.date)
+            .with_hour(u32::from(self.hour))
+            .unwrap_or_default();
+        start.and_utc().timestamp_millis()
+    }
+
+    /// The first millisecond after the hour.
+    pub fn end_ms(&self) -> i64 {
+        self.start_ms() + MS_PER_HOUR
+    }
+
+    /// The next hour.
+    pub fn next(&self) -> Option<Self> {
+        Self::from_event_time_ms(self.end_ms()).ok()
+    }
+
+    /// `date=YYYY-MM-DD/hour=HH`, the Hive partition path of this hour.
+    pub fn partition_path(&self) -> String {
+        format!(
+            "date={}/hour={:02}",
+            self.date.format("%Y-%m-%d"),
+            self.hour
+        )
+    }
+
+    /// `raw/date=YYYY-MM-DD/hour=HH`, the raw table's folder for this hour.
+    pub fn raw_prefix(&self) -> String {
+        format!("{RAW_PREFIX}/{}", self.partition_path())
+    }
+
+    /// `rollup/denied_hourly/date=YYYY-MM-DD/hour=HH`, the rollup's folder for this hour.
+    pub fn denied_hourly_prefix(&self) -> String {
+        format!("{DENIED_HOURLY_PREFIX}/{}", self.partition_path())
+    }
+
+    /// Finds `date=YYYY-MM-DD/hour=HH` among the segments of an object path.
+    pub fn from_path(path: &str) -> Result<Self, LayoutError> {
+        let bad = |reason| LayoutError::BadPartitionPath {
+            path: path.to_owned(),
+            reason,
+        };
+        let mut segments = path.split('/');
+        let date = segments
+            .by_ref()
+            .find_map(|s| s.strip_prefix("date="))
+            .ok_or_else(|| bad("no date= segment"))?;
+        let hour = segments
+            .next()
+            .and_then(|s| s.strip_prefix("hour="))
+            .ok_or_else(|| bad("no hour= segment after date="))?;
+        let date = NaiveDate::parse_from_str(date, "%Y-%m-%d")
+            .map_err(|_| bad("date is not YYYY-MM-DD"))?;
+        let hour = parse_hour(hour).ok_or_else(|| bad("hour is not 00-23"))?;
+        Ok(Self { date, hour })
+    }
+}
+
+fn parse_hour(s: &str) -> Option<u8> {
+    if s.len() != 2 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok().filter(|h| *h < 24)
+}
+
+impl fmt::Display for HourPartition {
+    /// `YYYY-MM-DDTHH`, as the CLI takes it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}T{:02}", self.date.format("%Y-%m-%d"), self.hour)
+    }
+}
+
+impl FromStr for HourPartition {
+    type Err = LayoutError;
+
+    /// Parses `YYYY-MM-DDTHH` (UTC).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || LayoutError::BadHour {
+            input: s.to_owned(),
+        };
+        let (date, hour) = s.split_once('T').ok_or_else(bad)?;
+        let date = NaiveDate::parse_from_str(date, "%Y-%m-%d").map_err(|_| bad())?;
+        let hour = parse_hour(hour).ok_or_else(bad)?;
+        Ok(Self { date, hour })
+    }
+}
+
+/// The name of one raw Parquet file: which Kafka topic and partition its rows came from and
+/// the first and last offset it holds (inclusive).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RawFileName {
+    topic: String,
+    partition: i32,
+    first_offset: i64,
+    last_offset: i64,
+}
+
+impl RawFileName {
+    /// A file name, checked: the topic is a legal Kafka topic name (1–249 of `[A-Za-z0-9._-]`),
+    /// partition and offsets are non-negative, and `first_offset <= last_offset`.
+    pub fn new(
+        topic: &str,
+        partition: i32,
+        first_offset: i64,
+        last_offset: i64,
+    ) -> Result<Self, LayoutError> {
+        let name = || format!("{topic}+{partition}+{first_offset}+{last_offset}");
+        let bad = |reason| LayoutError::BadFileName {
+            name: name(),
+            reason,
+        };
+        if topic.is_empty() || topic.len() > 249 {
+            return Err(bad("topic must be 1 to 249 characters"));
+        }
+        if !topic
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        {
+            return Err(bad("topic may hold only A-Z a-z 0-9 . _ -"));
+        }
+        if partition < 0 {
+            return Err(bad("partition is negative"));
+        }
+        if first_offset < 0 {
+            return Err(bad("first offset is negative"));
+        }
+        if first_offset > last_offset {
+            return Err(bad("first offset is after last offset"));
+        }
+        Ok(Self {
+            topic: topic.to_owned(),
+            partition,
+            first_offset,
+            last_offset,
+        })
+    }
+
+    /// The Kafka topic.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// The Kafka partition.
+    pub fn partition(&self) -> i32 {
+        self.partition
+    }
+
+    /// The first offset held (inclusive).
+    pub fn first_offset(&self) -> i64 {
+        self.first_offset
+    }
+
+    /// The last offset held (inclusive).
+    pub fn last_offset(&self) -> i64 {
+        self.last_offset
+    }
+
+    /// True if this file's offset range lies inside `other`'s, same topic and partition (the
+    /// reader's rule for ignoring a file that compaction or a replay superseded).
+    pub fn is_covered_by(&self, other: &RawFileName) -> bool {
+        self.topic == other.topic
+            && self.partition == other.partition
+            && other.first_offset <= self.first_offset
+            && self.last_offset <= other.last_offset
+    }
+
+    /// The object path of this file inside an hour's raw folder.
+    pub fn raw_path(&self, hour: &HourPartition) -> String {
+        format!("{}/{self}", hour.raw_prefix())
+    }
+}
+
+impl fmt::Display for RawFileName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}+{:05}+{:020}+{:020}.{PARQUET_EXT}",
+            self.topic, self.partition, self.first_offset, self.last_offset
+        )
+    }
+}
+
+impl FromStr for RawFileName {
+    type Err = LayoutError;
+
+    /// Parses a file name (the last path segment is taken if a path is given).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let name = s.rsplit('/').next().unwrap_or(s);
+        let bad = |reason| LayoutError::BadFileName {
+            name: name.to_owned(),
+            reason,
+        };
+        let stem = name
+            .strip_suffix(PARQUET_EXT)
+            .and_then(|s| s.strip_suffix('.'))
+            .ok_or_else(|| bad("does not end in .parquet"))?;
+        // The topic cannot hold '+', so the last three '+' are ours.
+        let mut parts = stem.rsplitn(4, '+');
+        let last = parts.next().ok_or_else(|| bad("no last offset"))?;
+        let first = parts.next().ok_or_else(|| bad("no first offset"))?;
+        let partition = parts.next().ok_or_else(|| bad("no partition"))?;
+        let topic = parts.next().ok_or_else(|| bad("no topic"))?;
+        let number = |s: &str, what| {
+            if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+                Err(bad(what))
+            } else {
+                s.parse::<i64>().map_err(|_| bad(what))
+            }
+        };
+        let partition = number(partition, "partition is not a decimal number")?;
+        let partition = i32::try_from(partition).map_err(|_| bad("partition is out of range"))?;
+        let first = number(first, "first offset is not a decimal number")?;
+        let last = number(last, "last offset is not a decimal number")?;
+        Self::new(topic, partition, first, last).map_err(|e| match e {
+            LayoutError::BadFileName { reason, .. } => bad(reason),
+            other => other,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hour(s: &str) -> HourPartition {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn event_time_maps_to_its_utc_hour_folder() {
+        // 2026-11-30T14:59:59.999Z and the next millisecond.
+        let h = HourPartition::from_event_time_ms(1_796_050_799_999).unwrap();
+        assert_eq!(h.raw_prefix(), "raw/date=2026-11-30/hour=14");
+        let next = HourPartition::from_event_time_ms(1_796_050_800_000).unwrap();
+        assert_eq!(next.raw_prefix(), "raw/date=2026-11-30/hour=15");
+        assert_eq!(h.next(), Some(next));
+        assert_eq!(h.end_ms(), next.start_ms());
+        assert_eq!(h.start_ms(), 1_796_047_200_000);
+    }
+
+    #[test]
+    fn times_before_the_epoch_and_at_midnight() {
+        let h = HourPartition::from_event_time_ms(-1).unwrap();
+        assert_eq!(h.to_string(), "1969-12-31T23");
+        let h = HourPartition::from_event_time_ms(1_796_083_200_000).unwrap();
+        assert_eq!(
+            h.denied_hourly_prefix(),
+            "rollup/denied_hourly/date=2026-12-01/hour=00"
+        );
+    }
+
+    #[test]
+    fn absurd_times_are_an_error_not_a_panic() {
+        assert_eq!(
+            HourPartition::from_event_time_ms(i64::MAX),
+            Err(LayoutError::TimeOutOfRange(i64::MAX))
+        );
+        assert!(HourPartition::from_event_time_ms(i64::MIN).is_err());
+    }
+
+    #[test]
+    fn hour_text_round_trips_and_rejects_nonsense() {
+        assert_eq!(hour("2026-11-30T14").to_string(), "2026-11-30T14");
+        for bad in [
+            "2026-11-30T24",
+            "2026-11-30",
+            "2026-11-30T4",
+            "2026-13-01T00",
+            "x",
+            "2026-11-30T+1",
+        ] {
+            assert!(bad.parse::<HourPartition>().is_err(), "{bad} parsed");
+        }
+    }
+
+    #[test]
+    fn partition_is_found_in_a_full_object_path() {
+        let p = "raw/date=2026-11-30/hour=07/verdict.decisions.v1+00000+00000000000000000000+00000000000000000009.parquet";
+        assert_eq!(HourPartition::from_path(p).unwrap(), hour("2026-11-30T07"));
+        assert!(matches!(
+            HourPartition::from_path("raw/date=2026-11-30/x.parquet"),
+            Err(LayoutError::BadPartitionPath { .. })
+        ));
+        assert!(HourPartition::from_path("raw/date=2026-11-30/hour=99/").is_err());
+    }
+
+    #[test]
+    fn file_name_carries_topic_partition_and_offsets() {
+        let f = RawFileName::new("verdict.decisions.v1", 3, 1000, 1999).unwrap();
+        let name = f.to_string();
+        assert_eq!(
+            name,
+            "verdict.decisions.v1+00003+00000000000000001000+00000000000000001999.parquet"
+        );
+        assert_eq!(name.parse::<RawFileName>().unwrap(), f);
+        assert_eq!(
+            f.raw_path(&hour("2026-11-30T14")),
+            format!("raw/date=2026-11-30/hour=14/{name}")
+        );
+        let path = format!("raw/date=2026-11-30/hour=14/{name}");
+        assert_eq!(path.parse::<RawFileName>().unwrap(), f);
+    }
+
+    #[test]
+    fn file_names_sort_as_their_offsets() {
+        let a = RawFileName::new("t", 0, 9, 99).unwrap().to_string();
+        let b = RawFileName::new("t", 0, 100, 100).unwrap().to_string();
+        assert!(a < b);
+    }
+
+    #[test]
+    fn bad_file_names_say_what_is_wrong() {
+        let cases = [
+            ("t+1+2+3.csv", "does not end in .parquet"),
+            ("t+1+2.parquet", "no topic"),
+            ("t+x+2+3.parquet", "partition is not a decimal number"),
+            ("t+1+-2+3.parquet", "first offset is not a decimal number"),
+            ("t+1+5+3.parquet", "first offset is after last offset"),
+            ("t%x+1+2+3.parquet", "topic may hold only A-Z a-z 0-9 . _ -"),
+            (
+                "t+1+2+99999999999999999999.parquet",
+                "last offset is not a decimal number",
+            ),
+            ("+1+2+3.parquet", "topic must be 1 to 249 characters"),
+            ("t+9999999999+2+3.parquet", "partition is out of range"),
+        ];
+        for (name, want) in cases {
+            match name.parse::<RawFileName>() {
+                Err(LayoutError::BadFileName { reason, .. }) => assert_eq!(reason, want, "{name}"),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn coverage_is_by_topic_partition_and_range() {
+        let big = RawFileName::new("t", 1, 100, 200).unwrap();
+        assert!(
+            RawFileName::new("t", 1, 100, 150)
+                .unwrap()
+                .is_covered_by(&big)
+        );
+        assert!(big.is_covered_by(&big));
+        assert!(
+            !RawFileName::new("t", 1, 90, 150)
+                .unwrap()
+                .is_covered_by(&big)
+        );
+        assert!(
+            !RawFileName::new("t", 2, 120, 150)
+                .unwrap()
+                .is_covered_by(&big)
+        );
+        assert!(
+            !RawFileName::new("u", 1, 120, 150)
+                .unwrap()
+                .is_covered_by(&big)
+        );
+    }
+}

@@ -1,0 +1,15 @@
+//! The contracts between verdict's crates, with no I/O: the decision event and its v1 wire
+//! format ([`wire`]), the Arrow schemas of the tables and the event → `RecordBatch`
+//! conversion ([`tables`]), and where every object lives in the store ([`layout`]).
+
+pub mod event;
+pub mod layout;
+pub mod tables;
+pub mod wire;
+
+pub use event::{
+    DecisionEvent, DecisionSource, DeniedBy, KeyId, RegionId, RouteClassId, TierId, Verdict,
+};
+pub use layout::{HourPartition, LayoutError, RawFileName};
+pub use tables::{RawBatchBuilder, denied_hourly_schema, raw_schema};
+pub use wire::{DecodeError, EVENT_V1_LEN, EVENT_VERSION_V1};

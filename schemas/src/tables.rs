@@ -1,0 +1,315 @@
+//! The Arrow schemas of the tables (`raw`, `denied_hourly`) and the conversion of decision
+//! events into a raw `RecordBatch`. Column names are constants so writers, jobs and queries
+//! agree on them. Enum fields are stored as their wire codes (`u8`): the codes are the
+//! contract (documented in `schemas/README.md`), names belong to the query layer.
+
+use std::sync::{Arc, LazyLock};
+
+use arrow::array::{
+    ArrayRef, BooleanArray, BooleanBufferBuilder, FixedSizeBinaryArray, Int32Array, Int64Array,
+    TimestampMillisecondArray, UInt8Array, UInt16Array, UInt32Array, UInt64Array,
+};
+use arrow::buffer::Buffer;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use arrow::error::ArrowError;
+use arrow::record_batch::RecordBatch;
+
+use crate::event::DecisionEvent;
+
+/// The time zone of every timestamp column.
+pub const UTC: &str = "UTC";
+
+/// Column names of the raw table, in schema order.
+pub mod raw {
+    /// Decision time, UTC milliseconds.
+    pub const EVENT_TIME: &str = "event_time";
+    /// The 16-byte key id.
+    pub const KEY_ID: &str = "key_id";
+    /// Tier id (policy).
+    pub const TIER: &str = "tier";
+    /// Route class id (policy).
+    pub const ROUTE_CLASS: &str = "route_class";
+    /// Region id.
+    pub const REGION: &str = "region";
+    /// Gateway instance that decided.
+    pub const GATEWAY_INSTANCE: &str = "gateway_instance";
+    /// Verdict code: 0 allowed, 1 denied, 2 would-deny.
+    pub const VERDICT: &str = "verdict";
+    /// The token bucket refused.
+    pub const DENIED_BY_BUCKET: &str = "denied_by_bucket";
+    /// The hourly window refused.
+    pub const DENIED_BY_WINDOW: &str = "denied_by_window";
+    /// Source code: 0 counter store, 1 local fallback, 2 kill switch, 3 policy off.
+    pub const SOURCE: &str = "source";
+    /// Whole tokens left after the decision.
+    pub const REMAINING_TOKENS: &str = "remaining_tokens";
+    /// Requests left in the hourly window after the decision.
+    pub const REMAINING_WINDOW: &str = "remaining_window";
+    /// Retry-After given, milliseconds.
+    pub const RETRY_AFTER_MS: &str = "retry_after_ms";
+    /// The hourly quota in force.
+    pub const WINDOW_QUOTA: &str = "window_quota";
+    /// Policy version that decided.
+    pub const POLICY_VERSION: &str = "policy_version";
+    /// Hot-key sub-key index.
+    pub const SUB_KEY: &str = "sub_key";
+    /// Hot-key split count.
+    pub const SUB_KEYS: &str = "sub_keys";
+    /// Kafka partition the event was read from.
+    pub const KAFKA_PARTITION: &str = "kafka_partition";
+    /// Kafka offset the event was read from.
+    pub const KAFKA_OFFSET: &str = "kafka_offset";
+}
+
+/// Column names of the `denied_hourly` rollup table, in schema order.
+pub mod denied_hourly {
+    /// Start of the hour, UTC.
+    pub const HOUR: &str = "hour";
+    /// The 16-byte key id.
+    pub const KEY_ID: &str = "key_id";
+    /// Tier id.
+    pub const TIER: &str = "tier";
+    /// Route class id.
+    pub const ROUTE_CLASS: &str = "route_class";
+    /// Region id.
+    pub const REGION: &str = "region";
+    /// Requests allowed in the hour.
+    pub const ALLOWED: &str = "allowed";
+    /// Requests refused with 429.
+    pub const DENIED: &str = "denied";
+    /// Requests shadow mode would have refused.
+    pub const WOULD_DENY: &str = "would_deny";
+    /// Refusals (real or would-be) in which the bucket refused.
+    pub const DENIED_BY_BUCKET: &str = "denied_by_bucket";
+    /// Refusals (real or would-be) in which the hourly window refused.
+    pub const DENIED_BY_WINDOW: &str = "denied_by_window";
+    /// Decisions not made by the shared counters (fallback, kill switch, policy off).
+    pub const DEGRADED: &str = "degraded";
+    /// Smallest remaining token count seen.
+    pub const MIN_REMAINING_TOKENS: &str = "min_remaining_tokens";
+    /// Smallest remaining window quota seen.
+    pub const MIN_REMAINING_WINDOW: &str = "min_remaining_window";
+    /// First refusal (real or would-be) in the hour.
+    pub const FIRST_DENIAL: &str = "first_denial";
+    /// Last refusal (real or would-be) in the hour.
+    pub const LAST_DENIAL: &str = "last_denial";
+    /// Newest policy version seen.
+    pub const POLICY_VERSION: &str = "policy_version";
+    /// Largest hourly quota in force during the hour.
+    pub const WINDOW_QUOTA: &str = "window_quota";
+}
+
+fn ts() -> DataType {
+    DataType::Timestamp(TimeUnit::Millisecond, Some(UTC.into()))
+}
+
+static RAW_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
+    use raw::*;
+    Arc::new(Schema::new(vec![
+        Field::new(EVENT_TIME, ts(), false),
+        Field::new(KEY_ID, DataType::FixedSizeBinary(16), false),
+        Field::new(TIER, DataType::UInt8, false),
+        Field::new(ROUTE_CLASS, DataType::UInt8, false),
+        Field::new(REGION, DataType::UInt16, false),
+        Field::new(GATEWAY_INSTANCE, DataType::UInt32, false),
+        Field::new(VERDICT, DataType::UInt8, false),
+        Field::new(DENIED_BY_BUCKET, DataType::Boolean, false),
+        Field::new(DENIED_BY_WINDOW, DataType::Boolean, false),
+        Field::new(SOURCE, DataType::UInt8, false),
+        Field::new(REMAINING_TOKENS, DataType::UInt32, false),
+        Field::new(REMAINING_WINDOW, DataType::UInt32, false),
+        Field::new(RETRY_AFTER_MS, DataType::UInt32, false),
+        Field::new(WINDOW_QUOTA, DataType::UInt32, false),
+        Field::new(POLICY_VERSION, DataType::UInt64, false),
+        Field::new(SUB_KEY, DataType::UInt8, false),
+        Field::new(SUB_KEYS, DataType::UInt8, false),
+        Field::new(KAFKA_PARTITION, DataType::Int32, false),
+        Field::new(KAFKA_OFFSET, DataType::Int64, false),
+    ]))
+});
+
+static DENIED_HOURLY_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
+    use denied_hourly::*;
+    Arc::new(Schema::new(vec![
+        Field::new(HOUR, ts(), false),
+        Field::new(KEY_ID, DataType::FixedSizeBinary(16), false),
+        Field::new(TIER, DataType::UInt8, false),
+        Field::new(ROUTE_CLASS, DataType::UInt8, false),
+        Field::new(REGION, DataType::UInt16, false),
+        Field::new(ALLOWED, DataType::UInt64, false),
+        Field::new(DENIED, DataType::UInt64, false),
+        Field::new(WOULD_DENY, DataType::UInt64, false),
+        Field::new(DENIED_BY_BUCKET, DataType::UInt64, false),
+        Field::new(DENIED_BY_WINDOW, DataType::UInt64, false),
+        Field::new(DEGRADED, DataType::UInt64, false),
+        Field::new(MIN_REMAINING_TOKENS, DataType::UInt32, false),
+        Field::new(MIN_REMAINING_WINDOW, DataType::UInt32, false),
+        Field::new(FIRST_DENIAL, ts(), false),
+        Field::new(LAST_DENIAL, ts(), false),
+        Field::new(POLICY_VERSION, DataType::UInt64, false),
+        Field::new(WINDOW_QUOTA, DataType::UInt32, false),
+    ]))
+});
+
+/// The schema of the raw table's Parquet files (partition columns `date`/`hour` come from
+/// the path, not the file).
+pub fn raw_schema() -> SchemaRef {
+    Arc::clone(&RAW_SCHEMA)
+}
+
+/// The schema of the `denied_hourly` rollup's Parquet files.
+pub fn denied_hourly_schema() -> SchemaRef {
+    Arc::clone(&DENIED_HOURLY_SCHEMA)
+}
+
+/// Collects events column by column and turns them into one raw `RecordBatch`.
+///
+/// Each column is a plain `Vec` grown in place and handed to Arrow without a copy, so a row
+/// costs a few stores and no allocation once the capacity is reserved.
+#[derive(Debug)]
+pub struct RawBatchBuilder {
+    event_time: Vec<i64>,
+    key_id: Vec<u8>,
+    tier: Vec<u8>,
+    route_class: Vec<u8>,
+    region: Vec<u16>,
+    gateway_instance: Vec<u32>,
+    verdict: Vec<u8>,
+    denied_by_bucket: BooleanBufferBuilder,
+    denied_by_window: BooleanBufferBuilder,
+    source: Vec<u8>,
+    remaining_tokens: Vec<u32>,
+    remaining_window: Vec<u32>,
+    retry_after_ms: Vec<u32>,
+    window_quota: Vec<u32>,
+    policy_version: Vec<u64>,
+    sub_key: Vec<u8>,
+    sub_keys: Vec<u8>,
+    kafka_partition: Vec<i32>,
+    kafka_offset: Vec<i64>,
+}
+
+impl RawBatchBuilder {
+    /// A builder with room for `rows` rows.
+    pub fn with_capacity(rows: usize) -> Self {
+        Self {
+            event_time: Vec::with_capacity(rows),
+            key_id: Vec::with_capacity(rows * 16),
+            tier: Vec::with_capacity(rows),
+            route_class: Vec::with_capacity(rows),
+            region: Vec::with_capacity(rows),
+            gateway_instance: Vec::with_capacity(rows),
+            verdict: Vec::with_capacity(rows),
+            denied_by_bucket: BooleanBufferBuilder::new(rows),
+            denied_by_window: BooleanBufferBuilder::new(rows),
+            source: Vec::with_capacity(rows),
+            remaining_tokens: Vec::with_capacity(rows),
+            remaining_window: Vec::with_capacity(rows),
+            retry_after_ms: Vec::with_capacity(rows),
+            window_quota: Vec::with_capacity(rows),
+            policy_version: Vec::with_capacity(rows),
+            sub_key: Vec::with_capacity(rows),
+            sub_keys: Vec::with_capacity(rows),
+            kafka_partition: Vec::with_capacity(rows),
+            kafka_offset: Vec::with_capacity(rows),
+        }
+    }
+
+    /// An empty builder.
+    pub fn new() -> Self {
+        Self::with_capacity(0)
+    }
+
+    /// Rows pushed so far.
+    pub fn len(&self) -> usize {
+        self.event_time.len()
+    }
+
+    /// True if no row was pushed.
+    pub fn is_empty(&self) -> bool {
+        self.event_time.is_empty()
+    }
+
+    /// Appends one event read from `kafka_partition` at `kafka_offset`.
+    pub fn push(&mut self, e: &DecisionEvent, kafka_partition: i32, kafka_offset: i64) {
+        self.event_time.push(e.event_time_ms);
+        self.key_id.extend_from_slice(&e.key_id.0);
+        self.tier.push(e.tier.0);
+        self.route_class.push(e.route_class.0);
+        self.region.push(e.region.0);
+        self.gateway_instance.push(e.gateway_instance);
+        self.verdict.push(e.verdict.code());
+        self.denied_by_bucket.append(e.denied_by.bucket);
+        self.denied_by_window.append(e.denied_by.window);
+        self.source.push(e.source.code());
+        self.remaining_tokens.push(e.remaining_tokens);
+        self.remaining_window.push(e.remaining_window);
+        self.retry_after_ms.push(e.retry_after_ms);
+        self.window_quota.push(e.window_quota);
+        self.policy_version.push(e.policy_version);
+        self.sub_key.push(e.sub_key);
+        self.sub_keys.push(e.sub_keys);
+        self.kafka_partition.push(kafka_partition);
+        self.kafka_offset.push(kafka_offset);
+    }
+
+    /// The rows as a `RecordBatch` of [`raw_schema`].
+    pub fn finish(mut self) -> Result<RecordBatch, ArrowError> {
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(TimestampMillisecondArray::from(self.event_time).with_timezone(UTC)),
+            Arc::new(FixedSizeBinaryArray::try_new(
+                16,
+                Buffer::from_vec(self.key_id),
+                None,
+            )?),
+            Arc::new(UInt8Array::from(self.tier)),
+            Arc::new(UInt8Array::from(self.route_class)),
+            Arc::new(UInt16Array::from(self.region)),
+            Arc::new(UInt32Array::from(self.gateway_instance)),
+            Arc::new(UInt8Array::from(self.verdict)),
+            Arc::new(BooleanArray::new(self.denied_by_bucket.finish(), None)),
+            Arc::new(BooleanArray::new(self.denied_by_window.finish(), None)),
+            Arc::new(UInt8Array::from(self.source)),
+            Arc::new(UInt32Array::from(self.remaining_tokens)),
+            Arc::new(UInt32Array::from(self.remaining_window)),
+            Arc::new(UInt32Array::from(self.retry_after_ms)),
+            Arc::new(UInt32Array::from(self.window_quota)),
+            Arc::new(UInt64Array::from(self.policy_version)),
+            Arc::new(UInt8Array::from(self.sub_key)),
+            Arc::new(UInt8Array::from(self.sub_keys)),
+            Arc::new(Int32Array::from(self.kafka_partition)),
+            Arc::new(Int64Array::from(self.kafka_offset)),
+        ];
+        RecordBatch::try_new(raw_schema(), columns)
+    }
+}
+
+impl Default for RawBatchBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Converts events read from one Kafka partition (with their offsets, in the same order) into
+/// a raw `RecordBatch`.
+///
+/// # Errors
+/// When `offsets` is not as long as `events`, or Arrow refuses the arrays.
+pub fn raw_batch(
+    events: &[DecisionEvent],
+    kafka_partition: i32,
+    offsets: &[i64],
+) -> Result<RecordBatch, ArrowError> {
+    if events.len() != offsets.len() {
+        return Err(ArrowError::InvalidArgumentError(format!(
+            "{} events but {} offsets",
+            events.len(),
+            offsets.len()
+        )));
+    }
+    let mut b = RawBatchBuilder::with_capacity(events.len());
+    for (e, &o) in events.iter().zip(offsets) {
+        b.push(e, kafka_partition, o);
+    }
+    b.finish()
+}
