@@ -4,6 +4,8 @@
 
 pub mod event;
 pub mod layout;
+#[cfg(feature = "synth")]
+pub mod synth;
 pub mod tables;
 pub mod wire;
 

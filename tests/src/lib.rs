@@ -1,1 +1,183 @@
-//! stub
+//! What the cross-crate tests share: where the real services listen (the same variables and
+//! defaults as `scripts/env.sh`), a check that fails a test with instructions when a service
+//! is not running, and ready-made clients.
+
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::ObjectStore;
+use object_store::aws::AmazonS3Builder;
+
+/// A service the tests need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    /// Redis (counters).
+    Redis,
+    /// PostgreSQL (policy store).
+    Postgres,
+    /// Apache Kafka (decision events).
+    Kafka,
+    /// The S3-API server (raw and rollup tables).
+    S3,
+}
+
+impl Service {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Redis => "redis",
+            Self::Postgres => "postgres",
+            Self::Kafka => "kafka",
+            Self::S3 => "s3",
+        }
+    }
+
+    /// The `host:port` the service listens on.
+    pub fn address(self) -> String {
+        match self {
+            Self::Redis => host_port(&redis_url()),
+            Self::Postgres => host_port(&postgres_url()),
+            Self::Kafka => kafka_brokers()
+                .split(',')
+                .next()
+                .unwrap_or_default()
+                .to_owned(),
+            Self::S3 => host_port(&s3_endpoint()),
+        }
+    }
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+/// `VERDICT_REDIS_URL`, default `redis://127.0.0.1:16379`.
+pub fn redis_url() -> String {
+    env_or("VERDICT_REDIS_URL", "redis://127.0.0.1:16379")
+}
+
+/// `VERDICT_PG_URL`, default `postgres://verdict@127.0.0.1:15432/verdict`.
+pub fn postgres_url() -> String {
+    env_or(
+        "VERDICT_PG_URL",
+        "postgres://verdict@127.0.0.1:15432/verdict",
+    )
+}
+
+/// `VERDICT_KAFKA_BROKERS`, default `127.0.0.1:19092`.
+pub fn kafka_brokers() -> String {
+    env_or("VERDICT_KAFKA_BROKERS", "127.0.0.1:19092")
+}
+
+/// `VERDICT_S3_ENDPOINT`, default `http://127.0.0.1:19000`.
+pub fn s3_endpoint() -> String {
+    env_or("VERDICT_S3_ENDPOINT", "http://127.0.0.1:19000")
+}
+
+/// `host:port` out of `scheme://[user@]host:port[/path]`.
+fn host_port(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    rest.split('/').next().unwrap_or(rest).to_owned()
+}
+
+/// Fails the calling test, with how to start it, unless `service` accepts connections.
+///
+/// # Panics
+/// When the service does not answer: that is the point.
+pub fn require(service: Service) {
+    if let Some(message) = unreachable_message(service, &service.address()) {
+        panic!("{message}");
+    }
+}
+
+/// `None` if something accepts connections at `address`; otherwise the message that tells
+/// the reader how to start `service`.
+pub fn unreachable_message(service: Service, address: &str) -> Option<String> {
+    let reachable = address
+        .to_socket_addrs()
+        .ok()
+        .into_iter()
+        .flatten()
+        .any(|a: SocketAddr| TcpStream::connect_timeout(&a, Duration::from_secs(2)).is_ok());
+    (!reachable).then(|| {
+        format!(
+            "{name} is not answering at {address}. The tests use the real services: start them \
+             with `scripts/services.sh up` (or only this one: `scripts/services.sh up {name}`), \
+             or run everything with `scripts/test.sh`.",
+            name = service.name()
+        )
+    })
+}
+
+/// A store on a bucket of the S3 server, creating the bucket if it does not exist.
+///
+/// # Panics
+/// When the S3 server is not running or refuses to create the bucket.
+pub async fn s3_store(bucket: &str) -> Arc<dyn ObjectStore> {
+    require(Service::S3);
+    create_bucket(bucket).await;
+    Arc::new(
+        AmazonS3Builder::new()
+            .with_endpoint(s3_endpoint())
+            .with_allow_http(true)
+            .with_region("us-east-1")
+            .with_bucket_name(bucket)
+            .with_access_key_id("verdict")
+            .with_secret_access_key("verdict")
+            .build()
+            .expect("S3 store configuration"),
+    )
+}
+
+/// Creates a bucket on the S3 server (an unsigned PUT, which moto accepts); an existing
+/// bucket is fine.
+async fn create_bucket(bucket: &str) {
+    let url = format!("{}/{bucket}", s3_endpoint());
+    let response = reqwest::Client::new()
+        .put(&url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("PUT {url}: {e}"));
+    let status = response.status();
+    let body = response.text().await.unwrap_or_default();
+    assert!(
+        status.is_success() || body.contains("BucketAlreadyOwnedByYou"),
+        "creating bucket {bucket}: {status} {body}"
+    );
+}
+
+/// A name no other test run has used: `prefix-<pid>-<nanos>`.
+pub fn unique_name(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("{prefix}-{}-{nanos}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_port_strips_scheme_user_and_path() {
+        assert_eq!(
+            host_port("postgres://verdict@127.0.0.1:15432/verdict"),
+            "127.0.0.1:15432"
+        );
+        assert_eq!(host_port("redis://127.0.0.1:16379"), "127.0.0.1:16379");
+        assert_eq!(host_port("http://127.0.0.1:19000"), "127.0.0.1:19000");
+    }
+
+    #[test]
+    fn a_missing_service_is_named_with_how_to_start_it() {
+        // Nothing listens on port 1.
+        let msg = unreachable_message(Service::Kafka, "127.0.0.1:1").unwrap();
+        assert!(
+            msg.starts_with("kafka is not answering at 127.0.0.1:1."),
+            "{msg}"
+        );
+        assert!(msg.contains("`scripts/services.sh up kafka`"), "{msg}");
+    }
+}

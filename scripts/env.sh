@@ -1,0 +1,22 @@
+# The addresses of the real services the tests use, and where their files live.
+# Sourced by services.sh and test.sh; the Rust tests read the same variables with the same
+# defaults (tests/src/lib.rs). Every service listens on 127.0.0.1 only, on ports away from
+# the usual ones so that a system Redis or PostgreSQL on the machine is never touched.
+
+: "${VERDICT_CACHE:=${XDG_CACHE_HOME:-$HOME/.cache}/verdict}"   # downloads, kept across runs
+: "${VERDICT_STATE:=/tmp/verdict-services}"                       # data, logs and pid files
+
+: "${VERDICT_REDIS_PORT:=16379}"
+: "${VERDICT_PG_PORT:=15432}"
+: "${VERDICT_KAFKA_PORT:=19092}"
+: "${VERDICT_KAFKA_CONTROLLER_PORT:=19093}"
+: "${VERDICT_S3_PORT:=19000}"
+
+: "${VERDICT_KAFKA_VERSION:=4.4.0}"
+: "${VERDICT_MOTO_VERSION:=5.2.1}"
+
+export VERDICT_REDIS_URL="${VERDICT_REDIS_URL:-redis://127.0.0.1:${VERDICT_REDIS_PORT}}"
+export VERDICT_PG_URL="${VERDICT_PG_URL:-postgres://verdict@127.0.0.1:${VERDICT_PG_PORT}/verdict}"
+export VERDICT_KAFKA_BROKERS="${VERDICT_KAFKA_BROKERS:-127.0.0.1:${VERDICT_KAFKA_PORT}}"
+export VERDICT_S3_ENDPOINT="${VERDICT_S3_ENDPOINT:-http://127.0.0.1:${VERDICT_S3_PORT}}"
+export VERDICT_CACHE VERDICT_STATE

@@ -1,0 +1,252 @@
+#!/usr/bin/env bash
+# Installs, starts, checks and stops the real services verdict's tests run against, on
+# 127.0.0.1 only:
+#
+#   redis     Redis, from Debian's redis-server package
+#   postgres  PostgreSQL, from Debian's postgresql package (a private cluster, trust auth)
+#   kafka     Apache Kafka, the real broker, KRaft single node, from Maven Central's
+#             artifacts, run on the machine's Java 17
+#   s3        moto's S3 server, from PyPI, in a virtualenv of its own
+#
+# Usage: scripts/services.sh up|down|status|restart [redis|postgres|kafka|s3 ...]
+#
+# `up` is idempotent: what already answers is left alone. It waits until each service
+# answers and prints one line per service with its address. Downloads are cached in
+# $VERDICT_CACHE (default ~/.cache/verdict), data and logs live in $VERDICT_STATE (default
+# /tmp/verdict-services). `down` stops only what `up` started (by the pid files there).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=env.sh
+. "$here/env.sh"
+
+ALL=(redis postgres kafka s3)
+
+say() { printf '%s\n' "$*"; }
+log() { printf 'services: %s\n' "$*" >&2; }
+die() { printf 'services: error: %s\n' "$*" >&2; exit 1; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"
+  elif command -v sudo >/dev/null; then sudo "$@"
+  else die "installing needs root (or sudo) for: $*"; fi
+}
+
+APT_UPDATED=0
+apt_install() {
+  log "installing Debian packages: $*"
+  if [ "$APT_UPDATED" = 0 ]; then
+    as_root apt-get update -qq >/dev/null || die "apt-get update failed"
+    APT_UPDATED=1
+  fi
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" \
+    >"$VERDICT_STATE/apt.log" 2>&1 || { tail -20 "$VERDICT_STATE/apt.log" >&2; die "apt-get install $* failed"; }
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+# wait_until SECONDS WHAT COMMAND...: polls COMMAND every 0.2 s.
+wait_until() {
+  local secs=$1 what=$2; shift 2
+  local deadline=$((SECONDS + secs))
+  until "$@" >/dev/null 2>&1; do
+    [ "$SECONDS" -lt "$deadline" ] || return 1
+    sleep 0.2
+  done
+}
+
+stop_pid() { # pidfile name
+  local pidfile=$1 name=$2 pid
+  if pid_alive "$pidfile"; then
+    pid=$(cat "$pidfile")
+    kill "$pid" 2>/dev/null || true
+    if ! wait_until 30 "$name to stop" bash -c "! kill -0 $pid 2>/dev/null"; then
+      log "$name did not stop in 30 s; killing it"
+      kill -9 "$pid" 2>/dev/null || true
+    fi
+    say "$name: stopped"
+  else
+    say "$name: not running (not started by this script)"
+  fi
+  rm -f "$pidfile"
+}
+
+# ---------------------------------------------------------------- redis
+redis_dir() { echo "$VERDICT_STATE/redis"; }
+redis_ping() { [ "$(redis-cli -h 127.0.0.1 -p "$VERDICT_REDIS_PORT" ping 2>/dev/null)" = PONG ]; }
+
+redis_up() {
+  command -v redis-server >/dev/null && command -v redis-cli >/dev/null || apt_install redis-server redis-tools
+  local dir; dir=$(redis_dir); mkdir -p "$dir"
+  if ! redis_ping; then
+    port_open "$VERDICT_REDIS_PORT" && die "port $VERDICT_REDIS_PORT is taken by something that is not Redis"
+    redis-server --bind 127.0.0.1 --port "$VERDICT_REDIS_PORT" --daemonize yes \
+      --pidfile "$dir/redis.pid" --dir "$dir" --logfile "$dir/redis.log" \
+      --save '' --appendonly no --protected-mode yes >/dev/null
+    wait_until 20 redis redis_ping || { tail -20 "$dir/redis.log" >&2; die "redis did not answer PING within 20 s"; }
+  fi
+  say "redis     up  $VERDICT_REDIS_URL"
+}
+redis_down() { stop_pid "$(redis_dir)/redis.pid" redis; }
+redis_status() { if redis_ping; then say "redis     up    $VERDICT_REDIS_URL"; else say "redis     down  $VERDICT_REDIS_URL"; fi; }
+
+# ---------------------------------------------------------------- postgres
+pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1; }
+pg_dir() { echo "$VERDICT_STATE/postgres"; }
+# PostgreSQL refuses to run as root: as root, the cluster belongs to the postgres user.
+pg_as() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+pg_ready() { "$(pg_bin)/pg_isready" -q -h 127.0.0.1 -p "$VERDICT_PG_PORT"; }
+
+postgres_up() {
+  { [ -n "$(pg_bin)" ] && command -v psql >/dev/null; } || apt_install postgresql postgresql-client
+  local bin dir; bin=$(pg_bin); dir=$(pg_dir)
+  if ! pg_ready; then
+    port_open "$VERDICT_PG_PORT" && die "port $VERDICT_PG_PORT is taken by something that is not PostgreSQL"
+    if [ ! -f "$dir/PG_VERSION" ]; then
+      mkdir -p "$dir"
+      [ "$(id -u)" = 0 ] && chown postgres:postgres "$dir"
+      chmod 700 "$dir"
+      pg_as "$bin/initdb" -D "$dir" -U verdict --auth=trust -E UTF8 --locale=C >"$VERDICT_STATE/initdb.log" 2>&1 \
+        || { tail -20 "$VERDICT_STATE/initdb.log" >&2; die "initdb failed"; }
+    fi
+    pg_as "$bin/pg_ctl" -D "$dir" -l "$dir/postgres.log" -w -t 60 \
+      -o "-c listen_addresses=127.0.0.1 -p $VERDICT_PG_PORT -k $dir -c fsync=off" start >/dev/null \
+      || { tail -20 "$dir/postgres.log" >&2; die "postgres did not start"; }
+  fi
+  if [ "$(psql -h 127.0.0.1 -p "$VERDICT_PG_PORT" -U verdict -d postgres -tAc "select 1 from pg_database where datname = 'verdict'")" != 1 ]; then
+    psql -q -h 127.0.0.1 -p "$VERDICT_PG_PORT" -U verdict -d postgres -c "create database verdict" >/dev/null
+  fi
+  say "postgres  up  $VERDICT_PG_URL"
+}
+postgres_down() {
+  local dir; dir=$(pg_dir)
+  if [ -f "$dir/postmaster.pid" ] && pg_ready; then
+    pg_as "$(pg_bin)/pg_ctl" -D "$dir" -m fast -w stop >/dev/null && say "postgres: stopped"
+  else
+    say "postgres: not running (not started by this script)"
+  fi
+}
+postgres_status() { if pg_ready 2>/dev/null; then say "postgres  up    $VERDICT_PG_URL"; else say "postgres  down  $VERDICT_PG_URL"; fi; }
+
+# ---------------------------------------------------------------- kafka
+kafka_libs() { echo "$VERDICT_CACHE/kafka-$VERDICT_KAFKA_VERSION/libs"; }
+kafka_dir() { echo "$VERDICT_STATE/kafka"; }
+# The JVM command line shared by the storage tool and the broker.
+kafka_jvm() { KAFKA_JVM=(java -Xms256m -Xmx768m -XX:+UseG1GC -Djava.awt.headless=true
+  "-Dlog4j2.configurationFile=file:$here/kafka/log4j2.properties" -cp "$(kafka_libs)/*"); }
+kafka_ready() { port_open "$VERDICT_KAFKA_PORT" && grep -q "Kafka Server started" "$(kafka_dir)/kafka.log"; }
+# Stops the wait early when the JVM has died.
+kafka_starting_or_ready() { kafka_ready || ! pid_alive "$(kafka_dir)/kafka.pid"; }
+
+kafka_install() {
+  local libs; libs=$(kafka_libs)
+  [ -f "$libs/.complete" ] && return 0
+  command -v java >/dev/null || apt_install openjdk-17-jre-headless
+  command -v mvn >/dev/null || apt_install maven
+  log "resolving Apache Kafka $VERDICT_KAFKA_VERSION and its runtime dependencies from Maven Central"
+  rm -rf "$libs.tmp"
+  mvn -B -q -f "$here/kafka/pom.xml" -Dkafka.version="$VERDICT_KAFKA_VERSION" \
+    dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$libs.tmp" \
+    >"$VERDICT_STATE/maven.log" 2>&1 || { tail -30 "$VERDICT_STATE/maven.log" >&2; die "maven could not resolve the Kafka broker"; }
+  rm -rf "$libs"; mv "$libs.tmp" "$libs"; touch "$libs/.complete"
+}
+
+kafka_up() {
+  kafka_install
+  kafka_jvm
+  local dir; dir=$(kafka_dir); mkdir -p "$dir"
+  if pid_alive "$dir/kafka.pid" && kafka_ready; then
+    say "kafka     up  $VERDICT_KAFKA_BROKERS"; return 0
+  fi
+  port_open "$VERDICT_KAFKA_PORT" && die "port $VERDICT_KAFKA_PORT is taken by something that is not our Kafka"
+  cat >"$dir/server.properties" <<EOF
+# Single-node KRaft broker for verdict's tests (written by scripts/services.sh).
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$VERDICT_KAFKA_CONTROLLER_PORT
+listeners=PLAINTEXT://127.0.0.1:$VERDICT_KAFKA_PORT,CONTROLLER://127.0.0.1:$VERDICT_KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$VERDICT_KAFKA_PORT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$dir/data
+num.partitions=4
+auto.create.topics.enable=true
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+log.flush.interval.messages=9223372036854775807
+EOF
+  if [ ! -f "$dir/data/meta.properties" ]; then
+    local id; id=$(python3 -c 'import base64,uuid;print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')
+    "${KAFKA_JVM[@]}" kafka.tools.StorageTool format -t "$id" -c "$dir/server.properties" >"$dir/format.log" 2>&1 \
+      || { tail -20 "$dir/format.log" >&2; die "kafka storage format failed"; }
+  fi
+  : >"$dir/kafka.log"
+  (setsid nohup "${KAFKA_JVM[@]}" kafka.Kafka "$dir/server.properties" >>"$dir/kafka.log" 2>&1 &
+    echo $! >"$dir/kafka.pid")
+  wait_until 120 kafka kafka_starting_or_ready || true
+  kafka_ready || { tail -30 "$dir/kafka.log" >&2; die "kafka did not start within 120 s (log: $dir/kafka.log)"; }
+  say "kafka     up  $VERDICT_KAFKA_BROKERS"
+}
+kafka_down() { stop_pid "$(kafka_dir)/kafka.pid" kafka; }
+kafka_status() { if pid_alive "$(kafka_dir)/kafka.pid" && kafka_ready; then say "kafka     up    $VERDICT_KAFKA_BROKERS"; else say "kafka     down  $VERDICT_KAFKA_BROKERS"; fi; }
+
+# ---------------------------------------------------------------- s3 (moto)
+moto_venv() { echo "$VERDICT_CACHE/moto-$VERDICT_MOTO_VERSION"; }
+s3_dir() { echo "$VERDICT_STATE/s3"; }
+s3_ready() { curl -fsS -o /dev/null "$VERDICT_S3_ENDPOINT/"; }
+
+s3_install() {
+  local venv; venv=$(moto_venv)
+  [ -x "$venv/bin/moto_server" ] && return 0
+  command -v curl >/dev/null || apt_install curl
+  log "installing moto[server]==$VERDICT_MOTO_VERSION from PyPI into $venv"
+  rm -rf "$venv"
+  if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+    apt_install python3-venv
+    python3 -m venv "$venv"
+  fi
+  "$venv/bin/pip" install -q "moto[server]==$VERDICT_MOTO_VERSION" >"$VERDICT_STATE/pip.log" 2>&1 \
+    || { tail -20 "$VERDICT_STATE/pip.log" >&2; rm -rf "$venv"; die "pip could not install moto"; }
+}
+
+s3_up() {
+  s3_install
+  local dir; dir=$(s3_dir); mkdir -p "$dir"
+  if ! { pid_alive "$dir/moto.pid" && s3_ready; }; then
+    port_open "$VERDICT_S3_PORT" && die "port $VERDICT_S3_PORT is taken by something that is not our S3 server"
+    (setsid nohup "$(moto_venv)/bin/moto_server" -H 127.0.0.1 -p "$VERDICT_S3_PORT" >"$dir/moto.log" 2>&1 & echo $! >"$dir/moto.pid")
+    wait_until 60 s3 s3_ready || { tail -20 "$dir/moto.log" >&2; die "the S3 server did not answer within 60 s"; }
+  fi
+  say "s3        up  $VERDICT_S3_ENDPOINT (moto $VERDICT_MOTO_VERSION)"
+}
+s3_down() { stop_pid "$(s3_dir)/moto.pid" s3; }
+s3_status() { if s3_ready 2>/dev/null; then say "s3        up    $VERDICT_S3_ENDPOINT"; else say "s3        down  $VERDICT_S3_ENDPOINT"; fi; }
+
+# ---------------------------------------------------------------- main
+usage() {
+  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
+  exit "${1:-0}"
+}
+
+cmd=${1:-}; [ $# -gt 0 ] && shift
+services=("$@"); [ ${#services[@]} -gt 0 ] || services=("${ALL[@]}")
+for s in "${services[@]}"; do
+  case $s in redis|postgres|kafka|s3) ;; *) die "unknown service '$s' (known: ${ALL[*]})";; esac
+done
+mkdir -p "$VERDICT_CACHE" "$VERDICT_STATE"
+
+case $cmd in
+  up) for s in "${services[@]}"; do "${s}_up"; done ;;
+  down) for s in "${services[@]}"; do "${s}_down"; done ;;
+  restart) for s in "${services[@]}"; do "${s}_down"; "${s}_up"; done ;;
+  status) for s in "${services[@]}"; do "${s}_status"; done ;;
+  -h|--help|help) usage 0 ;;
+  *) usage 2 >&2 ;;
+esac
