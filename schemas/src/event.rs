@@ -200,7 +200,7 @@ impl DeniedBy {
 
     /// The wire bits: bit 0 bucket, bit 1 window.
     pub const fn bits(self) -> u8 {
-        (self.bucket as u8) * Self::BUCKET_BIT | (self.window as u8) * Self::WINDOW_BIT
+        ((self.bucket as u8) * Self::BUCKET_BIT) | ((self.window as u8) * Self::WINDOW_BIT)
     }
 
     /// The flags for wire bits, `None` if a bit other than 0 and 1 is set.

@@ -47,8 +47,8 @@ pub struct SynthConfig {
     pub burst_start: f64,
     /// Largest burst, in back-to-back requests of one key.
     pub burst_max: u32,
-    /// Decisions per second, fleet-wide (sets the event-time spacing).
-    pub events_per_s: u32,
+    /// Decisions per hour, fleet-wide (sets the event-time spacing).
+    pub events_per_hour: u64,
     /// Event time of the first decision, Unix ms.
     pub start_ms: i64,
     /// Tiers (ids are their positions), from the lowest to the highest; the busiest keys
@@ -106,7 +106,7 @@ impl SynthConfig {
             hot_key_share: 0.08,
             burst_start: 0.000_2,
             burst_max: 100,
-            events_per_s: (events / 3_600).clamp(1, u64::from(u32::MAX)) as u32,
+            events_per_hour: events.max(1),
             // 2026-11-30T14:00:00Z
             start_ms: 1_796_047_200_000,
             tiers: vec![
@@ -129,7 +129,7 @@ impl SynthConfig {
 /// The 16-byte key id of synthetic key number `index` (a fixed mix, so every run and every
 /// tool names the same keys the same way).
 pub fn synth_key_id(index: u32) -> KeyId {
-    let a = splitmix64(u64::from(index) ^ 0x5eed_0f_ce11);
+    let a = splitmix64(u64::from(index) ^ 0x005e_ed0f_ce11);
     let b = splitmix64(a);
     let mut id = [0u8; 16];
     id[..8].copy_from_slice(&a.to_le_bytes());
@@ -233,7 +233,8 @@ impl Iterator for SynthTraffic {
 
     fn next(&mut self) -> Option<DecisionEvent> {
         let cfg = &self.cfg;
-        let now = cfg.start_ms + (self.n as i64 * 1000) / i64::from(cfg.events_per_s.max(1));
+        let now = cfg.start_ms
+            + (i128::from(self.n) * 3_600_000 / i128::from(cfg.events_per_hour.max(1))) as i64;
         self.n += 1;
         let key = match self.burst {
             Some((key, left)) => {

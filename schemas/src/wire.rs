@@ -168,13 +168,11 @@ impl DecisionEvent {
             offset: SOURCE,
             value: b[SOURCE],
         })?;
-        for at in RESERVED..EVENT_V1_LEN {
-            if b[at] != 0 {
-                return Err(DecodeError::ReservedNotZero {
-                    offset: at,
-                    value: b[at],
-                });
-            }
+        if let Some((i, &value)) = b[RESERVED..].iter().enumerate().find(|(_, v)| **v != 0) {
+            return Err(DecodeError::ReservedNotZero {
+                offset: RESERVED + i,
+                value,
+            });
         }
         if (verdict == Verdict::Allowed) == denied_by.any() {
             return Err(DecodeError::InconsistentVerdict {

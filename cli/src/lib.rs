@@ -1,0 +1,48 @@
+//! The `verdict` command line: one binary whose subcommands run each part of the system.
+//! Each subcommand's options are a clap struct here; the work lives in the crates (and, for
+//! the demo, in [`demo`]).
+
+pub mod demo;
+
+use clap::{Parser, Subcommand};
+
+/// verdict: a distributed rate limiter, and the pipeline and analytics that remember every
+/// decision it makes.
+#[derive(Debug, Parser)]
+#[command(name = "verdict", version, about, long_about = None)]
+pub struct Cli {
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the embedded default on this machine, no services needed: generate an hour of
+    /// realistic decision traffic, put every decision on an in-process queue in its 64-byte
+    /// wire form, and write the raw table as Parquet into a local folder with the production
+    /// layout. Prints what was decided and what it costs on the wire and on disk.
+    Demo(demo::DemoArgs),
+}
+
+/// Runs one parsed command line.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    match cli.command {
+        Command::Demo(args) => runtime.block_on(demo::run(args)),
+    }
+}
+
+/// Logs to stderr; `RUST_LOG` chooses the level (default `info`).
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
