@@ -1,0 +1,422 @@
+//! The decision, as a pure function of (stored state, now, limits): a token bucket for
+//! bursts and a sliding window counter for the hourly quota, both of which must pass. A
+//! denied request consumes nothing and writes nothing.
+//!
+//! The arithmetic is integer-only and every intermediate stays below 2^53, so the Lua
+//! script in `redis.lua`, where numbers are doubles, computes exactly the same values; a
+//! property test feeds both the same requests and compares every answer.
+//!
+//! Units: a token is [`TOKEN_UNITS`] units, so a refill of 0.05 tokens/s is 50 units per
+//! millisecond; times are Unix milliseconds of the store's clock.
+
+/// Units per token (the bucket's fixed-point scale).
+pub const TOKEN_UNITS: i64 = 1_000_000;
+/// The sliding window of the hourly quota.
+pub const HOUR_MS: i64 = 3_600_000;
+/// Largest capacity or quota the arithmetic accepts (keeps products below 2^53).
+pub const MAX_LIMIT: u32 = 1_000_000_000;
+
+/// The limits of one limit key, in the core's units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limits {
+    /// Bucket capacity, tokens.
+    pub capacity: u32,
+    /// Refill, units per millisecond (tokens per second × 1000).
+    pub refill_units_per_ms: i64,
+    /// Requests allowed per window.
+    pub quota: u32,
+    /// Window length, ms (an hour in production; shorter in tests).
+    pub window_ms: i64,
+}
+
+impl Limits {
+    /// Limits from a capacity, a refill in tokens per second and an hourly quota.
+    pub fn per_hour(capacity: u32, refill_per_s: f64, quota: u32) -> Self {
+        Self {
+            capacity: capacity.min(MAX_LIMIT),
+            refill_units_per_ms: refill_units_per_ms(refill_per_s),
+            quota: quota.min(MAX_LIMIT),
+            window_ms: HOUR_MS,
+        }
+    }
+
+    fn capacity_units(&self) -> i64 {
+        i64::from(self.capacity) * TOKEN_UNITS
+    }
+
+    /// These limits divided among `n` sub-keys (hot-key split) or instances (fallback),
+    /// rounding so that no share is zero where the whole was not.
+    pub fn divided(&self, n: u32) -> Self {
+        let n = n.max(1);
+        let share = |v: u32| if v == 0 { 0 } else { v.div_ceil(n).max(1) };
+        Self {
+            capacity: share(self.capacity),
+            refill_units_per_ms: if self.refill_units_per_ms == 0 {
+                0
+            } else {
+                (self.refill_units_per_ms / i64::from(n)).max(1)
+            },
+            quota: share(self.quota),
+            window_ms: self.window_ms,
+        }
+    }
+}
+
+/// Tokens per second as units per millisecond (0.001 tokens/s is the smallest non-zero).
+pub fn refill_units_per_ms(tokens_per_s: f64) -> i64 {
+    if tokens_per_s.is_finite() && tokens_per_s > 0.0 {
+        ((tokens_per_s * 1000.0).round() as i64).clamp(1, i64::from(MAX_LIMIT) * 1000)
+    } else {
+        0
+    }
+}
+
+/// What is stored per limit key: the bucket and the window together. The window index of
+/// `cur` is that of `last_ms` (state is only written when a request is allowed, which
+/// updates both).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CounterState {
+    /// Tokens in the bucket at `last_ms`, in units.
+    pub tokens: i64,
+    /// Time of the last allowed request.
+    pub last_ms: i64,
+    /// Requests counted in the window holding `last_ms`.
+    pub cur: u32,
+    /// Requests counted in the window before it.
+    pub prev: u32,
+}
+
+/// The answer for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Outcome {
+    /// Passed both checks.
+    pub allowed: bool,
+    /// The bucket refused.
+    pub denied_by_bucket: bool,
+    /// The window refused.
+    pub denied_by_window: bool,
+    /// Whole tokens left after this request.
+    pub remaining_tokens: u32,
+    /// Requests left in the window after this request.
+    pub remaining_window: u32,
+    /// When denied: ms until a request would pass (the later of the two checks), assuming
+    /// no other request; 0 when allowed.
+    pub retry_after_ms: u32,
+    /// The time the decision was made at (the store's clock).
+    pub now_ms: i64,
+}
+
+/// Decides one request of cost 1. Returns the outcome and, if allowed, the state to store
+/// (a denial writes nothing).
+pub fn decide(
+    state: Option<CounterState>,
+    now_ms: i64,
+    limits: &Limits,
+) -> (Outcome, Option<CounterState>) {
+    let cap = limits.capacity_units();
+    let rate = limits.refill_units_per_ms;
+    let w = limits.window_ms.max(1);
+    let q = i64::from(limits.quota);
+
+    let s = state.unwrap_or(CounterState {
+        tokens: cap,
+        last_ms: now_ms,
+        cur: 0,
+        prev: 0,
+    });
+    // A store clock that stepped back (a failover to a replica) does not undo refill.
+    let now = now_ms.max(s.last_ms);
+
+    // Refill, arithmetic on read.
+    let deficit = cap - s.tokens;
+    let tokens = if deficit <= 0 {
+        cap
+    } else if rate == 0 {
+        s.tokens
+    } else {
+        let elapsed = now - s.last_ms;
+        if elapsed > deficit / rate {
+            cap
+        } else {
+            s.tokens + elapsed * rate
+        }
+    };
+
+    // Roll the window.
+    let (i_last, i_now) = (s.last_ms.div_euclid(w), now.div_euclid(w));
+    let (p, c) = if i_now == i_last {
+        (i64::from(s.prev), i64::from(s.cur))
+    } else if i_now == i_last + 1 {
+        (i64::from(s.cur), 0)
+    } else {
+        (0, 0)
+    };
+    let e = now - i_now * w;
+    // In window units × w: used = p × (w − e) + c × w; the request fits if used + w ≤ q × w.
+    let used = p * (w - e) + c * w;
+
+    let bucket_ok = tokens >= TOKEN_UNITS;
+    let window_ok = used + w <= q * w;
+    if bucket_ok && window_ok {
+        let tokens = tokens - TOKEN_UNITS;
+        let c = c + 1;
+        let outcome = Outcome {
+            allowed: true,
+            denied_by_bucket: false,
+            denied_by_window: false,
+            remaining_tokens: (tokens / TOKEN_UNITS) as u32,
+            remaining_window: ((q * w - used - w).max(0) / w) as u32,
+            retry_after_ms: 0,
+            now_ms: now,
+        };
+        let next = CounterState {
+            tokens,
+            last_ms: now,
+            cur: c as u32,
+            prev: p as u32,
+        };
+        return (outcome, Some(next));
+    }
+
+    let bucket_wait = if bucket_ok {
+        0
+    } else if rate == 0 {
+        w
+    } else {
+        (TOKEN_UNITS - tokens + rate - 1) / rate
+    };
+    let window_wait = if window_ok {
+        0
+    } else {
+        window_wait(p, c, e, q, w)
+    };
+    let outcome = Outcome {
+        allowed: false,
+        denied_by_bucket: !bucket_ok,
+        denied_by_window: !window_ok,
+        remaining_tokens: (tokens / TOKEN_UNITS) as u32,
+        remaining_window: ((q * w - used).max(0) / w) as u32,
+        retry_after_ms: bucket_wait.max(window_wait).clamp(0, i64::from(u32::MAX)) as u32,
+        now_ms: now,
+    };
+    (outcome, None)
+}
+
+/// Ms from offset `e` in the current window until one more request fits, with `p` and `c`
+/// counted in the previous and current windows and no other requests meanwhile.
+fn window_wait(p: i64, c: i64, e: i64, q: i64, w: i64) -> i64 {
+    if q == 0 {
+        // A quota of zero never admits anything: ask again in a window.
+        return w;
+    }
+    // Within this window: p × (w − e') ≤ (q − c − 1) × w, i.e. e' ≥ w − ⌊(q − c − 1) × w / p⌋.
+    // The numerator is capped at p × w so the quotient stays ≤ w (exact in doubles too).
+    if c < q && p > 0 {
+        let span = ((q - c - 1) * w).min(p * w) / p;
+        let at = w - span;
+        if at < w {
+            return at - e;
+        }
+    }
+    // In the next window the previous count is c: c × (w − e'') ≤ (q − 1) × w.
+    let at_next = if c == 0 {
+        0
+    } else {
+        w - ((q - 1) * w).min(c * w) / c
+    };
+    (w - e) + at_next
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: i64 = 1_796_047_200_000; // the start of an hour
+
+    fn limits(capacity: u32, refill_per_s: f64, quota: u32) -> Limits {
+        Limits::per_hour(capacity, refill_per_s, quota)
+    }
+
+    /// Runs requests at the given times, threading the state; returns the outcomes.
+    fn run(l: &Limits, times: &[i64]) -> Vec<Outcome> {
+        let mut state = None;
+        times
+            .iter()
+            .map(|&t| {
+                let (o, next) = decide(state, t, l);
+                if next.is_some() {
+                    state = next;
+                }
+                o
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_full_bucket_allows_a_burst_of_its_capacity_then_denies() {
+        let l = limits(5, 1.0, 1000);
+        let out = run(&l, &[T0; 6]);
+        assert!(out[..5].iter().all(|o| o.allowed));
+        assert_eq!(out[4].remaining_tokens, 0);
+        let d = out[5];
+        assert!(!d.allowed && d.denied_by_bucket && !d.denied_by_window);
+        // One token refills in 1 s.
+        assert_eq!(d.retry_after_ms, 1000);
+        assert_eq!(d.remaining_window, 995);
+    }
+
+    #[test]
+    fn refill_is_arithmetic_on_read_and_capped_at_capacity() {
+        let l = limits(2, 0.5, 1000);
+        let out = run(
+            &l,
+            &[
+                T0,
+                T0,
+                T0 + 1_000,
+                T0 + 2_000,
+                T0 + 60_000,
+                T0 + 60_000,
+                T0 + 60_000,
+            ],
+        );
+        let allowed: Vec<bool> = out.iter().map(|o| o.allowed).collect();
+        // After 1 s half a token: denied; after 2 s one token: allowed; after a minute the
+        // bucket is full again (2, not 29).
+        assert_eq!(allowed, [true, true, false, true, true, true, false]);
+        assert_eq!(out[2].retry_after_ms, 1_000);
+    }
+
+    #[test]
+    fn a_denied_request_consumes_nothing() {
+        let l = limits(1, 1.0, 1000);
+        let (first, s1) = decide(None, T0, &l);
+        assert!(first.allowed);
+        let (denied, s2) = decide(s1, T0 + 10, &l);
+        assert!(!denied.allowed);
+        assert_eq!(s2, None, "a denial writes nothing");
+        // At exactly one second the token is back, as if the denial never happened.
+        let (again, _) = decide(s1, T0 + 1_000, &l);
+        assert!(again.allowed);
+    }
+
+    #[test]
+    fn the_quota_holds_within_a_window() {
+        let l = limits(1000, 1000.0, 10);
+        let times: Vec<i64> = (0..11).map(|i| T0 + i * 1000).collect();
+        let out = run(&l, &times);
+        assert!(out[..10].iter().all(|o| o.allowed));
+        assert_eq!(out[9].remaining_window, 0);
+        let d = out[10];
+        assert!(!d.allowed && d.denied_by_window && !d.denied_by_bucket);
+        // Nothing in the previous window: the next request fits when the window turns, and
+        // then only after the old ten have faded below nine in the weighted sum.
+        assert_eq!(
+            d.retry_after_ms as i64,
+            (HOUR_MS - 10_000) + (HOUR_MS - 9 * HOUR_MS / 10)
+        );
+    }
+
+    #[test]
+    fn the_previous_window_fades_with_the_share_still_in_view() {
+        let l = limits(1000, 1000.0, 100);
+        // 100 requests in the first window, spread over its last minute.
+        let mut times: Vec<i64> = (0..100).map(|i| T0 + HOUR_MS - 60_000 + i * 100).collect();
+        // A quarter into the next window 75 % of the previous still counts: 75 used, so 25 fit.
+        times.extend((0..26).map(|i| T0 + HOUR_MS + HOUR_MS / 4 + i));
+        let out = run(&l, &times);
+        assert!(out[..100].iter().all(|o| o.allowed));
+        let next: Vec<bool> = out[100..].iter().map(|o| o.allowed).collect();
+        assert_eq!(next.iter().filter(|a| **a).count(), 25);
+        assert!(!next[25]);
+        assert_eq!(out[124].remaining_window, 0);
+        // Denied at e = w/4 with p = 100, c = 25: needs 100 × (w − e') ≤ 74 w → e' = 0.26 w.
+        assert_eq!(
+            out[125].retry_after_ms as i64,
+            26 * HOUR_MS / 100 - (HOUR_MS / 4 + 25)
+        );
+    }
+
+    #[test]
+    fn no_boundary_burst_of_twice_the_quota() {
+        // The fixed-window flaw: the full quota at 11:59:59 and again at 12:00:00.
+        let l = limits(1000, 1000.0, 50);
+        let mut times = vec![T0 + HOUR_MS - 1_000; 50];
+        times.extend(vec![T0 + HOUR_MS; 50]);
+        let out = run(&l, &times);
+        let allowed = out.iter().filter(|o| o.allowed).count();
+        assert_eq!(
+            allowed, 50,
+            "the second 50 must wait for the first 50 to fade"
+        );
+    }
+
+    #[test]
+    fn retry_after_is_the_later_of_the_two_waits() {
+        // Bucket empty (1 token, refill 1 per 10 s) and quota spent (1 per hour).
+        let l = limits(1, 0.1, 1);
+        let out = run(&l, &[T0, T0 + 1]);
+        let d = out[1];
+        assert!(d.denied_by_bucket && d.denied_by_window);
+        let bucket_wait = 10_000 - 1;
+        // Window: c = 1 = q, so the next window; there the previous 1 must fade to 0: w more.
+        let window_wait = (HOUR_MS - 1) + HOUR_MS;
+        assert_eq!(d.retry_after_ms as i64, bucket_wait.max(window_wait));
+    }
+
+    #[test]
+    fn waiting_the_retry_after_is_enough_and_one_ms_less_is_not() {
+        for (cap, refill, quota) in [(3, 0.5, 10), (10, 20.0, 7), (1, 0.001, 1000), (50, 5.0, 3)] {
+            let l = limits(cap, refill, quota);
+            let mut state = None;
+            let mut t = T0 + 1_234_567;
+            for _ in 0..200 {
+                let (o, next) = decide(state, t, &l);
+                if let Some(n) = next {
+                    state = Some(n);
+                    t += 7;
+                    continue;
+                }
+                let wait = i64::from(o.retry_after_ms);
+                assert!(wait > 0);
+                assert!(
+                    !decide(state, t + wait - 1, &l).0.allowed,
+                    "{l:?} allowed before retry-after"
+                );
+                assert!(
+                    decide(state, t + wait, &l).0.allowed,
+                    "{l:?} still denied at retry-after"
+                );
+                t += wait;
+            }
+        }
+    }
+
+    #[test]
+    fn a_quota_of_zero_admits_nothing() {
+        let (o, s) = decide(None, T0, &limits(10, 1.0, 0));
+        assert!(!o.allowed && o.denied_by_window && s.is_none());
+        assert_eq!(i64::from(o.retry_after_ms), HOUR_MS);
+    }
+
+    #[test]
+    fn a_clock_that_steps_back_does_not_refill_or_unroll() {
+        let l = limits(2, 1.0, 100);
+        let (_, s) = decide(None, T0 + 10_000, &l);
+        let (o, s2) = decide(s, T0, &l);
+        assert!(o.allowed);
+        assert_eq!(o.now_ms, T0 + 10_000);
+        assert_eq!(s2.unwrap().cur, 2);
+    }
+
+    #[test]
+    fn division_among_sub_keys_never_rounds_a_limit_to_zero() {
+        let l = limits(10, 0.01, 15).divided(16);
+        assert_eq!((l.capacity, l.refill_units_per_ms, l.quota), (1, 1, 1));
+        let l = limits(1600, 16.0, 16_000).divided(16);
+        assert_eq!(
+            (l.capacity, l.refill_units_per_ms, l.quota),
+            (100, 1000, 1000)
+        );
+    }
+}

@@ -1,0 +1,110 @@
+//! The limit key: who (API key id), on what (route class), at which tier, and, for a hot key
+//! split into sub-keys, which sub-key. Also how a limit key is named in Redis: one hash per
+//! key id (hash-tagged, so everything of one key shares a Redis Cluster slot), one field per
+//! route class and tier holding the bucket and the window together.
+
+use std::fmt::Write as _;
+
+use verdict_schemas::{KeyId, RouteClassId, TierId};
+
+/// One counter's identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LimitKey {
+    /// The caller.
+    pub key_id: KeyId,
+    /// The route class of the request.
+    pub route_class: RouteClassId,
+    /// The caller's tier.
+    pub tier: TierId,
+    /// For a hot key split into `sub_keys` sub-keys, the one this caller hashed to.
+    pub sub_key: u8,
+    /// Into how many sub-keys the key is split (1: not split).
+    pub sub_keys: u8,
+}
+
+impl LimitKey {
+    /// An unsplit limit key.
+    pub fn new(key_id: KeyId, route_class: RouteClassId, tier: TierId) -> Self {
+        Self {
+            key_id,
+            route_class,
+            tier,
+            sub_key: 0,
+            sub_keys: 1,
+        }
+    }
+
+    /// The same key split into `n` sub-keys, the caller placed by a stable attribute of its
+    /// own (a client id, an IP): the same caller always lands on the same sub-key.
+    pub fn split(mut self, n: u8, caller: &[u8]) -> Self {
+        let n = n.max(1);
+        self.sub_keys = n;
+        self.sub_key = (fnv1a(caller) % u64::from(n)) as u8;
+        self
+    }
+
+    /// The Redis hash holding this key's counters: `rl:{<key id hex>}`, or
+    /// `rl:{<key id hex>#<sub key>}` for a split key (each sub-key is its own slot, which
+    /// is the point of splitting).
+    pub fn redis_key(&self) -> String {
+        let mut s = String::with_capacity(44);
+        let _ = write!(s, "rl:{{{}", self.key_id);
+        if self.sub_keys > 1 {
+            let _ = write!(s, "#{}", self.sub_key);
+        }
+        s.push('}');
+        s
+    }
+
+    /// The field of this limit key inside its hash: `<route class>.<tier>`.
+    pub fn redis_field(&self) -> String {
+        format!("{}.{}", self.route_class.0, self.tier.0)
+    }
+}
+
+/// FNV-1a: a small, stable hash (the same in every process and release), for placing
+/// callers on sub-keys.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> LimitKey {
+        LimitKey::new(KeyId([0xab; 16]), RouteClassId(2), TierId(1))
+    }
+
+    #[test]
+    fn redis_names_are_hash_tagged_by_key_id() {
+        let k = key();
+        assert_eq!(k.redis_key(), "rl:{abababababababababababababababab}");
+        assert_eq!(k.redis_field(), "2.1");
+        let s = k.split(16, b"203.0.113.9");
+        assert!(s.sub_key < 16);
+        assert_eq!(
+            s.redis_key(),
+            format!("rl:{{abababababababababababababababab#{}}}", s.sub_key)
+        );
+    }
+
+    #[test]
+    fn a_caller_always_lands_on_the_same_sub_key_and_callers_spread() {
+        let k = key();
+        assert_eq!(
+            k.split(16, b"client-7").sub_key,
+            k.split(16, b"client-7").sub_key
+        );
+        let mut seen = [0u32; 16];
+        for i in 0..1600 {
+            seen[k.split(16, format!("client-{i}").as_bytes()).sub_key as usize] += 1;
+        }
+        assert!(seen.iter().all(|&n| (60..140).contains(&n)), "{seen:?}");
+    }
+}

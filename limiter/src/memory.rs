@@ -1,0 +1,156 @@
+//! The in-process counter store: the embedded default, and the local fallback while the
+//! shared store is unreachable. Sharded (a lock per shard, so threads rarely meet) and
+//! bounded (idle keys are evicted, then the longest idle, when a shard is full).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex};
+
+use crate::algo::{CounterState, Limits, Outcome, decide};
+use crate::clock::{Clock, SystemClock};
+use crate::key::LimitKey;
+use crate::store::{CounterStore, StoreError};
+
+/// Shards of the map (a power of two).
+const SHARDS: usize = 64;
+
+/// Counters in this process's memory.
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    shards: Vec<Mutex<HashMap<LimitKey, CounterState>>>,
+    hasher: RandomState,
+    per_shard: usize,
+    clock: Arc<dyn Clock>,
+}
+
+impl MemoryStore {
+    /// A store holding at most about `max_keys` limit keys, on the system clock.
+    pub fn new(max_keys: usize) -> Self {
+        Self::with_clock(max_keys, Arc::new(SystemClock))
+    }
+
+    /// A store on the given clock.
+    pub fn with_clock(max_keys: usize, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+                hasher: RandomState::new(),
+                per_shard: max_keys.div_ceil(SHARDS).max(1),
+                clock,
+            }),
+        }
+    }
+
+    /// Limit keys held now.
+    pub fn len(&self) -> usize {
+        self.inner
+            .shards
+            .iter()
+            .map(|s| s.lock().map(|m| m.len()).unwrap_or_default())
+            .sum()
+    }
+
+    /// True if no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Forgets every counter.
+    pub fn clear(&self) {
+        for s in &self.inner.shards {
+            if let Ok(mut m) = s.lock() {
+                m.clear();
+            }
+        }
+    }
+
+    /// Decides one request now (synchronously: there is no I/O).
+    pub fn decide(&self, key: &LimitKey, limits: &Limits) -> Outcome {
+        let now = self.inner.clock.now_ms();
+        let shard = &self.inner.shards[(self.inner.hasher.hash_one(key) as usize) & (SHARDS - 1)];
+        // A poisoned shard only means another thread panicked mid-update of plain data;
+        // the counters are still counters.
+        let mut map = shard.lock().unwrap_or_else(|e| e.into_inner());
+        let (outcome, next) = decide(map.get(key).copied(), now, limits);
+        if let Some(next) = next {
+            if !map.contains_key(key) && map.len() >= self.inner.per_shard {
+                evict(&mut map, now, 2 * limits.window_ms);
+            }
+            map.insert(*key, next);
+        }
+        outcome
+    }
+}
+
+/// Makes room in a full shard: drops keys idle for longer than `idle_ms` (their state has
+/// expired anyway), and if none were, the eighth of the shard that was idle longest.
+fn evict(map: &mut HashMap<LimitKey, CounterState>, now: i64, idle_ms: i64) {
+    let before = map.len();
+    map.retain(|_, s| now - s.last_ms <= idle_ms);
+    if map.len() < before {
+        return;
+    }
+    let mut ages: Vec<i64> = map.values().map(|s| s.last_ms).collect();
+    let cut = (ages.len() / 8).max(1).min(ages.len() - 1);
+    let (_, threshold, _) = ages.select_nth_unstable(cut);
+    let threshold = *threshold;
+    map.retain(|_, s| s.last_ms > threshold);
+}
+
+impl CounterStore for MemoryStore {
+    async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<Outcome, StoreError> {
+        Ok(self.decide(key, limits))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use verdict_schemas::{KeyId, RouteClassId, TierId};
+
+    use super::*;
+    use crate::clock::FakeClock;
+
+    fn key(i: u32) -> LimitKey {
+        let mut id = [0u8; 16];
+        id[..4].copy_from_slice(&i.to_le_bytes());
+        LimitKey::new(KeyId(id), RouteClassId(0), TierId(0))
+    }
+
+    #[test]
+    fn the_store_stays_bounded_and_keeps_the_recently_used() {
+        let clock = FakeClock::at(1_796_047_200_000);
+        let store = MemoryStore::with_clock(1_000, Arc::new(clock.clone()));
+        let l = Limits::per_hour(10, 1.0, 100);
+        for i in 0..10_000 {
+            clock.advance(1);
+            store.decide(&key(i), &l);
+        }
+        assert!(store.len() <= 1_000 + SHARDS, "{} keys held", store.len());
+        // The most recent key is still counted: its second request sees one token gone.
+        let o = store.decide(&key(9_999), &l);
+        assert_eq!(o.remaining_tokens, 8);
+    }
+
+    #[test]
+    fn idle_keys_go_first() {
+        let clock = FakeClock::at(1_796_047_200_000);
+        let store = MemoryStore::with_clock(SHARDS, Arc::new(clock.clone()));
+        let l = Limits {
+            window_ms: 1_000,
+            ..Limits::per_hour(10, 1.0, 100)
+        };
+        for i in 0..SHARDS as u32 {
+            store.decide(&key(i), &l);
+        }
+        clock.advance(10_000);
+        for i in 1_000..1_000 + SHARDS as u32 {
+            store.decide(&key(i), &l);
+        }
+        assert!(store.len() <= SHARDS + 1, "{}", store.len());
+    }
+}
