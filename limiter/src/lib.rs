@@ -5,6 +5,8 @@
 //! - [`key`]: the limit key and its names in Redis.
 //! - [`store`]: the counter-store trait; [`memory`] and [`redis_store`] implement it, the
 //!   latter with one Lua script per decision on the store's clock.
+//! - [`policy`]: tiers × route classes, overrides, hot keys, kill switches; validated
+//!   snapshots swapped atomically.
 //! - [`clock`]: time through a trait, so tests move a fake clock.
 
 pub mod algo;
@@ -13,6 +15,7 @@ pub mod clock;
 pub mod conformance;
 pub mod key;
 pub mod memory;
+pub mod policy;
 pub mod redis_store;
 pub mod store;
 
