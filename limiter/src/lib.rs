@@ -7,21 +7,37 @@
 //!   latter with one Lua script per decision on the store's clock.
 //! - [`policy`]: tiers × route classes, overrides, hot keys, kill switches; validated
 //!   snapshots swapped atomically.
+//! - [`limiter`]: `Limiter::check`, where the modes, the breaker ([`breaker`]) and the
+//!   local fallback meet, and one event per decision goes onto the queue ([`events`]).
+//! - [`http`]: a decision as 429, `Retry-After` and the rate-limit fields.
+//! - [`metrics`]: the Prometheus metrics.
 //! - [`clock`]: time through a trait, so tests move a fake clock.
 
 pub mod algo;
+pub mod breaker;
 pub mod clock;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
+pub mod events;
+pub mod http;
 pub mod key;
+pub mod limiter;
 pub mod memory;
+pub mod metrics;
 pub mod policy;
 pub mod redis_store;
 pub mod store;
 
 pub use algo::{CounterState, Limits, Outcome, decide};
 pub use clock::{Clock, FakeClock, SystemClock};
+pub use events::{
+    EventQueue, EventReceiver, EventSink, KafkaSink, KafkaSinkConfig, event_queue, spawn_drain,
+};
+pub use http::{HttpAnswer, http_answer};
 pub use key::LimitKey;
+pub use limiter::{Decision, Limiter, LimiterConfig, Request};
 pub use memory::MemoryStore;
+pub use metrics::LimiterMetrics;
+pub use policy::{Mode, PolicyDocument, PolicyHandle, PolicySnapshot, Resolution};
 pub use redis_store::{RedisStore, RedisStoreConfig};
 pub use store::{CounterStore, StoreError};

@@ -1,0 +1,168 @@
+//! The circuit breaker in front of the shared counter store. Closed: every decision goes to
+//! the store. After `failure_threshold` consecutive failures or timeouts it opens: decisions
+//! go to the local fallback for `open_for`, without touching the store. Then it lets one
+//! probe through (half-open): success closes it, failure opens it again. Lock-free: the
+//! decision path reads two atomics.
+
+use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU32, Ordering};
+use std::time::Duration;
+
+/// When to open and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BreakerConfig {
+    /// Consecutive failures (errors or timeouts) that open the breaker.
+    pub failure_threshold: u32,
+    /// How long it stays open before a probe.
+    pub open_for: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self {
+            failure_threshold: 5,
+            open_for: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The breaker's state, as exported (`verdict_breaker_state`: 0, 1, 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum BreakerState {
+    /// The store is used.
+    Closed = 0,
+    /// One probe is in flight.
+    HalfOpen = 1,
+    /// The fallback decides.
+    Open = 2,
+}
+
+/// Where one decision should go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Ask the store.
+    Store,
+    /// Ask the store as the half-open probe.
+    Probe,
+    /// Do not ask the store: fall back.
+    Fallback,
+}
+
+/// A circuit breaker.
+#[derive(Debug)]
+pub struct Breaker {
+    cfg: BreakerConfig,
+    state: AtomicU8,
+    failures: AtomicU32,
+    open_until_ms: AtomicI64,
+}
+
+impl Breaker {
+    /// A closed breaker.
+    pub fn new(cfg: BreakerConfig) -> Self {
+        Self {
+            cfg,
+            state: AtomicU8::new(BreakerState::Closed as u8),
+            failures: AtomicU32::new(0),
+            open_until_ms: AtomicI64::new(0),
+        }
+    }
+
+    /// The current state.
+    pub fn state(&self) -> BreakerState {
+        match self.state.load(Ordering::Acquire) {
+            0 => BreakerState::Closed,
+            1 => BreakerState::HalfOpen,
+            _ => BreakerState::Open,
+        }
+    }
+
+    /// Where a decision at `now_ms` should go.
+    pub fn admit(&self, now_ms: i64) -> Admit {
+        match self.state() {
+            BreakerState::Closed => Admit::Store,
+            BreakerState::HalfOpen => Admit::Fallback,
+            BreakerState::Open => {
+                if now_ms < self.open_until_ms.load(Ordering::Acquire) {
+                    return Admit::Fallback;
+                }
+                // Exactly one caller wins the probe.
+                match self.state.compare_exchange(
+                    BreakerState::Open as u8,
+                    BreakerState::HalfOpen as u8,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => Admit::Probe,
+                    Err(_) => Admit::Fallback,
+                }
+            }
+        }
+    }
+
+    /// Records the store's answer to a decision admitted as `admit`.
+    pub fn record(&self, admit: Admit, ok: bool, now_ms: i64) {
+        match (admit, ok) {
+            (Admit::Fallback, _) => {}
+            (_, true) => {
+                self.failures.store(0, Ordering::Release);
+                if admit == Admit::Probe {
+                    self.state
+                        .store(BreakerState::Closed as u8, Ordering::Release);
+                }
+            }
+            (Admit::Probe, false) => self.open(now_ms),
+            (Admit::Store, false) => {
+                let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+                if n >= self.cfg.failure_threshold {
+                    self.open(now_ms);
+                }
+            }
+        }
+    }
+
+    fn open(&self, now_ms: i64) {
+        let until = now_ms + self.cfg.open_for.as_millis() as i64;
+        self.open_until_ms.store(until, Ordering::Release);
+        self.failures.store(0, Ordering::Release);
+        self.state
+            .store(BreakerState::Open as u8, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_after_consecutive_failures_probes_then_closes() {
+        let b = Breaker::new(BreakerConfig {
+            failure_threshold: 3,
+            open_for: Duration::from_millis(100),
+        });
+        for _ in 0..2 {
+            b.record(Admit::Store, false, 0);
+        }
+        b.record(Admit::Store, true, 0); // a success resets the count
+        for _ in 0..2 {
+            b.record(Admit::Store, false, 0);
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+        b.record(Admit::Store, false, 10);
+        assert_eq!(b.state(), BreakerState::Open);
+        assert_eq!(b.admit(50), Admit::Fallback);
+        assert_eq!(b.admit(110), Admit::Probe);
+        assert_eq!(b.admit(111), Admit::Fallback, "one probe at a time");
+        b.record(Admit::Probe, false, 120);
+        assert_eq!(
+            (b.state(), b.admit(150)),
+            (BreakerState::Open, Admit::Fallback)
+        );
+        assert_eq!(b.admit(220), Admit::Probe);
+        b.record(Admit::Probe, true, 221);
+        assert_eq!(
+            (b.state(), b.admit(222)),
+            (BreakerState::Closed, Admit::Store)
+        );
+    }
+}

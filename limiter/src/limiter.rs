@@ -1,0 +1,321 @@
+//! `Limiter::check`: one request in, one [`Decision`] out, and one event on the queue. This
+//! is the one place that decides what happens when the shared store fails (the breaker
+//! opens and the local fallback enforces limit / instance count), and what the policy's
+//! modes mean (shadow: decide, emit, allow; off and kill switch: allow, emit, count
+//! nothing).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use verdict_schemas::{
+    DecisionEvent, DecisionSource, DeniedBy, KeyId, RegionId, RouteClassId, TierId, Verdict,
+};
+
+use crate::algo::{Limits, Outcome};
+use crate::breaker::{Admit, Breaker, BreakerConfig, BreakerState};
+use crate::clock::{Clock, SystemClock};
+use crate::events::EventQueue;
+use crate::key::LimitKey;
+use crate::memory::MemoryStore;
+use crate::metrics::LimiterMetrics;
+use crate::policy::{Mode, PolicyHandle, Resolution};
+use crate::store::{CounterStore, StoreError};
+
+/// Where this limiter runs.
+#[derive(Debug, Clone)]
+pub struct LimiterConfig {
+    /// The region whose counters decide (stamped on events).
+    pub region: RegionId,
+    /// This gateway instance's id (stamped on events).
+    pub instance: u32,
+    /// How many gateway instances share the limits: the local fallback enforces limit / N.
+    pub instance_count: u32,
+    /// The breaker in front of the shared store.
+    pub breaker: BreakerConfig,
+    /// Limit keys the local fallback keeps at most.
+    pub fallback_max_keys: usize,
+}
+
+impl Default for LimiterConfig {
+    fn default() -> Self {
+        Self {
+            region: RegionId(0),
+            instance: 0,
+            instance_count: 1,
+            breaker: BreakerConfig::default(),
+            fallback_max_keys: 1_000_000,
+        }
+    }
+}
+
+/// One request, as the gateway identifies it.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// The caller's key id.
+    pub key_id: KeyId,
+    /// The route class of the path.
+    pub route_class: RouteClassId,
+    /// The caller's tier.
+    pub tier: TierId,
+    /// A stable attribute of the caller (client id, address) that places it on a sub-key
+    /// when its key is split.
+    pub caller: &'a [u8],
+}
+
+/// The limiter's answer. A denial is a value, not an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// Allowed, denied (429) or would-deny (shadow mode: allowed).
+    pub verdict: Verdict,
+    /// Where the decision came from.
+    pub source: DecisionSource,
+    /// Which limit refused (for a would-deny too).
+    pub denied_by: DeniedBy,
+    /// Whole tokens left.
+    pub remaining_tokens: u32,
+    /// Requests left in the window.
+    pub remaining_window: u32,
+    /// When refused: ms until a request would pass.
+    pub retry_after_ms: u32,
+    /// The limits applied (none for kill switch, mode off, or an unknown tier/route).
+    pub limits: Option<Limits>,
+    /// The mode applied.
+    pub mode: Option<Mode>,
+    /// The policy version that decided.
+    pub policy_version: u64,
+    /// The decision time (the store's clock when it decided).
+    pub now_ms: i64,
+    /// The event emitted for this decision.
+    pub event: DecisionEvent,
+}
+
+impl Decision {
+    /// True unless the request is refused.
+    pub fn is_allowed(&self) -> bool {
+        self.verdict != Verdict::Denied
+    }
+}
+
+/// The limiter of one gateway instance.
+pub struct Limiter<S> {
+    store: S,
+    fallback: MemoryStore,
+    policy: PolicyHandle,
+    breaker: Breaker,
+    events: EventQueue,
+    metrics: Arc<LimiterMetrics>,
+    clock: Arc<dyn Clock>,
+    cfg: LimiterConfig,
+}
+
+impl<S> std::fmt::Debug for Limiter<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter")
+            .field("cfg", &self.cfg)
+            .field("breaker", &self.breaker.state())
+            .finish()
+    }
+}
+
+impl<S: CounterStore> Limiter<S> {
+    /// A limiter deciding with `store`, under `policy`, emitting onto `events`.
+    pub fn new(
+        store: S,
+        policy: PolicyHandle,
+        events: EventQueue,
+        metrics: Arc<LimiterMetrics>,
+        cfg: LimiterConfig,
+    ) -> Self {
+        Self::with_clock(store, policy, events, metrics, cfg, Arc::new(SystemClock))
+    }
+
+    /// The same on a given clock (the fallback, the breaker and event times of decisions
+    /// not made by the store use it).
+    pub fn with_clock(
+        store: S,
+        policy: PolicyHandle,
+        events: EventQueue,
+        metrics: Arc<LimiterMetrics>,
+        cfg: LimiterConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Self {
+            store,
+            fallback: MemoryStore::with_clock(cfg.fallback_max_keys, Arc::clone(&clock)),
+            policy,
+            breaker: Breaker::new(cfg.breaker),
+            events,
+            metrics,
+            clock,
+            cfg,
+        }
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Arc<LimiterMetrics> {
+        &self.metrics
+    }
+
+    /// The policy handle (sources refresh it).
+    pub fn policy(&self) -> &PolicyHandle {
+        &self.policy
+    }
+
+    /// The breaker's state.
+    pub fn breaker_state(&self) -> BreakerState {
+        self.breaker.state()
+    }
+
+    /// Decides one request.
+    pub async fn check(&self, req: &Request<'_>) -> Decision {
+        let policy = self.policy.load();
+        let version = policy.version();
+        let (limits, mode, key) = match policy.resolve(&req.key_id, req.route_class, req.tier) {
+            Resolution::KillSwitch => return self.pass(req, version, DecisionSource::KillSwitch),
+            Resolution::Off => return self.pass(req, version, DecisionSource::PolicyOff),
+            Resolution::Unknown => {
+                self.metrics.unconfigured.inc();
+                return self.pass(req, version, DecisionSource::PolicyOff);
+            }
+            Resolution::Check {
+                limits,
+                mode,
+                sub_keys,
+                ..
+            } => {
+                let key = LimitKey::new(req.key_id, req.route_class, req.tier);
+                let key = if sub_keys > 1 {
+                    key.split(sub_keys, req.caller)
+                } else {
+                    key
+                };
+                (limits, mode, key)
+            }
+        };
+
+        let (outcome, source) = self.decide(&key, &limits).await;
+        let denied_by = DeniedBy {
+            bucket: outcome.denied_by_bucket,
+            window: outcome.denied_by_window,
+        };
+        let verdict = match (outcome.allowed, mode) {
+            (true, _) => Verdict::Allowed,
+            (false, Mode::Shadow) => Verdict::WouldDeny,
+            (false, _) => Verdict::Denied,
+        };
+        let event = DecisionEvent {
+            event_time_ms: outcome.now_ms,
+            key_id: req.key_id,
+            route_class: req.route_class,
+            tier: req.tier,
+            region: self.cfg.region,
+            gateway_instance: self.cfg.instance,
+            verdict,
+            denied_by,
+            source,
+            remaining_tokens: outcome.remaining_tokens,
+            remaining_window: outcome.remaining_window,
+            retry_after_ms: outcome.retry_after_ms,
+            window_quota: limits.quota,
+            policy_version: version,
+            sub_key: key.sub_key,
+            sub_keys: key.sub_keys,
+        };
+        self.finish(Decision {
+            verdict,
+            source,
+            denied_by,
+            remaining_tokens: outcome.remaining_tokens,
+            remaining_window: outcome.remaining_window,
+            retry_after_ms: if verdict == Verdict::Denied {
+                outcome.retry_after_ms
+            } else {
+                0
+            },
+            limits: Some(limits),
+            mode: Some(mode),
+            policy_version: version,
+            now_ms: outcome.now_ms,
+            event,
+        })
+    }
+
+    /// Asks the store, unless the breaker is open; on failure, or while open, the local
+    /// fallback decides at limit / instance count.
+    async fn decide(&self, key: &LimitKey, limits: &Limits) -> (Outcome, DecisionSource) {
+        let now = self.clock.now_ms();
+        let admit = self.breaker.admit(now);
+        if admit != Admit::Fallback {
+            let started = Instant::now();
+            let result = self.store.check(key, limits).await;
+            self.metrics
+                .store_latency
+                .observe(started.elapsed().as_secs_f64());
+            self.breaker
+                .record(admit, result.is_ok(), self.clock.now_ms());
+            self.metrics.breaker_state.set(self.breaker.state() as i64);
+            match result {
+                Ok(outcome) => return (outcome, DecisionSource::CounterStore),
+                Err(e) => {
+                    let kind = match e {
+                        StoreError::Timeout(_) => "timeout",
+                        StoreError::Backend(_) => "backend",
+                        StoreError::BadReply(_) => "bad_reply",
+                    };
+                    self.metrics.store_errors.with_label_values(&[kind]).inc();
+                }
+            }
+        }
+        self.metrics.fallback_decisions.inc();
+        let share = limits.divided(self.cfg.instance_count);
+        (
+            self.fallback.decide(key, &share),
+            DecisionSource::LocalFallback,
+        )
+    }
+
+    /// Allow without counting (kill switch, mode off, unknown tier or route class).
+    fn pass(&self, req: &Request<'_>, version: u64, source: DecisionSource) -> Decision {
+        let now = self.clock.now_ms();
+        let event = DecisionEvent {
+            event_time_ms: now,
+            key_id: req.key_id,
+            route_class: req.route_class,
+            tier: req.tier,
+            region: self.cfg.region,
+            gateway_instance: self.cfg.instance,
+            verdict: Verdict::Allowed,
+            denied_by: DeniedBy::NONE,
+            source,
+            remaining_tokens: 0,
+            remaining_window: 0,
+            retry_after_ms: 0,
+            window_quota: 0,
+            policy_version: version,
+            sub_key: 0,
+            sub_keys: 1,
+        };
+        self.finish(Decision {
+            verdict: Verdict::Allowed,
+            source,
+            denied_by: DeniedBy::NONE,
+            remaining_tokens: 0,
+            remaining_window: 0,
+            retry_after_ms: 0,
+            limits: None,
+            mode: None,
+            policy_version: version,
+            now_ms: now,
+            event,
+        })
+    }
+
+    fn finish(&self, d: Decision) -> Decision {
+        self.metrics
+            .decisions
+            .with_label_values(&[d.verdict.as_str(), d.source.as_str()])
+            .inc();
+        self.events.offer(d.event);
+        d
+    }
+}

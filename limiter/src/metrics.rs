@@ -1,0 +1,148 @@
+//! The limiter's Prometheus metrics, in a registry of its own (a process may hold several
+//! limiters; the gateway serves this registry at `/metrics`).
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+
+/// Every metric the limiter exports.
+#[derive(Debug, Clone)]
+pub struct LimiterMetrics {
+    /// The registry holding them.
+    pub registry: Registry,
+    /// `verdict_decisions_total{verdict, source}`.
+    pub decisions: IntCounterVec,
+    /// `verdict_store_latency_seconds`: one round trip to the counter store.
+    pub store_latency: Histogram,
+    /// `verdict_store_errors_total{kind}`: timeouts and failures of the counter store.
+    pub store_errors: IntCounterVec,
+    /// `verdict_breaker_state`: 0 closed, 1 half-open, 2 open.
+    pub breaker_state: IntGauge,
+    /// `verdict_fallback_decisions_total`: decisions made by the local fallback.
+    pub fallback_decisions: IntCounter,
+    /// `verdict_unconfigured_decisions_total`: requests whose tier or route class the policy
+    /// does not know (allowed, and worth an alert).
+    pub unconfigured: IntCounter,
+    /// `verdict_events_dropped_total`: events dropped because the queue was full.
+    pub events_dropped: IntCounter,
+    /// `verdict_events_sent_total`: events handed to the sink.
+    pub events_sent: IntCounter,
+    /// `verdict_events_failed_total`: events the sink refused.
+    pub events_failed: IntCounter,
+    /// `verdict_policy_version`: version of the policy in force.
+    pub policy_version: IntGauge,
+    /// `verdict_policy_age_seconds`: since the policy source last confirmed it.
+    pub policy_age_seconds: IntGauge,
+    /// `verdict_policy_reload_errors_total`: source reads or documents that were refused.
+    pub policy_reload_errors: IntCounter,
+}
+
+impl Default for LimiterMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LimiterMetrics {
+    /// Creates and registers the metrics.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("valid metric name");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
+            c
+        };
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).expect("valid metric name");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("unique metric");
+            g
+        };
+        let decisions = IntCounterVec::new(
+            Opts::new(
+                "verdict_decisions_total",
+                "Decisions by verdict and by where they came from.",
+            ),
+            &["verdict", "source"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(decisions.clone()))
+            .expect("unique metric");
+        let store_errors = IntCounterVec::new(
+            Opts::new(
+                "verdict_store_errors_total",
+                "Counter store calls that failed, by kind (timeout, backend, bad_reply).",
+            ),
+            &["kind"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(store_errors.clone()))
+            .expect("unique metric");
+        let store_latency = Histogram::with_opts(
+            HistogramOpts::new(
+                "verdict_store_latency_seconds",
+                "One decision's round trip to the counter store.",
+            )
+            .buckets(vec![
+                0.000_1, 0.000_25, 0.000_5, 0.000_75, 0.001, 0.001_5, 0.002, 0.003, 0.005, 0.01,
+            ]),
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(store_latency.clone()))
+            .expect("unique metric");
+        Self {
+            decisions,
+            store_latency,
+            store_errors,
+            breaker_state: gauge(
+                "verdict_breaker_state",
+                "Circuit breaker in front of the counter store: 0 closed, 1 half-open, 2 open.",
+            ),
+            fallback_decisions: counter(
+                "verdict_fallback_decisions_total",
+                "Decisions made by the local fallback bucket.",
+            ),
+            unconfigured: counter(
+                "verdict_unconfigured_decisions_total",
+                "Requests whose tier or route class is not in the policy (allowed).",
+            ),
+            events_dropped: counter(
+                "verdict_events_dropped_total",
+                "Decision events dropped because the event queue was full.",
+            ),
+            events_sent: counter(
+                "verdict_events_sent_total",
+                "Decision events handed to the sink.",
+            ),
+            events_failed: counter(
+                "verdict_events_failed_total",
+                "Decision events the sink refused.",
+            ),
+            policy_version: gauge("verdict_policy_version", "Version of the policy in force."),
+            policy_age_seconds: gauge(
+                "verdict_policy_age_seconds",
+                "Seconds since the policy source last confirmed the policy in force.",
+            ),
+            policy_reload_errors: counter(
+                "verdict_policy_reload_errors_total",
+                "Policy reads or documents that were refused (the previous policy stays).",
+            ),
+            registry,
+        }
+    }
+
+    /// The metrics in Prometheus's text format.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        // Encoding gathered metric families into a Vec cannot fail.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+}

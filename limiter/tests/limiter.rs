@@ -1,0 +1,455 @@
+//! `Limiter::check` on the memory store and a fake clock: the modes, the kill switches, one
+//! event per decision, the queue that drops instead of blocking, the breaker and the local
+//! fallback (with a store that fails on purpose), and the HTTP answer.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use verdict_limiter::breaker::{BreakerConfig, BreakerState};
+use verdict_limiter::policy::parse_toml;
+use verdict_limiter::{
+    CounterStore, FakeClock, Limiter, LimiterConfig, LimiterMetrics, Limits, MemoryStore, Outcome,
+    PolicyHandle, PolicySnapshot, Request, StoreError, event_queue, http_answer,
+};
+use verdict_limiter::{EventReceiver, LimitKey};
+use verdict_schemas::{DecisionSource, KeyId, RegionId, RouteClassId, TierId, Verdict};
+
+const T0: i64 = 1_796_047_200_000;
+
+const POLICY: &str = r#"
+version = 3
+
+[[tiers]]
+id = 0
+name = "free"
+
+[[tiers]]
+id = 1
+name = "starter"
+
+[[tiers]]
+id = 2
+name = "pro"
+
+[[route_classes]]
+id = 0
+name = "read"
+
+[[limits]]
+tier = "free"
+route_class = "*"
+capacity = 3
+refill_per_s = 1.0
+hourly_quota = 100
+
+[[limits]]
+tier = "starter"
+route_class = "*"
+capacity = 2
+refill_per_s = 1.0
+hourly_quota = 100
+mode = "shadow"
+
+[[limits]]
+tier = "pro"
+route_class = "*"
+capacity = 100
+refill_per_s = 100.0
+hourly_quota = 1000
+mode = "off"
+
+[[hot_keys]]
+key_id = "0000000000000000000000000000000b"
+sub_keys = 4
+"#;
+
+fn policy(edit: impl FnOnce(&mut verdict_limiter::PolicyDocument)) -> PolicySnapshot {
+    let mut doc = parse_toml(POLICY).unwrap();
+    edit(&mut doc);
+    PolicySnapshot::build(doc).unwrap()
+}
+
+struct Rig<S> {
+    limiter: Limiter<S>,
+    events: EventReceiver,
+    clock: FakeClock,
+}
+
+fn rig_with<S: CounterStore>(
+    store: S,
+    snapshot: PolicySnapshot,
+    queue: usize,
+    cfg: LimiterConfig,
+    clock: FakeClock,
+) -> Rig<S> {
+    let metrics = Arc::new(LimiterMetrics::new());
+    let (queue, events) = event_queue(queue, Arc::clone(&metrics));
+    let limiter = Limiter::with_clock(
+        store,
+        PolicyHandle::new(snapshot, T0),
+        queue,
+        metrics,
+        cfg,
+        Arc::new(clock.clone()),
+    );
+    Rig {
+        limiter,
+        events,
+        clock,
+    }
+}
+
+fn rig(snapshot: PolicySnapshot) -> Rig<MemoryStore> {
+    let clock = FakeClock::at(T0);
+    let store = MemoryStore::with_clock(10_000, Arc::new(clock.clone()));
+    rig_with(
+        store,
+        snapshot,
+        10_000,
+        LimiterConfig {
+            region: RegionId(2),
+            instance: 7,
+            ..LimiterConfig::default()
+        },
+        clock,
+    )
+}
+
+fn key(last: u8) -> KeyId {
+    let mut k = [0u8; 16];
+    k[15] = last;
+    KeyId(k)
+}
+
+fn req(k: u8, tier: u8) -> Request<'static> {
+    Request {
+        key_id: key(k),
+        route_class: RouteClassId(0),
+        tier: TierId(tier),
+        caller: b"client",
+    }
+}
+
+#[tokio::test]
+async fn enforce_denies_past_the_burst_and_every_decision_emits_one_event() {
+    let mut r = rig(policy(|_| {}));
+    let mut verdicts = Vec::new();
+    for _ in 0..4 {
+        verdicts.push(r.limiter.check(&req(1, 0)).await);
+    }
+    assert_eq!(
+        verdicts.iter().map(|d| d.verdict).collect::<Vec<_>>(),
+        [
+            Verdict::Allowed,
+            Verdict::Allowed,
+            Verdict::Allowed,
+            Verdict::Denied
+        ]
+    );
+    let denied = &verdicts[3];
+    assert!(denied.denied_by.bucket && !denied.denied_by.window);
+    assert_eq!(
+        (
+            denied.retry_after_ms,
+            denied.remaining_tokens,
+            denied.remaining_window
+        ),
+        (1000, 0, 97)
+    );
+    assert_eq!(denied.source, DecisionSource::CounterStore);
+
+    for d in &verdicts {
+        let e = r.events.try_recv().expect("one event per decision");
+        assert_eq!(e, d.event);
+        assert_eq!(
+            (
+                e.region,
+                e.gateway_instance,
+                e.policy_version,
+                e.window_quota
+            ),
+            (RegionId(2), 7, 3, 100)
+        );
+    }
+    assert!(r.events.try_recv().is_none());
+
+    // A second later one token is back.
+    r.clock.advance(1_000);
+    assert!(r.limiter.check(&req(1, 0)).await.is_allowed());
+}
+
+#[tokio::test]
+async fn shadow_mode_decides_emits_and_allows() {
+    let mut r = rig(policy(|_| {}));
+    let mut out = Vec::new();
+    for _ in 0..4 {
+        out.push(r.limiter.check(&req(1, 1)).await);
+    }
+    assert_eq!(
+        out.iter().map(|d| d.verdict).collect::<Vec<_>>(),
+        [
+            Verdict::Allowed,
+            Verdict::Allowed,
+            Verdict::WouldDeny,
+            Verdict::WouldDeny
+        ]
+    );
+    assert!(out.iter().all(|d| d.is_allowed()));
+    assert!(out[2].denied_by.bucket);
+    assert_eq!(
+        out[2].retry_after_ms, 0,
+        "nobody is told to wait in shadow mode"
+    );
+    assert_eq!(
+        r.events.try_recv().map(|e| e.verdict),
+        Some(Verdict::Allowed)
+    );
+    r.events.try_recv();
+    assert_eq!(
+        r.events.try_recv().map(|e| e.verdict),
+        Some(Verdict::WouldDeny)
+    );
+    // Nothing was consumed by the would-denies: a token back after 1 s is enough.
+    r.clock.advance(1_000);
+    assert_eq!(r.limiter.check(&req(1, 1)).await.verdict, Verdict::Allowed);
+}
+
+#[tokio::test]
+async fn mode_off_and_kill_switches_allow_without_counting_and_still_emit() {
+    let mut r = rig(policy(|_| {}));
+    for _ in 0..500 {
+        let d = r.limiter.check(&req(1, 2)).await;
+        assert_eq!(
+            (d.verdict, d.source, d.limits),
+            (Verdict::Allowed, DecisionSource::PolicyOff, None)
+        );
+    }
+    assert_eq!(
+        r.events.try_recv().map(|e| e.source),
+        Some(DecisionSource::PolicyOff)
+    );
+
+    // The global kill switch, flipped at runtime: no restart, hard allow.
+    r.limiter
+        .policy()
+        .store(policy(|d| d.kill_switch = true).with_version(4), T0);
+    for _ in 0..10 {
+        let d = r.limiter.check(&req(1, 0)).await;
+        assert_eq!(
+            (d.verdict, d.source, d.policy_version),
+            (Verdict::Allowed, DecisionSource::KillSwitch, 4)
+        );
+    }
+    // A tier's kill switch spares the other tiers.
+    r.limiter.policy().store(
+        policy(|d| d.tiers[0].kill_switch = true).with_version(5),
+        T0,
+    );
+    assert_eq!(
+        r.limiter.check(&req(2, 0)).await.source,
+        DecisionSource::KillSwitch
+    );
+    assert_eq!(
+        r.limiter.check(&req(2, 1)).await.source,
+        DecisionSource::CounterStore
+    );
+    let m = r.limiter.metrics().render();
+    assert!(
+        m.contains(r#"verdict_decisions_total{source="kill_switch",verdict="allowed"} 11"#),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn unknown_tier_is_allowed_and_counted_for_an_alert() {
+    let r = rig(policy(|_| {}));
+    let d = r.limiter.check(&req(1, 9)).await;
+    assert_eq!(
+        (d.verdict, d.source),
+        (Verdict::Allowed, DecisionSource::PolicyOff)
+    );
+    assert!(
+        r.limiter
+            .metrics()
+            .render()
+            .contains("verdict_unconfigured_decisions_total 1")
+    );
+}
+
+#[tokio::test]
+async fn a_full_event_queue_drops_and_counts_without_touching_decisions() {
+    let clock = FakeClock::at(T0);
+    let r = rig_with(
+        MemoryStore::with_clock(100, Arc::new(clock.clone())),
+        policy(|_| {}),
+        2,
+        LimiterConfig::default(),
+        clock,
+    );
+    let verdicts: Vec<Verdict> = {
+        let mut v = Vec::new();
+        for _ in 0..5 {
+            v.push(r.limiter.check(&req(1, 0)).await.verdict);
+        }
+        v
+    };
+    assert_eq!(
+        verdicts,
+        [
+            Verdict::Allowed,
+            Verdict::Allowed,
+            Verdict::Allowed,
+            Verdict::Denied,
+            Verdict::Denied
+        ]
+    );
+    assert!(
+        r.limiter
+            .metrics()
+            .render()
+            .contains("verdict_events_dropped_total 3")
+    );
+}
+
+#[tokio::test]
+async fn a_hot_key_is_split_and_each_caller_sticks_to_its_sub_key() {
+    let r = rig(policy(|_| {}));
+    let hot = Request {
+        key_id: key(11),
+        route_class: RouteClassId(0),
+        tier: TierId(0),
+        caller: b"caller-a",
+    };
+    // 3 tokens split 4 ways: 1 per sub-key.
+    let first = r.limiter.check(&hot).await;
+    assert!(first.is_allowed());
+    assert_eq!(
+        (first.event.sub_keys, first.limits.unwrap().capacity),
+        (4, 1)
+    );
+    assert_eq!(
+        r.limiter.check(&hot).await.verdict,
+        Verdict::Denied,
+        "the same caller, the same sub-key"
+    );
+    let mut allowed = 1;
+    for i in 0..64 {
+        let caller = format!("caller-{i}");
+        let d = r
+            .limiter
+            .check(&Request {
+                caller: caller.as_bytes(),
+                ..hot
+            })
+            .await;
+        allowed += u32::from(d.is_allowed());
+    }
+    assert_eq!(allowed, 4, "four sub-keys of one token each");
+}
+
+/// A counter store that fails while told to (to drive the breaker; the real Redis fault
+/// tests are in tests/).
+#[derive(Clone)]
+struct Flaky {
+    failing: Arc<AtomicBool>,
+    inner: MemoryStore,
+}
+
+impl CounterStore for Flaky {
+    async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<Outcome, StoreError> {
+        if self.failing.load(Ordering::SeqCst) {
+            Err(StoreError::Timeout(Duration::from_millis(5)))
+        } else {
+            Ok(self.inner.decide(key, limits))
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_failing_store_opens_the_breaker_and_the_fallback_enforces_its_share() {
+    let clock = FakeClock::at(T0);
+    let failing = Arc::new(AtomicBool::new(true));
+    let store = Flaky {
+        failing: Arc::clone(&failing),
+        inner: MemoryStore::with_clock(100, Arc::new(clock.clone())),
+    };
+    let cfg = LimiterConfig {
+        instance_count: 3,
+        breaker: BreakerConfig {
+            failure_threshold: 2,
+            open_for: Duration::from_secs(1),
+        },
+        ..LimiterConfig::default()
+    };
+    let r = rig_with(
+        store,
+        policy(|d| d.limits[0].capacity = 9),
+        100,
+        cfg,
+        clock.clone(),
+    );
+    // Tokens 9 shared by 3 instances: this instance's fallback allows 3.
+    let mut fallback_allowed = 0;
+    for _ in 0..10 {
+        let d = r.limiter.check(&req(1, 0)).await;
+        assert_eq!(d.source, DecisionSource::LocalFallback);
+        fallback_allowed += u32::from(d.is_allowed());
+    }
+    assert_eq!(fallback_allowed, 3);
+    assert_eq!(r.limiter.breaker_state(), BreakerState::Open);
+
+    // The store recovers; after open_for one probe closes the breaker.
+    failing.store(false, Ordering::SeqCst);
+    assert_eq!(
+        r.limiter.check(&req(2, 0)).await.source,
+        DecisionSource::LocalFallback
+    );
+    clock.advance(1_000);
+    assert_eq!(
+        r.limiter.check(&req(2, 0)).await.source,
+        DecisionSource::CounterStore
+    );
+    assert_eq!(r.limiter.breaker_state(), BreakerState::Closed);
+    let m = r.limiter.metrics().render();
+    assert!(
+        m.contains(r#"verdict_store_errors_total{kind="timeout"} 2"#),
+        "{m}"
+    );
+    assert!(m.contains("verdict_fallback_decisions_total 11"), "{m}");
+    assert!(m.contains("verdict_breaker_state 0"), "{m}");
+}
+
+#[tokio::test]
+async fn the_http_answer_carries_retry_after_and_the_rate_limit_fields() {
+    let r = rig(policy(|_| {}));
+    let ok = r.limiter.check(&req(1, 0)).await;
+    let a = http_answer(&ok);
+    assert_eq!(a.status, None);
+    assert_eq!(
+        a.headers,
+        vec![
+            (
+                "ratelimit-policy",
+                r#""burst";q=3;w=3, "hourly";q=100;w=3600"#.to_string()
+            ),
+            (
+                "ratelimit",
+                r#""burst";r=2;t=1, "hourly";r=99;t=3600"#.to_string()
+            ),
+        ]
+    );
+    r.limiter.check(&req(1, 0)).await;
+    r.limiter.check(&req(1, 0)).await;
+    r.clock.advance(250);
+    let denied = r.limiter.check(&req(1, 0)).await;
+    let a = http_answer(&denied);
+    assert_eq!(a.status, Some(429));
+    assert_eq!(a.headers[1].1, r#""burst";r=0;t=1, "hourly";r=97;t=3600"#);
+    assert_eq!(a.headers[2], ("retry-after", "1".to_string()));
+    let body: serde_json::Value = serde_json::from_str(a.body.as_deref().unwrap()).unwrap();
+    assert_eq!(body["status"], 429);
+    assert_eq!(body["violated_policies"], serde_json::json!(["burst"]));
+    assert_eq!(body["retry_after_seconds"], 1);
+    assert_eq!(body["remaining"]["hourly"], 97);
+}
