@@ -1,6 +1,7 @@
 //! The limiter's Prometheus metrics, in a registry of its own (a process may hold several
 //! limiters; the gateway serves this registry at `/metrics`).
 
+use prometheus::core::Collector;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
     TextEncoder,
@@ -48,19 +49,22 @@ impl LimiterMetrics {
     /// Creates and registers the metrics.
     pub fn new() -> Self {
         let registry = Registry::new();
+        // The names and help texts are constants: building or registering them cannot fail.
+        let reg = |m: Box<dyn Collector>| registry.register(m).expect("unique, valid metric");
         let counter = |name: &str, help: &str| {
             let c = IntCounter::new(name, help).expect("valid metric name");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("unique metric");
+            reg(Box::new(c.clone()));
             c
         };
         let gauge = |name: &str, help: &str| {
             let g = IntGauge::new(name, help).expect("valid metric name");
-            registry
-                .register(Box::new(g.clone()))
-                .expect("unique metric");
+            reg(Box::new(g.clone()));
             g
+        };
+        let counter_vec = |name: &str, help: &str, label: &str| {
+            let c = IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid metric");
+            reg(Box::new(c.clone()));
+            c
         };
         let decisions = IntCounterVec::new(
             Opts::new(
@@ -70,20 +74,7 @@ impl LimiterMetrics {
             &["verdict", "source"],
         )
         .expect("valid metric");
-        registry
-            .register(Box::new(decisions.clone()))
-            .expect("unique metric");
-        let store_errors = IntCounterVec::new(
-            Opts::new(
-                "verdict_store_errors_total",
-                "Counter store calls that failed, by kind (timeout, backend, bad_reply).",
-            ),
-            &["kind"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(store_errors.clone()))
-            .expect("unique metric");
+        reg(Box::new(decisions.clone()));
         let store_latency = Histogram::with_opts(
             HistogramOpts::new(
                 "verdict_store_latency_seconds",
@@ -94,13 +85,15 @@ impl LimiterMetrics {
             ]),
         )
         .expect("valid metric");
-        registry
-            .register(Box::new(store_latency.clone()))
-            .expect("unique metric");
+        reg(Box::new(store_latency.clone()));
         Self {
             decisions,
             store_latency,
-            store_errors,
+            store_errors: counter_vec(
+                "verdict_store_errors_total",
+                "Counter store calls that failed, by kind (timeout, backend, bad_reply).",
+                "kind",
+            ),
             breaker_state: gauge(
                 "verdict_breaker_state",
                 "Circuit breaker in front of the counter store: 0 closed, 1 half-open, 2 open.",
