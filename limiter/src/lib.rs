@@ -6,7 +6,7 @@
 //! - [`store`]: the counter-store trait; [`memory`] and [`redis_store`] implement it, the
 //!   latter with one Lua script per decision on the store's clock.
 //! - [`policy`]: tiers × route classes, overrides, hot keys, kill switches; validated
-//!   snapshots swapped atomically.
+//!   snapshots swapped atomically, kept fresh from a file or PostgreSQL ([`sources`]).
 //! - [`limiter`]: `Limiter::check`, where the modes, the breaker ([`breaker`]) and the
 //!   local fallback meet, and one event per decision goes onto the queue ([`events`]).
 //! - [`http`]: a decision as 429, `Retry-After` and the rate-limit fields.
@@ -26,6 +26,7 @@ pub mod memory;
 pub mod metrics;
 pub mod policy;
 pub mod redis_store;
+pub mod sources;
 pub mod store;
 
 pub use algo::{CounterState, Limits, Outcome, decide};
@@ -40,4 +41,5 @@ pub use memory::MemoryStore;
 pub use metrics::LimiterMetrics;
 pub use policy::{Mode, PolicyDocument, PolicyHandle, PolicySnapshot, Resolution};
 pub use redis_store::{RedisStore, RedisStoreConfig};
+pub use sources::{FileSource, PgSource, PolicySource, SourceError, spawn_refresher};
 pub use store::{CounterStore, StoreError};

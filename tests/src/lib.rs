@@ -2,6 +2,8 @@
 //! defaults as `scripts/env.sh`), a check that fails a test with instructions when a service
 //! is not running, and ready-made clients.
 
+pub mod private;
+
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
@@ -145,6 +147,30 @@ async fn create_bucket(bucket: &str) {
         status.is_success() || body.contains("BucketAlreadyOwnedByYou"),
         "creating bucket {bucket}: {status} {body}"
     );
+}
+
+/// A database of its own on the shared PostgreSQL, for a test that creates schemas:
+/// `postgres://…/<prefix>_<unique>`.
+///
+/// # Panics
+/// When PostgreSQL is not running.
+pub async fn fresh_database(prefix: &str) -> String {
+    require(Service::Postgres);
+    let (client, connection) = tokio_postgres::connect(&postgres_url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect to PostgreSQL");
+    tokio::spawn(connection);
+    let name = unique_name(prefix).replace('-', "_");
+    client
+        .batch_execute(&format!("create database {name}"))
+        .await
+        .expect("create database");
+    let base = postgres_url();
+    let base = base
+        .rsplit_once('/')
+        .map_or(base.as_str(), |(b, _)| b)
+        .to_owned();
+    format!("{base}/{name}")
 }
 
 /// A name no other test run has used: `prefix-<pid>-<nanos>`.

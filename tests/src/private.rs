@@ -1,0 +1,243 @@
+//! Private instances of Redis and PostgreSQL on spare loopback ports, for fault tests that
+//! stop, slow or restart their store without disturbing any other test. They use the same
+//! binaries `scripts/services.sh` installs, and are stopped when dropped.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A free TCP port on 127.0.0.1.
+pub fn spare_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+fn wait_for_port(port: u16, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not listen on port {port} within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn missing(binary: &str) -> String {
+    format!(
+        "{binary} is not installed: run `scripts/services.sh up` once to install the test services"
+    )
+}
+
+/// A Redis server of this test's own.
+#[derive(Debug)]
+pub struct PrivateRedis {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl PrivateRedis {
+    /// Starts one on a spare port.
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut r = Self {
+            child: None,
+            port: spare_port(),
+            dir,
+        };
+        r.restart();
+        r
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Its port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Kills it (like a crash: no save, connections reset).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same port (empty: no persistence).
+    pub fn restart(&mut self) {
+        self.stop();
+        let child = Command::new("redis-server")
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                &self.port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|_| panic!("{}", missing("redis-server")));
+        self.child = Some(child);
+        wait_for_port(self.port, "private redis");
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A PostgreSQL cluster of this test's own (trust auth, database `verdict`).
+#[derive(Debug)]
+pub struct PrivatePostgres {
+    port: u16,
+    data: PathBuf,
+    _dir: tempfile::TempDir,
+    running: bool,
+}
+
+fn pg_bin(tool: &str) -> PathBuf {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.path().join("bin"))
+                .collect()
+        })
+        .unwrap_or_default();
+    versions.sort();
+    versions
+        .pop()
+        .map(|b| b.join(tool))
+        .unwrap_or_else(|| panic!("{}", missing("PostgreSQL")))
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// Runs a PostgreSQL tool as the postgres user when we are root (PostgreSQL refuses root).
+fn pg_command(tool: &str) -> Command {
+    if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(pg_bin(tool));
+        c
+    } else {
+        Command::new(pg_bin(tool))
+    }
+}
+
+fn run(mut c: Command, what: &str) {
+    let out = c.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl PrivatePostgres {
+    /// Creates and starts one on a spare port.
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).expect("data dir");
+        if is_root() {
+            run(
+                {
+                    let mut c = Command::new("chown");
+                    c.args(["-R", "postgres:postgres"]).arg(dir.path());
+                    c
+                },
+                "chown",
+            );
+        }
+        let mut c = pg_command("initdb");
+        c.arg("-D")
+            .arg(&data)
+            .args(["-U", "verdict", "--auth=trust", "--locale=C", "-E", "UTF8"]);
+        run(c, "initdb");
+        let mut pg = Self {
+            port: spare_port(),
+            data,
+            _dir: dir,
+            running: false,
+        };
+        pg.restart();
+        let mut c = Command::new("psql");
+        c.args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &pg.port.to_string(),
+            "-U",
+            "verdict",
+            "-d",
+            "postgres",
+            "-qc",
+            "create database verdict",
+        ]);
+        run(c, "create database");
+        pg
+    }
+
+    /// `postgres://verdict@127.0.0.1:<port>/verdict`.
+    pub fn url(&self) -> String {
+        format!("postgres://verdict@127.0.0.1:{}/verdict", self.port)
+    }
+
+    /// Stops it at once (connections are cut).
+    pub fn stop(&mut self) {
+        if self.running {
+            let mut c = pg_command("pg_ctl");
+            c.arg("-D")
+                .arg(&self.data)
+                .args(["-m", "immediate", "-w", "stop"]);
+            let _ = c.output();
+            self.running = false;
+        }
+    }
+
+    /// Starts it again.
+    pub fn restart(&mut self) {
+        self.stop();
+        let mut c = pg_command("pg_ctl");
+        c.arg("-D")
+            .arg(&self.data)
+            .arg("-o")
+            .arg(format!(
+                "-c listen_addresses=127.0.0.1 -p {} -k {} -c fsync=off",
+                self.port,
+                self.data.display()
+            ))
+            .args(["-w", "-t", "60", "-l"])
+            .arg(self.data.join("log"))
+            .arg("start");
+        run(c, "pg_ctl start");
+        self.running = true;
+        wait_for_port(self.port, "private postgres");
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

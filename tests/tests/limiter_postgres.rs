@@ -1,0 +1,234 @@
+//! The PostgreSQL policy source against the real PostgreSQL: the schema and its version
+//! trigger, a change in force within 30 s, invalid rows refused with row and field named,
+//! and a stopped database leaving the last policy in force.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use verdict_limiter::{
+    Clock, LimiterMetrics, PgSource, PolicyHandle, PolicySource, SystemClock, spawn_refresher,
+};
+use verdict_tests::fresh_database;
+use verdict_tests::private::PrivatePostgres;
+
+const SEED: &str = "
+insert into verdict_policy.tiers (id, name) values (0, 'free'), (1, 'pro');
+insert into verdict_policy.route_classes (id, name, prefixes) values (0, 'read', '{/v1/items}'), (1, 'write', '{}');
+insert into verdict_policy.limits values ('free', '*', 10, 1.0, 100, 'enforce'), ('pro', '*', 100, 10.0, 10000, 'shadow');
+insert into verdict_policy.overrides values ('0000000000000000000000000000000a', 'write', 50, 5.0, 500, null);
+insert into verdict_policy.hot_keys values ('0000000000000000000000000000000b', 8);
+";
+
+async fn seeded(url: &str) -> (PgSource, tokio_postgres::Client) {
+    let source = PgSource::new(url);
+    source.migrate().await.expect("migrate");
+    source
+        .migrate()
+        .await
+        .expect("a second migrate is harmless");
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    client.batch_execute(SEED).await.expect("seed");
+    (source, client)
+}
+
+async fn version(c: &tokio_postgres::Client) -> i64 {
+    c.query_one("select version from verdict_policy.meta", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn every_change_raises_the_version_and_the_rows_load_as_a_policy() {
+    let url = fresh_database("policy_rows").await;
+    let (source, client) = seeded(&url).await;
+    let v0 = version(&client).await;
+    client
+        .execute(
+            "update verdict_policy.limits set capacity = 20 where tier = 'free'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let v1 = version(&client).await;
+    client
+        .execute("update verdict_policy.meta set kill_switch = true", &[])
+        .await
+        .unwrap();
+    let v2 = version(&client).await;
+    client
+        .execute("delete from verdict_policy.hot_keys", &[])
+        .await
+        .unwrap();
+    let v3 = version(&client).await;
+    assert!(v0 < v1 && v1 < v2 && v2 < v3, "{v0} {v1} {v2} {v3}");
+
+    let snapshot = PolicySource::Postgres(source).load().await.expect("load");
+    assert_eq!(snapshot.version(), v3 as u64);
+    assert!(snapshot.kill_switch());
+    let doc = snapshot.document();
+    assert_eq!(
+        (
+            doc.tiers.len(),
+            doc.route_classes.len(),
+            doc.limits.len(),
+            doc.overrides.len()
+        ),
+        (2, 2, 2, 1)
+    );
+    assert_eq!(doc.route_classes[0].prefixes, vec!["/v1/items".to_string()]);
+    assert_eq!(
+        doc.limits
+            .iter()
+            .find(|l| l.tier == "free")
+            .unwrap()
+            .capacity,
+        20
+    );
+}
+
+#[tokio::test]
+async fn a_change_is_in_force_within_30_s_and_a_bad_row_keeps_the_last_policy() {
+    let url = fresh_database("policy_refresh").await;
+    let (source, client) = seeded(&url).await;
+    let source = PolicySource::Postgres(source);
+    let handle = PolicyHandle::new(source.load().await.unwrap(), 0);
+    let metrics = Arc::new(LimiterMetrics::new());
+    let task = spawn_refresher(
+        source,
+        handle.clone(),
+        Arc::clone(&metrics),
+        Arc::new(SystemClock),
+        Duration::from_secs(1),
+    );
+
+    let before = handle.load().version();
+    let changed = Instant::now();
+    client
+        .execute(
+            "update verdict_policy.limits set hourly_quota = 200 where tier = 'free'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let want = version(&client).await as u64;
+    while handle.load().version() != want {
+        assert!(
+            changed.elapsed() < Duration::from_secs(30),
+            "the change was not in force within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(want > before);
+    println!("policy change in force after {:?}", changed.elapsed());
+
+    // A row that does not validate: refused, counted, the last policy stays.
+    client
+        .execute(
+            "update verdict_policy.limits set mode = 'enforced' where tier = 'pro'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !metrics
+        .render()
+        .contains("verdict_policy_reload_errors_total 1")
+    {
+        assert!(Instant::now() < deadline, "the bad row was never reported");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(handle.load().version(), want);
+    task.abort();
+}
+
+#[tokio::test]
+async fn invalid_rows_are_named_with_their_field() {
+    let url = fresh_database("policy_invalid").await;
+    let (source, client) = seeded(&url).await;
+    client
+        .execute(
+            "update verdict_policy.limits set mode = 'enforced' where tier = 'pro'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let e = PolicySource::Postgres(source.clone())
+        .load()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "policy limits row (tier=pro, route_class=*): mode: unknown mode \"enforced\" (expected enforce, shadow or off)"
+    );
+    client
+        .execute(
+            "update verdict_policy.limits set mode = 'shadow', refill_per_s = 0 where tier = 'pro'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let e = PolicySource::Postgres(source.clone())
+        .load()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("policy limits[1] (tier=pro, route_class=*): refill_per_s:"),
+        "{e}"
+    );
+    client.batch_execute("update verdict_policy.limits set refill_per_s = 1; update verdict_policy.overrides set key_id = 'xyz'").await.unwrap();
+    let e = PolicySource::Postgres(source)
+        .load()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("overrides row (key_id=xyz, route_class=write): key_id"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn a_stopped_database_leaves_the_last_policy_in_force_and_ages_it() {
+    let mut pg = PrivatePostgres::start();
+    let (source, _client) = seeded(&pg.url()).await;
+    let source = PolicySource::Postgres(source);
+    let handle = PolicyHandle::new(source.load().await.unwrap(), SystemClock.now_ms());
+    let version = handle.load().version();
+    let metrics = Arc::new(LimiterMetrics::new());
+    let task = spawn_refresher(
+        source,
+        handle.clone(),
+        Arc::clone(&metrics),
+        Arc::new(SystemClock),
+        Duration::from_millis(200),
+    );
+    pg.stop();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let m = metrics.render();
+        if m.contains("verdict_policy_reload_errors_total")
+            && !m.contains("verdict_policy_reload_errors_total 0")
+            && !m.contains("verdict_policy_age_seconds 0")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no reload error and no ageing within 30 s:\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        handle.load().version(),
+        version,
+        "the last policy stays in force"
+    );
+    assert_eq!(handle.load().document().tiers.len(), 2);
+    task.abort();
+}
