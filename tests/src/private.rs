@@ -2,17 +2,51 @@
 //! stop, slow or restart their store without disturbing any other test. They use the same
 //! binaries `scripts/services.sh` installs, and are stopped when dropped.
 
+use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// A free TCP port on 127.0.0.1.
+/// A free TCP port on 127.0.0.1, never the same one twice in this process (tests run in
+/// parallel threads, and a port released by one could be handed to the next before the
+/// server of the first has bound it).
 pub fn spare_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free loopback port");
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
+}
+
+/// Waits until a Redis on `port` answers PING with PONG.
+fn wait_for_pong(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let pong = std::net::TcpStream::connect(("127.0.0.1", port)).and_then(|mut s| {
+            s.set_read_timeout(Some(Duration::from_secs(1)))?;
+            s.write_all(b"PING\r\n")?;
+            let mut buf = [0u8; 7];
+            s.read_exact(&mut buf)?;
+            Ok(&buf == b"+PONG\r\n")
+        });
+        if pong.unwrap_or(false) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "private redis on port {port} did not answer PING within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn wait_for_port(port: u16, what: &str) {
@@ -92,7 +126,7 @@ impl PrivateRedis {
             .spawn()
             .unwrap_or_else(|_| panic!("{}", missing("redis-server")));
         self.child = Some(child);
-        wait_for_port(self.port, "private redis");
+        wait_for_pong(self.port);
     }
 }
 
