@@ -2,6 +2,7 @@
 //! Each subcommand's options are a clap struct here; the work lives in the crates (and, for
 //! the demo, in [`demo`]).
 
+pub mod bench;
 pub mod demo;
 
 use clap::{Parser, Subcommand};
@@ -24,6 +25,9 @@ pub enum Command {
     /// wire form, and write the raw table as Parquet into a local folder with the production
     /// layout. Prints what was decided and what it costs on the wire and on disk.
     Demo(demo::DemoArgs),
+    /// Measure a part of the system; prints JSON.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 /// Runs one parsed command line.
@@ -33,6 +37,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         .build()?;
     match cli.command {
         Command::Demo(args) => runtime.block_on(demo::run(args)),
+        Command::Bench(cmd) => runtime.block_on(bench::run(cmd)),
     }
 }
 

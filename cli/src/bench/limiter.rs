@@ -1,0 +1,415 @@
+//! `verdict bench limiter`: decisions against the real Redis from N simulated gateway
+//! instances in this process (each a `Limiter` with its own connection pool), open loop at a
+//! target rate (latency is measured from when a request was due, so a stall is not hidden),
+//! keys uniform or Zipf with one tenant at 8 % of traffic. Prints one JSON object, with
+//! `redis-benchmark` pipelining EVALSHA of the same script from the same run as the
+//! ceiling of this Redis.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use fred::prelude::*;
+use fred::types::InfoKind;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Zipf};
+use serde::Serialize;
+use verdict_limiter::policy::parse_toml;
+use verdict_limiter::{
+    Limiter, LimiterConfig, LimiterMetrics, PolicyHandle, PolicySnapshot, RedisStore,
+    RedisStoreConfig, Request, event_queue,
+};
+use verdict_schemas::{DecisionSource, KeyId, RouteClassId, TierId};
+
+/// How keys are chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyDistribution {
+    /// Every key equally likely.
+    Uniform,
+    /// Zipf (exponent 1) popularity, with one tenant making 8 % of all requests (split
+    /// into 16 sub-keys, as a hot key is).
+    Zipf,
+}
+
+/// Options of `verdict bench limiter`.
+#[derive(Debug, Clone, Args)]
+pub struct LimiterBenchArgs {
+    /// Redis to decide against [default: $VERDICT_REDIS_URL, else redis://127.0.0.1:16379].
+    #[arg(long)]
+    pub redis_url: Option<String>,
+    /// Simulated gateway instances (each a limiter with its own connections).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub instances: u32,
+    /// Connections per instance.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub connections: u32,
+    /// Requests in flight per instance.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub concurrency: u32,
+    /// Target decisions per second, all instances together (0: as fast as possible).
+    #[arg(long, default_value_t = 100_000)]
+    pub rate: u64,
+    /// Seconds of load.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub duration: u64,
+    /// Distinct API keys.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub keys: u32,
+    /// Key distribution.
+    #[arg(long, value_enum, default_value_t = KeyDistribution::Zipf)]
+    pub distribution: KeyDistribution,
+    /// Decision deadline, ms (production: 5).
+    #[arg(long, default_value_t = 5)]
+    pub timeout_ms: u64,
+    /// Skip the redis-benchmark ceiling.
+    #[arg(long)]
+    pub no_ceiling: bool,
+}
+
+/// The printed result.
+#[derive(Debug, Serialize)]
+pub struct LimiterBenchReport {
+    bench: &'static str,
+    distribution: KeyDistribution,
+    instances: u32,
+    connections_per_instance: u32,
+    concurrency_per_instance: u32,
+    target_rate: u64,
+    duration_s: f64,
+    decisions: u64,
+    decisions_per_s: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    p999_ms: f64,
+    max_ms: f64,
+    allowed: u64,
+    denied: u64,
+    fallback: u64,
+    active_limit_keys: u64,
+    max_over_limit_ratio: f64,
+    redis_bytes_per_key: f64,
+    redis_benchmark_evalsha_pipelined_per_s: Option<f64>,
+    vs_redis_benchmark: Option<f64>,
+}
+
+/// Route classes and their weights (as in the synthetic world).
+const ROUTE_WEIGHTS: [u32; 5] = [50, 20, 15, 10, 5];
+const TENANT: u32 = 0;
+
+fn bench_policy(tenant: KeyId) -> anyhow::Result<PolicySnapshot> {
+    let text = format!(
+        r#"
+version = 1
+[[tiers]]
+id = 0
+name = "standard"
+{routes}
+[[limits]]
+tier = "standard"
+route_class = "*"
+capacity = 20
+refill_per_s = 2.0
+hourly_quota = 3000
+[[overrides]]
+key_id = "{tenant}"
+capacity = 4000
+refill_per_s = 2000.0
+hourly_quota = 5000000
+[[hot_keys]]
+key_id = "{tenant}"
+sub_keys = 16
+"#,
+        routes = (0..ROUTE_WEIGHTS.len())
+            .map(|i| format!("[[route_classes]]\nid = {i}\nname = \"r{i}\"\n"))
+            .collect::<String>()
+    );
+    Ok(PolicySnapshot::build(parse_toml(&text)?)?)
+}
+
+/// Key ids of this run (a salt per run, so runs never share counters).
+fn key_id(salt: u64, index: u32) -> KeyId {
+    let mut id = [0u8; 16];
+    id[..8].copy_from_slice(&salt.to_le_bytes());
+    id[8..12].copy_from_slice(&index.to_le_bytes());
+    KeyId(id)
+}
+
+async fn used_memory(client: &Client) -> anyhow::Result<u64> {
+    let info: String = client.info(Some(InfoKind::Memory)).await?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .context("INFO memory has no used_memory")
+}
+
+/// Runs the bench and prints its JSON.
+pub async fn run(args: LimiterBenchArgs) -> anyhow::Result<()> {
+    let report = bench(&args).await?;
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+struct TaskResult {
+    latencies_us: Vec<u32>,
+    allowed: u64,
+    denied: u64,
+    fallback: u64,
+}
+
+/// Runs the load and measures it.
+pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport> {
+    let url = args
+        .redis_url
+        .clone()
+        .or_else(|| std::env::var("VERDICT_REDIS_URL").ok())
+        .unwrap_or_else(|| "redis://127.0.0.1:16379".into());
+    let salt: u64 = rand::random();
+    let policy = bench_policy(key_id(salt, TENANT))?;
+    let tenant_limits = match policy.resolve(&key_id(salt, TENANT), RouteClassId(0), TierId(0)) {
+        verdict_limiter::Resolution::Check {
+            limits, sub_keys, ..
+        } => (limits, sub_keys),
+        other => bail!("bench policy resolves the tenant to {other:?}"),
+    };
+    let standard = policy
+        .rule(TierId(0), RouteClassId(0))
+        .context("bench policy has no standard rule")?
+        .limits;
+
+    let store_cfg = RedisStoreConfig {
+        url: url.clone(),
+        connections: args.connections as usize,
+        timeout: Duration::from_millis(args.timeout_ms),
+        ..RedisStoreConfig::default()
+    };
+    let probe = RedisStore::connect(&store_cfg).await.with_context(|| {
+        format!("connecting to {url} (start it with `scripts/services.sh up redis`)")
+    })?;
+    let memory_before = used_memory(probe.client()).await?;
+
+    let mut limiters = Vec::new();
+    for i in 0..args.instances {
+        let store = RedisStore::connect(&store_cfg).await?;
+        let metrics = Arc::new(LimiterMetrics::new());
+        let (queue, mut rx) = event_queue(65_536, Arc::clone(&metrics));
+        // The events are drained and discarded: the bench measures decisions.
+        tokio::spawn(async move { while rx.recv().await.is_some() {} });
+        let cfg = LimiterConfig {
+            instance: i,
+            instance_count: args.instances,
+            ..LimiterConfig::default()
+        };
+        limiters.push(Arc::new(Limiter::new(
+            store,
+            PolicyHandle::new(policy.clone(), 0),
+            queue,
+            metrics,
+            cfg,
+        )));
+    }
+
+    let routes = ROUTE_WEIGHTS.len();
+    let allowed_per_key: Arc<Vec<AtomicU32>> = Arc::new(
+        (0..args.keys as usize * routes)
+            .map(|_| AtomicU32::new(0))
+            .collect(),
+    );
+    let tasks_total = u64::from(args.instances) * u64::from(args.concurrency);
+    let per_task_interval =
+        (args.rate > 0).then(|| Duration::from_secs_f64(tasks_total as f64 / args.rate as f64));
+    let duration = Duration::from_secs(args.duration);
+    let zipf = Zipf::new(f64::from(args.keys), 1.0).context("zipf")?;
+    let started = Instant::now();
+    let mut handles = Vec::new();
+    for (i, limiter) in limiters.iter().enumerate() {
+        for t in 0..args.concurrency {
+            let limiter = Arc::clone(limiter);
+            let allowed_per_key = Arc::clone(&allowed_per_key);
+            let (keys, distribution) = (args.keys, args.distribution);
+            let seed = salt ^ ((i as u64) << 32) ^ u64::from(t);
+            handles.push(tokio::spawn(async move {
+                let mut rng = SmallRng::seed_from_u64(seed);
+                let mut r = TaskResult {
+                    latencies_us: Vec::new(),
+                    allowed: 0,
+                    denied: 0,
+                    fallback: 0,
+                };
+                // Spread the tasks' first sends over one interval.
+                let mut due = started
+                    + per_task_interval
+                        .map_or(Duration::ZERO, |iv| iv.mul_f64(rng.random::<f64>()));
+                let route_total: u32 = ROUTE_WEIGHTS.iter().sum();
+                while due.duration_since(started) < duration {
+                    if per_task_interval.is_some() {
+                        tokio::time::sleep_until(due.into()).await;
+                    } else {
+                        due = Instant::now();
+                    }
+                    let key = match distribution {
+                        KeyDistribution::Uniform => rng.random_range(0..keys),
+                        KeyDistribution::Zipf if rng.random::<f64>() < 0.08 => TENANT,
+                        KeyDistribution::Zipf => {
+                            (zipf.sample(&mut rng) as u32).clamp(1, keys) % keys
+                        }
+                    };
+                    let mut x = rng.random_range(0..route_total);
+                    let route = ROUTE_WEIGHTS
+                        .iter()
+                        .position(|w| {
+                            if x < *w {
+                                true
+                            } else {
+                                x -= w;
+                                false
+                            }
+                        })
+                        .unwrap_or(0);
+                    let caller: [u8; 8] = rng.random();
+                    let req = Request {
+                        key_id: key_id(salt, key),
+                        route_class: RouteClassId(route as u8),
+                        tier: TierId(0),
+                        caller: &caller,
+                    };
+                    let d = limiter.check(&req).await;
+                    r.latencies_us
+                        .push(due.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
+                    if d.is_allowed() {
+                        r.allowed += 1;
+                        allowed_per_key[key as usize * routes + route]
+                            .fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        r.denied += 1;
+                    }
+                    r.fallback += u64::from(d.source == DecisionSource::LocalFallback);
+                    if let Some(iv) = per_task_interval {
+                        due += iv;
+                    }
+                }
+                r
+            }));
+        }
+    }
+    let mut latencies = Vec::new();
+    let (mut allowed, mut denied, mut fallback) = (0, 0, 0);
+    for h in handles {
+        let r = h.await?;
+        latencies.extend(r.latencies_us);
+        allowed += r.allowed;
+        denied += r.denied;
+        fallback += r.fallback;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let memory_after = used_memory(probe.client()).await?;
+
+    // Worst key: allowed over the run ÷ what its limits admit over the run.
+    let secs = elapsed;
+    let admits = |l: &verdict_limiter::Limits, n: f64| {
+        let bucket = f64::from(l.capacity) + l.refill_units_per_ms as f64 / 1000.0 * secs;
+        bucket.min(f64::from(l.quota)) * n
+    };
+    let mut active = 0u64;
+    let mut worst = 0.0f64;
+    for (i, a) in allowed_per_key.iter().enumerate() {
+        let a = a.load(Ordering::Relaxed);
+        if a == 0 {
+            continue;
+        }
+        active += 1;
+        let limit = if i / routes == TENANT as usize {
+            admits(&tenant_limits.0, f64::from(tenant_limits.1))
+        } else {
+            admits(&standard, 1.0)
+        };
+        worst = worst.max(f64::from(a) / limit);
+    }
+    // Each of the tenant's sub-keys is a counter of its own in Redis.
+    let tenant_routes = (0..routes)
+        .filter(|r| allowed_per_key[TENANT as usize * routes + r].load(Ordering::Relaxed) > 0)
+        .count() as u64;
+    let redis_keys = active + tenant_routes * (u64::from(tenant_limits.1) - 1);
+
+    latencies.sort_unstable();
+    let pct = |p: f64| {
+        latencies
+            .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
+            .map_or(0.0, |us| f64::from(*us) / 1000.0)
+    };
+    let ceiling = if args.no_ceiling {
+        None
+    } else {
+        redis_benchmark_ceiling(&url, probe.script_sha()).ok()
+    };
+    let decisions = latencies.len() as u64;
+    let per_s = decisions as f64 / elapsed;
+    Ok(LimiterBenchReport {
+        bench: "limiter",
+        distribution: args.distribution,
+        instances: args.instances,
+        connections_per_instance: args.connections,
+        concurrency_per_instance: args.concurrency,
+        target_rate: args.rate,
+        duration_s: elapsed,
+        decisions,
+        decisions_per_s: per_s,
+        p50_ms: pct(0.50),
+        p99_ms: pct(0.99),
+        p999_ms: pct(0.999),
+        max_ms: latencies.last().map_or(0.0, |us| f64::from(*us) / 1000.0),
+        allowed,
+        denied,
+        fallback,
+        active_limit_keys: redis_keys,
+        max_over_limit_ratio: worst,
+        redis_bytes_per_key: memory_after.saturating_sub(memory_before) as f64
+            / redis_keys.max(1) as f64,
+        redis_benchmark_evalsha_pipelined_per_s: ceiling,
+        vs_redis_benchmark: ceiling.map(|c| per_s / c),
+    })
+}
+
+/// `redis-benchmark` pipelining (16 deep, 50 clients) EVALSHA of the decision script on
+/// random keys: what this Redis can do at best.
+fn redis_benchmark_ceiling(url: &str, sha: &str) -> anyhow::Result<f64> {
+    let hostport = url
+        .trim_start_matches("redis://")
+        .split('/')
+        .next()
+        .unwrap_or("127.0.0.1:6379");
+    let (host, port) = hostport.rsplit_once(':').unwrap_or((hostport, "6379"));
+    let out = std::process::Command::new("redis-benchmark")
+        .args([
+            "-h", host, "-p", port, "-n", "1000000", "-c", "50", "-P", "16", "-r", "1000000",
+            "--csv",
+        ])
+        .args([
+            "EVALSHA",
+            sha,
+            "1",
+            "rl:{bench__rand_int__}",
+            "0.0",
+            "20",
+            "2000",
+            "3000",
+            "3600000",
+            "7200000",
+        ])
+        .output()
+        .context("running redis-benchmark (from Debian's redis-tools)")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("\"EVALSHA"))
+        .context("redis-benchmark printed no EVALSHA line")?;
+    let rps = line
+        .split(',')
+        .nth(1)
+        .context("no rps column")?
+        .trim_matches('"');
+    Ok(rps.parse()?)
+}
