@@ -14,7 +14,7 @@
 -- Returns {allowed (0/1), denied bits (1 bucket, 2 window), remaining tokens,
 --          remaining window, retry-after ms, now ms}.
 -- State: struct "<ddII": tokens (units), last allowed ms, count in last's window, count in
--- the window before. A denial writes nothing.
+-- the window before. A denial writes nothing; the TTL is refreshed once per window.
 
 local UNITS = 1000000
 local field = ARGV[1]
@@ -73,7 +73,12 @@ if bucket_ok and window_ok then
   tokens = tokens - UNITS
   c = c + 1
   redis.call('HSET', KEYS[1], field, struct.pack('<ddII', tokens, now, c, p))
-  redis.call('PEXPIRE', KEYS[1], ttl)
+  -- The TTL (two windows) is set at the first write of each window: a hash written in
+  -- every window never expires, and one idle for a whole window expires when every state
+  -- in it is stale. Refreshing it on every request would cost a third of the script.
+  if not packed or i_now ~= i_last then
+    redis.call('PEXPIRE', KEYS[1], ttl)
+  end
   return {1, 0, math.floor(tokens / UNITS), math.floor(math.max(q * w - used - w, 0) / w), 0, now}
 end
 
