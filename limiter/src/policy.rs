@@ -763,3 +763,26 @@ sub_keys = 4
         );
     }
 }
+
+#[cfg(test)]
+mod example_file {
+    use super::*;
+
+    #[test]
+    fn the_example_policy_file_is_valid() {
+        let text = include_str!("../examples/policy.toml");
+        let p = PolicySnapshot::build(parse_toml(text).unwrap()).unwrap();
+        assert_eq!(
+            (p.document().tiers.len(), p.document().route_classes.len()),
+            (4, 3)
+        );
+        assert_eq!(
+            p.rule(TierId(0), RouteClassId(2)).unwrap().limits.capacity,
+            2
+        );
+        assert_eq!(
+            p.rule(TierId(1), RouteClassId(0)).unwrap().mode,
+            Mode::Shadow
+        );
+    }
+}
