@@ -173,6 +173,24 @@ pub async fn fresh_database(prefix: &str) -> String {
     format!("{base}/{name}")
 }
 
+/// Polls `check` every 50 ms until it holds; fails the test with `what` if it still does
+/// not after `within`. Returns how long it took.
+///
+/// # Panics
+/// When `check` never holds: that is the point.
+pub async fn eventually<F, Fut>(within: Duration, what: &str, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = std::time::Instant::now();
+    while !check().await {
+        assert!(started.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    started.elapsed()
+}
+
 /// A name no other test run has used: `prefix-<pid>-<nanos>`.
 pub fn unique_name(prefix: &str) -> String {
     let nanos = std::time::SystemTime::now()

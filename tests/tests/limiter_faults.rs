@@ -16,6 +16,7 @@ use verdict_limiter::{
     RedisStoreConfig, Request, event_queue,
 };
 use verdict_schemas::{DecisionSource, KeyId, RouteClassId, TierId, Verdict};
+use verdict_tests::eventually;
 use verdict_tests::private::{PrivateRedis, spare_port};
 
 const POLICY: &str = r#"
@@ -147,14 +148,12 @@ async fn redis_stopped_mid_run_falls_back_within_the_deadline_and_recovers() {
     assert_eq!(l.breaker_state(), BreakerState::Open);
 
     redis.restart();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while l.check(&request(3, 0)).await.source != DecisionSource::CounterStore {
-        assert!(
-            Instant::now() < deadline,
-            "the breaker never closed after Redis came back"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        Duration::from_secs(20),
+        "the breaker closed after Redis came back",
+        || async { l.check(&request(3, 0)).await.source == DecisionSource::CounterStore },
+    )
+    .await;
     assert_eq!(l.breaker_state(), BreakerState::Closed);
 }
 
@@ -225,14 +224,12 @@ async fn slow_redis_opens_the_breaker_and_recovery_closes_it() {
     );
 
     delay.store(0, Ordering::SeqCst);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while l.check(&request(1, 0)).await.source != DecisionSource::CounterStore {
-        assert!(
-            Instant::now() < deadline,
-            "the breaker never closed after Redis sped up"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        Duration::from_secs(20),
+        "the breaker closed after Redis sped up",
+        || async { l.check(&request(1, 0)).await.source == DecisionSource::CounterStore },
+    )
+    .await;
     assert_eq!(l.breaker_state(), BreakerState::Closed);
 }
 

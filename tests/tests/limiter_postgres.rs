@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use verdict_limiter::{
     Clock, LimiterMetrics, PgSource, PolicyHandle, PolicySource, SystemClock, spawn_refresher,
 };
-use verdict_tests::fresh_database;
 use verdict_tests::private::PrivatePostgres;
+use verdict_tests::{eventually, fresh_database};
 
 const SEED: &str = "
 insert into verdict_policy.tiers (id, name) values (0, 'free'), (1, 'pro');
@@ -115,13 +115,10 @@ async fn a_change_is_in_force_within_30_s_and_a_bad_row_keeps_the_last_policy() 
         .await
         .unwrap();
     let want = version(&client).await as u64;
-    while handle.load().version() != want {
-        assert!(
-            changed.elapsed() < Duration::from_secs(30),
-            "the change was not in force within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(Duration::from_secs(30), "the change in force", || async {
+        handle.load().version() == want
+    })
+    .await;
     assert!(want > before);
     println!("policy change in force after {:?}", changed.elapsed());
 
@@ -133,14 +130,12 @@ async fn a_change_is_in_force_within_30_s_and_a_bad_row_keeps_the_last_policy() 
         )
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !metrics
-        .render()
-        .contains("verdict_policy_reload_errors_total 1")
-    {
-        assert!(Instant::now() < deadline, "the bad row was never reported");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(Duration::from_secs(30), "the bad row reported", || async {
+        metrics
+            .render()
+            .contains("verdict_policy_reload_errors_total 1")
+    })
+    .await;
     assert_eq!(handle.load().version(), want);
     task.abort();
 }
@@ -209,21 +204,16 @@ async fn a_stopped_database_leaves_the_last_policy_in_force_and_ages_it() {
         Duration::from_millis(200),
     );
     pg.stop();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let m = metrics.render();
-        if m.contains("verdict_policy_reload_errors_total")
-            && !m.contains("verdict_policy_reload_errors_total 0")
-            && !m.contains("verdict_policy_age_seconds 0")
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no reload error and no ageing within 30 s:\n{m}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        Duration::from_secs(30),
+        "a reload error counted and the policy ageing",
+        || async {
+            let m = metrics.render();
+            !m.contains("verdict_policy_reload_errors_total 0")
+                && !m.contains("verdict_policy_age_seconds 0")
+        },
+    )
+    .await;
     assert_eq!(
         handle.load().version(),
         version,
