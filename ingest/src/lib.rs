@@ -3,8 +3,10 @@
 //! each named by the Kafka offsets it holds, rows sorted by key id then time.
 //!
 //! The pure part, how consumed records are ordered and encoded, is [`raw_file`]; splitting a
-//! chunk by hour and putting each file in the store is [`store`].
+//! chunk by hour and putting each file in the store is [`store`]; the exactly-once
+//! bookkeeping (flush intents, completion markers, recovery) is [`progress`].
 
+pub mod progress;
 pub mod raw_file;
 pub mod store;
 
