@@ -6,6 +6,7 @@
 //! chunk by hour and putting each file in the store is [`store`]; the exactly-once
 //! bookkeeping (flush intents, completion markers, recovery) is [`progress`].
 
+pub mod flush;
 pub mod progress;
 pub mod raw_file;
 pub mod store;
