@@ -4,12 +4,16 @@
 //!
 //! The pure part, how consumed records are ordered and encoded, is [`raw_file`]; splitting a
 //! chunk by hour and putting each file in the store is [`store`]; the exactly-once
-//! bookkeeping (flush intents, completion markers, recovery) is [`progress`].
+//! bookkeeping (flush intents, completion markers, recovery) is [`progress`], the flush
+//! and recovery against the store are [`flush`], and the consumer-group member is
+//! [`worker`].
 
 pub mod flush;
 pub mod progress;
 pub mod raw_file;
 pub mod store;
+pub mod worker;
 
 pub use raw_file::{ConsumedEvent, RawFileError, encode_raw_parquet, raw_writer_properties};
 pub use store::{HourSplit, WriteError, WrittenFile, split_by_hour, write_hour_file};
+pub use worker::{IngestConfig, IngestError, IngestStats, IngestWorker};

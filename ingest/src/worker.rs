@@ -1,0 +1,404 @@
+//! The ingest worker: one member of a Kafka consumer group. It buffers each partition it
+//! owns, flushes by size and by age with the protocol of `flush.rs`, and commits an offset
+//! to Kafka only after the flush's marker exists.
+//!
+//! Rebalances are served only while the worker polls, and flushes run between polls, so a
+//! rebalance never lands inside a flush. A revoked partition's buffer is dropped (its new
+//! owner replays it from the markers); an assigned partition is paused until its recovery
+//! has cleaned up and found where to resume, then sought there. A store outage longer than
+//! the retry deadline ends the run with an error: the process restarts and recovers.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use object_store::ObjectStore;
+use rdkafka::ClientConfig;
+use rdkafka::client::ClientContext;
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
+};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+use verdict_schemas::DecisionEvent;
+
+use crate::flush::{
+    BadRecord, FlushError, FlushReport, PartitionBuffer, Retry, flush_partition, recover_partition,
+};
+use crate::raw_file::ConsumedEvent;
+
+/// How the worker runs.
+#[derive(Debug, Clone)]
+pub struct IngestConfig {
+    /// Kafka bootstrap servers, `host:port,…`.
+    pub brokers: String,
+    /// The decisions topic.
+    pub topic: String,
+    /// The consumer group: workers of one group share the partitions.
+    pub group_id: String,
+    /// A partition is flushed once it buffers this many records (bounds memory: about 100
+    /// bytes per buffered event).
+    pub flush_max_records: usize,
+    /// … or once its oldest buffered record is this old.
+    pub flush_max_age: Duration,
+    /// Events older than this (by event time, against the worker's clock) are quarantined.
+    pub max_event_age: Duration,
+    /// Events further in the future than this are quarantined.
+    pub max_event_lead: Duration,
+    /// How store calls are retried.
+    pub retry: Retry,
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        Self {
+            brokers: "127.0.0.1:9092".into(),
+            topic: "verdict.decisions.v1".into(),
+            group_id: "verdict-ingest".into(),
+            flush_max_records: 1_000_000,
+            flush_max_age: Duration::from_secs(60),
+            max_event_age: Duration::from_secs(7 * 24 * 3600),
+            max_event_lead: Duration::from_secs(3600),
+            retry: Retry::default(),
+        }
+    }
+}
+
+/// Why the worker stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IngestError {
+    /// Kafka refused the configuration or a call.
+    #[error("kafka: {0}")]
+    Kafka(#[from] KafkaError),
+    /// A flush or recovery failed past its retries.
+    #[error(transparent)]
+    Flush(#[from] FlushError),
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IngestStats {
+    /// Flushes completed.
+    pub flushes: usize,
+    /// Events written.
+    pub events: usize,
+    /// Raw files written.
+    pub files: usize,
+    /// Raw bytes written.
+    pub bytes: usize,
+    /// Records quarantined.
+    pub quarantined: usize,
+    /// Store calls retried.
+    pub retries: usize,
+    /// Files of interrupted flushes removed by recoveries.
+    pub recovered_files: usize,
+}
+
+impl IngestStats {
+    fn add(&mut self, r: &FlushReport) {
+        self.flushes += 1;
+        self.events += r.events;
+        self.files += r.files;
+        self.bytes += r.bytes;
+        self.quarantined += r.quarantined;
+        self.retries += r.retries;
+    }
+}
+
+#[derive(Debug)]
+enum Change {
+    Assigned(Vec<i32>),
+    Revoked(Vec<i32>),
+}
+
+/// Records rebalances for the loop to act on between polls.
+#[derive(Default)]
+struct Rebalances(Mutex<Vec<Change>>);
+
+fn partitions(tpl: &TopicPartitionList) -> Vec<i32> {
+    tpl.elements().iter().map(|e| e.partition()).collect()
+}
+
+impl ClientContext for Rebalances {}
+
+impl ConsumerContext for Rebalances {
+    fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Change::Revoked(partitions(tpl)));
+        }
+    }
+
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance {
+            // Nothing is consumed from a new partition before its recovery.
+            if let Err(e) = consumer.pause(tpl) {
+                tracing::warn!(error = %e, "pausing newly assigned partitions");
+            }
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Change::Assigned(partitions(tpl)));
+        }
+    }
+}
+
+struct Owned {
+    buf: PartitionBuffer,
+    /// The next offset expected (records below it are already in the store).
+    next: Option<i64>,
+}
+
+/// The worker.
+pub struct IngestWorker {
+    cfg: IngestConfig,
+    store: Arc<dyn ObjectStore>,
+    consumer: StreamConsumer<Rebalances>,
+    owned: HashMap<i32, Owned>,
+    stats: IngestStats,
+}
+
+impl IngestWorker {
+    /// Joins the group (the assignment arrives with the first polls).
+    pub fn new(cfg: IngestConfig, store: Arc<dyn ObjectStore>) -> Result<Self, IngestError> {
+        let consumer: StreamConsumer<Rebalances> = ClientConfig::new()
+            .set("bootstrap.servers", &cfg.brokers)
+            .set("group.id", &cfg.group_id)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("session.timeout.ms", "10000")
+            .set(
+                "max.poll.interval.ms",
+                (cfg.retry.give_up_after.as_millis() as u64 + 60_000).to_string(),
+            )
+            .create_with_context(Rebalances::default())?;
+        consumer.subscribe(&[&cfg.topic])?;
+        Ok(Self {
+            cfg,
+            store,
+            consumer,
+            owned: HashMap::new(),
+            stats: IngestStats::default(),
+        })
+    }
+
+    /// What the worker has done so far.
+    pub fn stats(&self) -> &IngestStats {
+        &self.stats
+    }
+
+    /// Runs until `shutdown` resolves, then flushes everything it holds, commits, and
+    /// returns what it did.
+    pub async fn run(
+        mut self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<IngestStats, IngestError> {
+        tokio::pin!(shutdown);
+        let mut ticker = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            self.apply_rebalances().await?;
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = ticker.tick() => self.flush_aged().await?,
+                m = self.consumer.recv() => match m {
+                    Ok(m) => {
+                        let (partition, offset) = (m.partition(), m.offset());
+                        let payload = m.payload().map(<[u8]>::to_vec);
+                        drop(m);
+                        self.take(partition, offset, payload.as_deref()).await?;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "kafka consumer error; the client reconnects by itself"),
+                },
+            }
+        }
+        let all: Vec<i32> = self.owned.keys().copied().collect();
+        for p in all {
+            self.flush(p).await?;
+        }
+        self.consumer.unsubscribe();
+        tracing::info!(?self.stats, "ingest stopped");
+        Ok(self.stats)
+    }
+
+    async fn apply_rebalances(&mut self) -> Result<(), IngestError> {
+        let changes = std::mem::take(
+            &mut *self
+                .consumer
+                .context()
+                .0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        for change in changes {
+            match change {
+                Change::Revoked(ps) => {
+                    for p in ps {
+                        if let Some(o) = self.owned.remove(&p) {
+                            tracing::info!(
+                                partition = p,
+                                dropped = o.buf.records(),
+                                "partition revoked; its buffer is replayed by the next owner"
+                            );
+                        }
+                    }
+                }
+                Change::Assigned(ps) => {
+                    for p in ps {
+                        self.recover(p).await?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn recover(&mut self, p: i32) -> Result<(), IngestError> {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&self.cfg.topic, p);
+        let committed = self
+            .consumer
+            .committed_offsets(tpl.clone(), Duration::from_secs(10))
+            .ok()
+            .and_then(|c| c.find_partition(&self.cfg.topic, p).map(|e| e.offset()))
+            .and_then(|o| match o {
+                Offset::Offset(n) => Some(n),
+                _ => None,
+            });
+        let r =
+            recover_partition(&self.store, &self.cfg.topic, p, committed, &self.cfg.retry).await?;
+        self.stats.recovered_files += r.deleted_files;
+        let start = r.resume_at.map_or(Offset::Beginning, Offset::Offset);
+        tracing::info!(
+            partition = p,
+            ?start,
+            committed,
+            cleaned = r.deleted_files,
+            "partition assigned and recovered"
+        );
+        self.owned.insert(
+            p,
+            Owned {
+                buf: PartitionBuffer::default(),
+                next: r.resume_at,
+            },
+        );
+        self.consumer
+            .seek(&self.cfg.topic, p, start, Duration::from_secs(10))?;
+        self.consumer.resume(&tpl)?;
+        Ok(())
+    }
+
+    async fn take(
+        &mut self,
+        p: i32,
+        offset: i64,
+        payload: Option<&[u8]>,
+    ) -> Result<(), IngestError> {
+        let now = chrono::Utc::now().timestamp_millis();
+        let (oldest, newest) = (
+            now - self.cfg.max_event_age.as_millis() as i64,
+            now + self.cfg.max_event_lead.as_millis() as i64,
+        );
+        let Some(o) = self.owned.get_mut(&p) else {
+            // Fetched before the pause of a new assignment took effect: it is fetched again
+            // after the partition's recovery and seek.
+            return Ok(());
+        };
+        if o.next.is_some_and(|next| offset < next) {
+            return Ok(());
+        }
+        o.next = Some(offset + 1);
+        o.buf.consumed(offset);
+        let value = payload.unwrap_or_default();
+        match DecisionEvent::decode(value) {
+            Ok(event) if (oldest..=newest).contains(&event.event_time_ms) => {
+                o.buf.events.push(ConsumedEvent {
+                    event,
+                    partition: p,
+                    offset,
+                })
+            }
+            Ok(event) => o.buf.bad.push(BadRecord {
+                partition: p,
+                offset,
+                kind: "event_time_out_of_range".into(),
+                reason: format!(
+                    "event time {} ms is outside [{oldest}, {newest}] (now − {:?}, now + {:?})",
+                    event.event_time_ms, self.cfg.max_event_age, self.cfg.max_event_lead
+                ),
+                value_hex: value.iter().map(|b| format!("{b:02x}")).collect(),
+            }),
+            Err(e) => o.buf.bad.push(BadRecord::undecodable(p, offset, value, &e)),
+        }
+        if o.buf.records() >= self.cfg.flush_max_records {
+            self.flush(p).await?;
+        }
+        Ok(())
+    }
+
+    async fn flush_aged(&mut self) -> Result<(), IngestError> {
+        let due: Vec<i32> = self
+            .owned
+            .iter()
+            .filter(|(_, o)| {
+                o.buf
+                    .since
+                    .is_some_and(|s| s.elapsed() >= self.cfg.flush_max_age)
+            })
+            .map(|(p, _)| *p)
+            .collect();
+        for p in due {
+            self.flush(p).await?;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self, p: i32) -> Result<(), IngestError> {
+        let Some(o) = self.owned.get_mut(&p) else {
+            return Ok(());
+        };
+        let buf = std::mem::take(&mut o.buf);
+        if buf.first.is_none() {
+            return Ok(());
+        }
+        match flush_partition(&self.store, &self.cfg.topic, p, buf, &self.cfg.retry).await {
+            Ok(report) => {
+                self.stats.add(&report);
+                if let Some(range) = report.range {
+                    let mut tpl = TopicPartitionList::new();
+                    tpl.add_partition_offset(&self.cfg.topic, p, Offset::Offset(range.last + 1))?;
+                    // The marker is the truth; a failed commit only means a later replay
+                    // start, which recovery corrects.
+                    if let Err(e) = self.consumer.commit(&tpl, CommitMode::Sync) {
+                        tracing::warn!(partition = p, error = %e, "offset commit failed after a completed flush");
+                    }
+                    tracing::info!(
+                        partition = p,
+                        first = range.first,
+                        last = range.last,
+                        events = report.events,
+                        files = report.files,
+                        quarantined = report.quarantined,
+                        "flush completed"
+                    );
+                }
+                Ok(())
+            }
+            Err(FlushError::Fenced { partition, range }) => {
+                tracing::error!(
+                    partition,
+                    ?range,
+                    "another writer completed this flush; giving the partition up"
+                );
+                self.owned.remove(&p);
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}

@@ -1,0 +1,358 @@
+//! The ingest worker against the real Kafka broker and S3 server: events spread over
+//! several hours (some late) and bad records interleaved; a worker is aborted mid-run (its
+//! run future dropped at whatever await point it had reached, possibly between the uploads
+//! of one flush) and a second worker takes over. Afterwards every produced (partition,
+//! offset) is in the raw table exactly once with the row that was produced, and every bad
+//! record is in quarantine with its reason.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::{Array, AsArray};
+use arrow::datatypes::{Int32Type, Int64Type};
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::throttle::{ThrottleConfig, ThrottledStore};
+use object_store::{ObjectStore, ObjectStoreExt};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use verdict_ingest::flush::Retry;
+use verdict_ingest::{IngestConfig, IngestWorker};
+use verdict_schemas::DecisionEvent;
+use verdict_schemas::synth::{SynthConfig, SynthTraffic};
+use verdict_tests::{Service, eventually, kafka_brokers, require, s3_store, unique_name};
+
+const PARTITIONS: i32 = 4;
+
+async fn create_topic(topic: &str) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .create()
+        .unwrap();
+    let results = admin
+        .create_topics(
+            &[NewTopic::new(topic, PARTITIONS, TopicReplication::Fixed(1))],
+            &AdminOptions::new(),
+        )
+        .await
+        .unwrap();
+    for r in results {
+        r.unwrap();
+    }
+}
+
+/// Produces `values` keyed by their first 16 bytes (or a fixed key for short garbage);
+/// returns (partition, offset) → value.
+async fn produce(topic: &str, values: Vec<Vec<u8>>) -> BTreeMap<(i32, i64), Vec<u8>> {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .unwrap();
+    let mut out = BTreeMap::new();
+    let mut pending = Vec::new();
+    for v in values {
+        let key = if v.len() >= 32 {
+            v[16..32].to_vec()
+        } else {
+            b"garbage-key".to_vec()
+        };
+        let producer = producer.clone();
+        let topic = topic.to_owned();
+        pending.push(tokio::spawn(async move {
+            let d = producer
+                .send(
+                    FutureRecord::to(&topic).key(&key).payload(&v),
+                    Duration::from_secs(30),
+                )
+                .await
+                .map_err(|(e, _)| e)
+                .expect("delivered");
+            ((d.partition, d.offset), v)
+        }));
+    }
+    for p in pending {
+        let (k, v) = p.await.unwrap();
+        out.insert(k, v);
+    }
+    out
+}
+
+/// Every row of every raw file: (partition, offset) → how many times it appears, and the
+/// event time and key id of each.
+type Rows = BTreeMap<(i32, i64), (i64, Vec<u8>)>;
+
+async fn raw_rows(store: &Arc<dyn ObjectStore>) -> (BTreeMap<(i32, i64), usize>, Rows) {
+    let files: Vec<_> = store
+        .list(Some(&Path::from("raw")))
+        .try_collect()
+        .await
+        .unwrap();
+    let mut seen = BTreeMap::new();
+    let mut rows = BTreeMap::new();
+    for f in files {
+        let bytes: Bytes = store.get(&f.location).await.unwrap().bytes().await.unwrap();
+        for batch in ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .unwrap()
+            .build()
+            .unwrap()
+        {
+            let batch = batch.unwrap();
+            let parts = batch
+                .column_by_name("kafka_partition")
+                .unwrap()
+                .as_primitive::<Int32Type>()
+                .clone();
+            let offsets = batch
+                .column_by_name("kafka_offset")
+                .unwrap()
+                .as_primitive::<Int64Type>()
+                .clone();
+            let times = batch
+                .column_by_name("event_time")
+                .unwrap()
+                .as_primitive::<arrow::datatypes::TimestampMillisecondType>()
+                .clone();
+            let keys = batch
+                .column_by_name("key_id")
+                .unwrap()
+                .as_fixed_size_binary()
+                .clone();
+            for i in 0..batch.num_rows() {
+                let k = (parts.value(i), offsets.value(i));
+                *seen.entry(k).or_insert(0) += 1;
+                assert!(!keys.is_null(i));
+                rows.insert(k, (times.value(i), keys.value(i).to_vec()));
+            }
+        }
+    }
+    (seen, rows)
+}
+
+async fn quarantined(store: &Arc<dyn ObjectStore>) -> BTreeMap<(i32, i64), String> {
+    let files: Vec<_> = store
+        .list(Some(&Path::from("quarantine")))
+        .try_collect()
+        .await
+        .unwrap();
+    let mut out = BTreeMap::new();
+    for f in files {
+        let body = store.get(&f.location).await.unwrap().bytes().await.unwrap();
+        for line in body.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            let v: serde_json::Value = serde_json::from_slice(line).unwrap();
+            let k = (
+                v["partition"].as_i64().unwrap() as i32,
+                v["offset"].as_i64().unwrap(),
+            );
+            assert!(
+                out.insert(k, v["kind"].as_str().unwrap().to_owned())
+                    .is_none(),
+                "{k:?} quarantined twice"
+            );
+        }
+    }
+    out
+}
+
+/// True once every partition has a completed flush ending at its last produced offset.
+async fn all_flushed(
+    store: &Arc<dyn ObjectStore>,
+    topic: &str,
+    produced: &BTreeMap<(i32, i64), Vec<u8>>,
+) -> bool {
+    let mut last: BTreeMap<i32, i64> = BTreeMap::new();
+    for (p, o) in produced.keys() {
+        last.insert(*p, (*o).max(last.get(p).copied().unwrap_or(-1)));
+    }
+    for (p, want) in last {
+        let prefix = Path::from(verdict_ingest::progress::partition_prefix(topic, p));
+        let names: Vec<_> = store.list(Some(&prefix)).try_collect().await.unwrap();
+        let done = names.iter().filter_map(|m| m.location.as_ref().parse::<verdict_ingest::progress::ProgressObject>().ok()).any(|o| {
+            matches!(o, verdict_ingest::progress::ProgressObject::Done(r) if r.last >= want)
+        });
+        if !done {
+            return false;
+        }
+    }
+    true
+}
+
+fn config(topic: &str, group: &str) -> IngestConfig {
+    IngestConfig {
+        brokers: kafka_brokers(),
+        topic: topic.to_owned(),
+        group_id: group.to_owned(),
+        flush_max_records: 1_500,
+        flush_max_age: Duration::from_millis(500),
+        retry: Retry {
+            give_up_after: Duration::from_secs(60),
+            ..Retry::default()
+        },
+        ..IngestConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_lands_exactly_once_across_an_aborted_worker_and_bad_records_are_quarantined() {
+    require(Service::Kafka);
+    let store = s3_store("verdict-ingest-test").await;
+    let run = unique_name("ingest");
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(object_store::prefix::PrefixStore::new(store, run.as_str()));
+    let topic = unique_name("decisions");
+    create_topic(&topic).await;
+    let group = unique_name("ingest-group");
+
+    // 12,000 events over three hours ending an hour ago (late ones reach two hours further
+    // back), and bad records among them.
+    let now = chrono::Utc::now().timestamp_millis();
+    let cfg = SynthConfig {
+        start_ms: now - 4 * 3_600_000,
+        events_per_hour: 4_000,
+        late_share: 0.02,
+        ..SynthConfig::hour(4_000, 300)
+    };
+    let mut values: Vec<Vec<u8>> = SynthTraffic::new(cfg)
+        .take(12_000)
+        .map(|e| e.encode().to_vec())
+        .collect();
+    let mut future_version = values[0].clone();
+    future_version[0] = 2;
+    let mut far_future = DecisionEvent::decode(&values[1]).unwrap();
+    far_future.event_time_ms = now + 30 * 24 * 3_600_000;
+    for (i, bad) in [
+        b"not an event".to_vec(),
+        values[2][..40].to_vec(),
+        future_version,
+        far_future.encode().to_vec(),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        values.insert(1_000 + i * 2_500, bad);
+    }
+
+    let produced = produce(&topic, values[..6_000].to_vec()).await;
+    // The first worker writes through a slowed store (150 ms a put) and is aborted once a
+    // flush has written its intent and some of its files: the crash falls inside that
+    // flush, between its files and its marker.
+    let slow: Arc<dyn ObjectStore> = Arc::new(ThrottledStore::new(
+        Arc::clone(&store),
+        ThrottleConfig {
+            wait_put_per_call: Duration::from_millis(150),
+            ..ThrottleConfig::default()
+        },
+    ));
+    let first = tokio::spawn(
+        IngestWorker::new(config(&topic, &group), slow)
+            .unwrap()
+            .run(std::future::pending()),
+    );
+    eventually(
+        Duration::from_secs(60),
+        "a flush with some of its files written",
+        || async {
+            let progress: Vec<_> = store
+                .list(Some(&Path::from("_ingest")))
+                .try_collect()
+                .await
+                .unwrap();
+            let raw: Vec<_> = store
+                .list(Some(&Path::from("raw")))
+                .try_collect()
+                .await
+                .unwrap();
+            progress
+                .iter()
+                .any(|m| m.location.as_ref().ends_with(".intent"))
+                && !raw.is_empty()
+        },
+    )
+    .await;
+    first.abort();
+    let _ = first.await;
+
+    let mut produced_all = produced;
+    produced_all.extend(produce(&topic, values[6_000..].to_vec()).await);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    // The replay cuts its flushes differently (smaller), so its files are not named like
+    // the interrupted ones and cannot simply overwrite them.
+    let replay = IngestConfig {
+        flush_max_records: 250,
+        ..config(&topic, &group)
+    };
+    let second = tokio::spawn(
+        IngestWorker::new(replay, Arc::clone(&store))
+            .unwrap()
+            .run(async {
+                let _ = rx.await;
+            }),
+    );
+    eventually(
+        Duration::from_secs(120),
+        "every partition flushed to its last offset",
+        || all_flushed(&store, &topic, &produced_all),
+    )
+    .await;
+    tx.send(()).unwrap();
+    let stats = second.await.unwrap().expect("second worker");
+    println!("second worker: {stats:?}");
+    assert!(
+        stats.recovered_files > 0,
+        "the second worker found no interrupted flush to clean up: {stats:?}"
+    );
+
+    let (seen, rows) = raw_rows(&store).await;
+    let bad = quarantined(&store).await;
+    let mut missing = Vec::new();
+    for (k, v) in &produced_all {
+        match DecisionEvent::decode(v) {
+            Ok(e) if e.event_time_ms < now + 3_600_000 => {
+                let n = seen.get(k).copied().unwrap_or(0);
+                if n != 1 {
+                    missing.push((*k, n));
+                    continue;
+                }
+                let (time, key) = &rows[k];
+                assert_eq!(
+                    (*time, key.as_slice()),
+                    (e.event_time_ms, e.key_id.as_bytes().as_slice()),
+                    "row {k:?} differs from what was produced"
+                );
+            }
+            _ => assert!(bad.contains_key(k), "bad record {k:?} not in quarantine"),
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "rows not present exactly once (partition, offset, times): {:?}",
+        &missing[..missing.len().min(20)]
+    );
+    let expected_good = produced_all.len() - 4;
+    assert_eq!(seen.len(), expected_good, "rows in the raw table");
+    assert_eq!(seen.values().sum::<usize>(), expected_good, "no row twice");
+    let kinds: BTreeSet<&str> = bad.values().map(String::as_str).collect();
+    assert_eq!(
+        kinds,
+        BTreeSet::from(["event_time_out_of_range", "unknown_version", "wrong_length"])
+    );
+    assert_eq!(bad.len(), 4);
+    // No interrupted flush is left behind.
+    let leftovers: Vec<_> = store
+        .list(Some(&Path::from("_ingest")))
+        .try_collect::<Vec<_>>()
+        .await
+        .unwrap();
+    assert!(
+        leftovers
+            .iter()
+            .all(|m| m.location.as_ref().ends_with(".done")),
+        "{leftovers:?}"
+    );
+}
