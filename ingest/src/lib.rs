@@ -16,4 +16,4 @@ pub mod worker;
 
 pub use raw_file::{ConsumedEvent, RawFileError, encode_raw_parquet, raw_writer_properties};
 pub use store::{HourSplit, WriteError, WrittenFile, split_by_hour, write_hour_file};
-pub use worker::{IngestConfig, IngestError, IngestStats, IngestWorker};
+pub use worker::{IngestConfig, IngestError, IngestStats, IngestWorker, WorkerStatus};

@@ -9,6 +9,7 @@
 //! the retry deadline ends the run with an error: the process restarts and recovers.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -147,6 +148,18 @@ impl ConsumerContext for Rebalances {
     }
 }
 
+/// What a running worker is doing, readable from outside (for health checks, metrics and
+/// tests).
+#[derive(Debug, Default)]
+pub struct WorkerStatus {
+    /// Partitions owned and recovered now.
+    pub partitions: AtomicUsize,
+    /// Events written to the raw table so far.
+    pub events_written: AtomicU64,
+    /// Flushes completed so far.
+    pub flushes: AtomicU64,
+}
+
 struct Owned {
     buf: PartitionBuffer,
     /// The next offset expected (records below it are already in the store).
@@ -160,6 +173,7 @@ pub struct IngestWorker {
     consumer: StreamConsumer<Rebalances>,
     owned: HashMap<i32, Owned>,
     stats: IngestStats,
+    status: Arc<WorkerStatus>,
 }
 
 impl IngestWorker {
@@ -172,6 +186,7 @@ impl IngestWorker {
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
             .set("session.timeout.ms", "10000")
+            .set("heartbeat.interval.ms", "1000")
             .set(
                 "max.poll.interval.ms",
                 (cfg.retry.give_up_after.as_millis() as u64 + 60_000).to_string(),
@@ -184,7 +199,13 @@ impl IngestWorker {
             consumer,
             owned: HashMap::new(),
             stats: IngestStats::default(),
+            status: Arc::default(),
         })
+    }
+
+    /// A handle on what the worker is doing while it runs.
+    pub fn status(&self) -> Arc<WorkerStatus> {
+        Arc::clone(&self.status)
     }
 
     /// What the worker has done so far.
@@ -239,6 +260,7 @@ impl IngestWorker {
                 Change::Revoked(ps) => {
                     for p in ps {
                         if let Some(o) = self.owned.remove(&p) {
+                            self.status.partitions.fetch_sub(1, Ordering::Relaxed);
                             tracing::info!(
                                 partition = p,
                                 dropped = o.buf.records(),
@@ -280,13 +302,13 @@ impl IngestWorker {
             cleaned = r.deleted_files,
             "partition assigned and recovered"
         );
-        self.owned.insert(
-            p,
-            Owned {
-                buf: PartitionBuffer::default(),
-                next: r.resume_at,
-            },
-        );
+        let fresh = Owned {
+            buf: PartitionBuffer::default(),
+            next: r.resume_at,
+        };
+        if self.owned.insert(p, fresh).is_none() {
+            self.status.partitions.fetch_add(1, Ordering::Relaxed);
+        }
         self.consumer
             .seek(&self.cfg.topic, p, start, Duration::from_secs(10))?;
         self.consumer.resume(&tpl)?;
@@ -369,6 +391,10 @@ impl IngestWorker {
         match flush_partition(&self.store, &self.cfg.topic, p, buf, &self.cfg.retry).await {
             Ok(report) => {
                 self.stats.add(&report);
+                self.status
+                    .events_written
+                    .fetch_add(report.events as u64, Ordering::Relaxed);
+                self.status.flushes.fetch_add(1, Ordering::Relaxed);
                 if let Some(range) = report.range {
                     let mut tpl = TopicPartitionList::new();
                     tpl.add_partition_offset(&self.cfg.topic, p, Offset::Offset(range.last + 1))?;
@@ -395,7 +421,9 @@ impl IngestWorker {
                     ?range,
                     "another writer completed this flush; giving the partition up"
                 );
-                self.owned.remove(&p);
+                if self.owned.remove(&p).is_some() {
+                    self.status.partitions.fetch_sub(1, Ordering::Relaxed);
+                }
                 Ok(())
             }
             Err(e) => Err(e.into()),

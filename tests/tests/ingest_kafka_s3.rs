@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use arrow::array::{Array, AsArray};
@@ -27,16 +28,14 @@ use verdict_schemas::DecisionEvent;
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
 use verdict_tests::{Service, eventually, kafka_brokers, require, s3_store, unique_name};
 
-const PARTITIONS: i32 = 4;
-
-async fn create_topic(topic: &str) {
+async fn create_topic(topic: &str, partitions: i32) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", kafka_brokers())
         .create()
         .unwrap();
     let results = admin
         .create_topics(
-            &[NewTopic::new(topic, PARTITIONS, TopicReplication::Fixed(1))],
+            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
             &AdminOptions::new(),
         )
         .await
@@ -206,7 +205,7 @@ async fn every_event_lands_exactly_once_across_an_aborted_worker_and_bad_records
     let store: Arc<dyn ObjectStore> =
         Arc::new(object_store::prefix::PrefixStore::new(store, run.as_str()));
     let topic = unique_name("decisions");
-    create_topic(&topic).await;
+    create_topic(&topic, 4).await;
     let group = unique_name("ingest-group");
 
     // 12,000 events over three hours ending an hour ago (late ones reach two hours further
@@ -355,4 +354,106 @@ async fn every_event_lands_exactly_once_across_an_aborted_worker_and_bad_records
             .all(|m| m.location.as_ref().ends_with(".done")),
         "{leftovers:?}"
     );
+}
+
+/// `n` good events spread over the last few hours.
+fn recent_events(n: usize, seed: u64) -> Vec<Vec<u8>> {
+    let now = chrono::Utc::now().timestamp_millis();
+    let cfg = SynthConfig {
+        seed,
+        start_ms: now - 3 * 3_600_000,
+        events_per_hour: n as u64 / 2,
+        late_share: 0.02,
+        ..SynthConfig::hour(n as u64, 500)
+    };
+    SynthTraffic::new(cfg)
+        .take(n)
+        .map(|e| e.encode().to_vec())
+        .collect()
+}
+
+/// Checks that exactly the produced events are in the raw table, once each.
+async fn assert_exactly_once(
+    store: &Arc<dyn ObjectStore>,
+    produced: &BTreeMap<(i32, i64), Vec<u8>>,
+) {
+    let (seen, _) = raw_rows(store).await;
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(
+        twice.is_empty(),
+        "rows more than once: {:?}",
+        &twice[..twice.len().min(20)]
+    );
+    let missing: Vec<_> = produced.keys().filter(|k| !seen.contains_key(k)).collect();
+    assert!(
+        missing.is_empty(),
+        "rows missing: {:?}",
+        &missing[..missing.len().min(20)]
+    );
+    assert_eq!(seen.len(), produced.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_in_one_group_over_12_partitions_write_every_event_once() {
+    require(Service::Kafka);
+    let store = s3_store("verdict-ingest-test").await;
+    let run = unique_name("ingest-two");
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(object_store::prefix::PrefixStore::new(store, run.as_str()));
+    let topic = unique_name("decisions12");
+    create_topic(&topic, 12).await;
+    let group = unique_name("ingest-group");
+
+    let mut produced = produce(&topic, recent_events(6_000, 1)).await;
+    let (tx_a, rx_a) = tokio::sync::oneshot::channel::<()>();
+    let (tx_b, rx_b) = tokio::sync::oneshot::channel::<()>();
+    let worker_a = IngestWorker::new(config(&topic, &group), Arc::clone(&store)).unwrap();
+    let status_a = worker_a.status();
+    let a = tokio::spawn(worker_a.run(async {
+        let _ = rx_a.await;
+    }));
+    eventually(
+        Duration::from_secs(60),
+        "the first worker owns the partitions",
+        || async { status_a.partitions.load(Ordering::Relaxed) == 12 },
+    )
+    .await;
+    // The second joins while the first is working: the group rebalances under load, and
+    // the first worker's unflushed buffers of the partitions it gives up are replayed.
+    let worker_b = IngestWorker::new(config(&topic, &group), Arc::clone(&store)).unwrap();
+    let status_b = worker_b.status();
+    let b = tokio::spawn(worker_b.run(async {
+        let _ = rx_b.await;
+    }));
+    eventually(
+        Duration::from_secs(60),
+        "both workers own partitions",
+        || async {
+            let (pa, pb) = (
+                status_a.partitions.load(Ordering::Relaxed),
+                status_b.partitions.load(Ordering::Relaxed),
+            );
+            pa > 0 && pb > 0 && pa + pb == 12
+        },
+    )
+    .await;
+    produced.extend(produce(&topic, recent_events(6_000, 2)).await);
+    eventually(
+        Duration::from_secs(120),
+        "every partition flushed to its last offset",
+        || all_flushed(&store, &topic, &produced),
+    )
+    .await;
+    tx_a.send(()).unwrap();
+    tx_b.send(()).unwrap();
+    let (sa, sb) = (
+        a.await.unwrap().expect("worker a"),
+        b.await.unwrap().expect("worker b"),
+    );
+    println!("worker a: {sa:?}\nworker b: {sb:?}");
+    assert!(
+        sa.events > 0 && sb.events > 0,
+        "both workers took partitions: {sa:?} {sb:?}"
+    );
+    assert_exactly_once(&store, &produced).await;
 }
