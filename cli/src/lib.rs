@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod demo;
+pub mod ingest;
 
 use clap::{Parser, Subcommand};
 
@@ -25,6 +26,9 @@ pub enum Command {
     /// wire form, and write the raw table as Parquet into a local folder with the production
     /// layout. Prints what was decided and what it costs on the wire and on disk.
     Demo(demo::DemoArgs),
+    /// Consume decision events from Kafka and write the raw table (one member of the
+    /// ingest consumer group; stops cleanly on SIGTERM or Ctrl-C).
+    Ingest(ingest::IngestArgs),
     /// Measure a part of the system; prints JSON.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -38,6 +42,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Demo(args) => runtime.block_on(demo::run(args)),
         Command::Bench(cmd) => runtime.block_on(bench::run(cmd)),
+        Command::Ingest(args) => runtime.block_on(ingest::run(args)),
     }
 }
 

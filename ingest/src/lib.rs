@@ -9,11 +9,13 @@
 //! [`worker`].
 
 pub mod flush;
+pub mod open;
 pub mod progress;
 pub mod raw_file;
 pub mod store;
 pub mod worker;
 
+pub use open::{OpenError, open_store};
 pub use raw_file::{ConsumedEvent, RawFileError, encode_raw_parquet, raw_writer_properties};
 pub use store::{HourSplit, WriteError, WrittenFile, split_by_hour, write_hour_file};
 pub use worker::{IngestConfig, IngestError, IngestStats, IngestWorker, WorkerStatus};

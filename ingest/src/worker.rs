@@ -38,6 +38,10 @@ pub struct IngestConfig {
     pub topic: String,
     /// The consumer group: workers of one group share the partitions.
     pub group_id: String,
+    /// A stable id of this worker within the group (Kafka static membership): a worker
+    /// restarted with the same id takes its partitions back at once, without waiting for
+    /// the dead one's session to expire or rebalancing the others.
+    pub instance_id: Option<String>,
     /// A partition is flushed once it buffers this many records (bounds memory: about 100
     /// bytes per buffered event).
     pub flush_max_records: usize,
@@ -57,6 +61,7 @@ impl Default for IngestConfig {
             brokers: "127.0.0.1:9092".into(),
             topic: "verdict.decisions.v1".into(),
             group_id: "verdict-ingest".into(),
+            instance_id: None,
             flush_max_records: 1_000_000,
             flush_max_age: Duration::from_secs(60),
             max_event_age: Duration::from_secs(7 * 24 * 3600),
@@ -179,7 +184,11 @@ pub struct IngestWorker {
 impl IngestWorker {
     /// Joins the group (the assignment arrives with the first polls).
     pub fn new(cfg: IngestConfig, store: Arc<dyn ObjectStore>) -> Result<Self, IngestError> {
-        let consumer: StreamConsumer<Rebalances> = ClientConfig::new()
+        let mut client = ClientConfig::new();
+        if let Some(id) = &cfg.instance_id {
+            client.set("group.instance.id", id);
+        }
+        let consumer: StreamConsumer<Rebalances> = client
             .set("bootstrap.servers", &cfg.brokers)
             .set("group.id", &cfg.group_id)
             .set("enable.auto.commit", "false")

@@ -1,0 +1,98 @@
+//! `verdict ingest`: one member of the ingest consumer group, until SIGTERM or Ctrl-C, when
+//! it flushes what it holds, commits, and exits 0.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use object_store::ObjectStore;
+use object_store::throttle::{ThrottleConfig, ThrottledStore};
+use verdict_ingest::flush::Retry;
+use verdict_ingest::{IngestConfig, IngestWorker, open_store};
+
+/// Options of `verdict ingest`.
+#[derive(Debug, Clone, Args)]
+pub struct IngestArgs {
+    /// Where the raw table lives: s3://bucket[/prefix], or a local folder.
+    #[arg(long, env = "VERDICT_STORE")]
+    pub store: String,
+    /// Endpoint of an S3-compatible server (credentials come from AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY, AWS_REGION).
+    #[arg(long, env = "VERDICT_S3_ENDPOINT")]
+    pub s3_endpoint: Option<String>,
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "VERDICT_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    pub brokers: String,
+    /// The decisions topic.
+    #[arg(long, default_value = "verdict.decisions.v1")]
+    pub topic: String,
+    /// The consumer group; workers of one group share the partitions.
+    #[arg(long, default_value = "verdict-ingest")]
+    pub group: String,
+    /// A stable id of this worker in the group (Kafka static membership): restarted with the
+    /// same id, it takes its partitions back at once.
+    #[arg(long, env = "VERDICT_INGEST_INSTANCE_ID")]
+    pub instance_id: Option<String>,
+    /// Flush a partition once it buffers this many records (memory: ~100 bytes each).
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub flush_max_records: u64,
+    /// … or once its oldest buffered record is this many seconds old.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub flush_max_age_secs: u64,
+    /// Give up (exit non-zero, to be restarted) when the store has failed this long.
+    #[arg(long, default_value_t = 240, value_parser = clap::value_parser!(u64).range(1..))]
+    pub store_retry_secs: u64,
+    /// Fault injection for tests: wait this long before every put to the store.
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub put_delay_ms: u64,
+}
+
+/// Runs the worker until a signal asks it to stop.
+pub async fn run(args: IngestArgs) -> anyhow::Result<()> {
+    let mut store = open_store(&args.store, args.s3_endpoint.as_deref())?;
+    if args.put_delay_ms > 0 {
+        let slow = ThrottleConfig {
+            wait_put_per_call: Duration::from_millis(args.put_delay_ms),
+            ..ThrottleConfig::default()
+        };
+        store = Arc::new(ThrottledStore::new(store, slow)) as Arc<dyn ObjectStore>;
+    }
+    let cfg = IngestConfig {
+        brokers: args.brokers,
+        topic: args.topic,
+        group_id: args.group,
+        instance_id: args.instance_id,
+        flush_max_records: args.flush_max_records as usize,
+        flush_max_age: Duration::from_secs(args.flush_max_age_secs),
+        retry: Retry {
+            give_up_after: Duration::from_secs(args.store_retry_secs),
+            ..Retry::default()
+        },
+        ..IngestConfig::default()
+    };
+    tracing::info!(topic = %cfg.topic, group = %cfg.group_id, store = %args.store, "ingest starting");
+    let worker = IngestWorker::new(cfg, store).context("joining the consumer group")?;
+    let stats = worker.run(shutdown_signal()).await?;
+    tracing::info!(?stats, "ingest stopped cleanly");
+    Ok(())
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM; Ctrl-C still stops");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = term => tracing::info!("SIGTERM: flushing and stopping"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("Ctrl-C: flushing and stopping"),
+    }
+}

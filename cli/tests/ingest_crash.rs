@@ -1,0 +1,137 @@
+//! `verdict ingest` killed with SIGKILL five times, against the real Kafka broker and S3
+//! server: once the moment a flush is between its intent and its marker (the store slowed
+//! by the hidden `--put-delay-ms`), the other times at random moments while more events
+//! are produced. A last worker runs until every partition is flushed and stops on SIGTERM
+//! with exit status 0. Every produced (partition, offset) is then in the raw table once.
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use object_store::ObjectStore;
+use object_store::path::Path;
+use rand::{Rng, SeedableRng};
+use verdict_tests::ingest_check::{
+    all_flushed, assert_exactly_once, create_topic, produce, recent_events,
+};
+use verdict_tests::{
+    Service, eventually, kafka_brokers, require, s3_endpoint, s3_store, unique_name,
+};
+
+const BUCKET: &str = "verdict-ingest-test";
+
+fn spawn_worker(store_url: &str, topic: &str, group: &str, put_delay_ms: u64) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_verdict"))
+        .args([
+            "ingest",
+            "--store",
+            store_url,
+            "--s3-endpoint",
+            &s3_endpoint(),
+            "--brokers",
+            &kafka_brokers(),
+        ])
+        .args([
+            "--topic",
+            topic,
+            "--group",
+            group,
+            "--instance-id",
+            "crash-test-worker",
+        ])
+        .args([
+            "--flush-max-records",
+            "700",
+            "--flush-max-age-secs",
+            "1",
+            "--put-delay-ms",
+            &put_delay_ms.to_string(),
+        ])
+        .env("AWS_ACCESS_KEY_ID", "verdict")
+        .env("AWS_SECRET_ACCESS_KEY", "verdict")
+        .env("AWS_REGION", "us-east-1")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start verdict ingest")
+}
+
+fn kill_9(mut child: Child) {
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reap");
+}
+
+async fn has_intent(store: &Arc<dyn ObjectStore>) -> bool {
+    let objects: Vec<_> = store
+        .list(Some(&Path::from("_ingest")))
+        .try_collect()
+        .await
+        .unwrap();
+    objects
+        .iter()
+        .any(|m| m.location.as_ref().ends_with(".intent"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_five_times_every_event_is_in_the_raw_table_exactly_once() {
+    require(Service::Kafka);
+    let bucket = s3_store(BUCKET).await;
+    let run = unique_name("crash");
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(object_store::prefix::PrefixStore::new(bucket, run.as_str()));
+    let store_url = format!("s3://{BUCKET}/{run}");
+    let topic = unique_name("decisions-crash");
+    create_topic(&topic, 4).await;
+    let group = unique_name("crash-group");
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(2026);
+
+    let mut produced: BTreeMap<(i32, i64), Vec<u8>> =
+        produce(&topic, recent_events(4_000, 10)).await;
+
+    // Kill 1: inside a flush, between its intent and its marker.
+    let w = spawn_worker(&store_url, &topic, &group, 60);
+    eventually(Duration::from_secs(90), "a flush in progress", || {
+        has_intent(&store)
+    })
+    .await;
+    kill_9(w);
+    assert!(
+        has_intent(&store).await,
+        "the kill left an interrupted flush behind"
+    );
+
+    // Kills 2–5: at random moments, with more events produced in between.
+    for round in 2..=5u64 {
+        let w = spawn_worker(&store_url, &topic, &group, 20);
+        produced.extend(produce(&topic, recent_events(1_500, 10 + round)).await);
+        tokio::time::sleep(Duration::from_millis(rng.random_range(300..2_500))).await;
+        kill_9(w);
+    }
+
+    let mut last = spawn_worker(&store_url, &topic, &group, 0);
+    eventually(
+        Duration::from_secs(180),
+        "every partition flushed to its last offset",
+        || all_flushed(&store, &topic, &produced),
+    )
+    .await;
+    let term = Command::new("kill")
+        .args(["-TERM", &last.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(term.success());
+    let status = last.wait().expect("wait");
+    assert!(
+        status.success(),
+        "SIGTERM must flush, commit and exit 0, got {status}"
+    );
+
+    assert_exactly_once(&store, &produced).await;
+    assert!(
+        !has_intent(&store).await,
+        "an interrupted flush was left behind"
+    );
+}

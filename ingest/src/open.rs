@@ -1,0 +1,81 @@
+//! Opening the object store the raw table lives in, from a URL: `s3://bucket[/prefix]`
+//! (credentials and region from the usual `AWS_*` variables, an endpoint for S3-compatible
+//! servers) or a local folder (`file:///path` or a plain path) for the embedded default.
+
+use std::sync::Arc;
+
+use object_store::ObjectStore;
+use object_store::aws::AmazonS3Builder;
+use object_store::local::LocalFileSystem;
+use object_store::prefix::PrefixStore;
+
+/// Why a store URL could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// The URL names no bucket.
+    #[error("store URL {0:?}: s3:// needs a bucket, e.g. s3://verdict-events/prod")]
+    NoBucket(String),
+    /// The store refused the configuration.
+    #[error("store URL {url:?}: {source}")]
+    Store {
+        /// The URL.
+        url: String,
+        /// Why.
+        source: object_store::Error,
+    },
+}
+
+/// Opens `url`. `s3_endpoint` overrides the endpoint (an S3-compatible server; plain
+/// `http://` is then allowed).
+pub fn open_store(url: &str, s3_endpoint: Option<&str>) -> Result<Arc<dyn ObjectStore>, OpenError> {
+    let err = |source| OpenError::Store {
+        url: url.to_owned(),
+        source,
+    };
+    if let Some(rest) = url.strip_prefix("s3://") {
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(OpenError::NoBucket(url.to_owned()));
+        }
+        let mut b = AmazonS3Builder::from_env().with_bucket_name(bucket);
+        if let Some(endpoint) = s3_endpoint {
+            b = b
+                .with_endpoint(endpoint)
+                .with_allow_http(endpoint.starts_with("http://"));
+        }
+        let s3: Arc<dyn ObjectStore> = Arc::new(b.build().map_err(err)?);
+        let prefix = prefix.trim_matches('/');
+        return Ok(if prefix.is_empty() {
+            s3
+        } else {
+            Arc::new(PrefixStore::new(s3, prefix))
+        });
+    }
+    let path = url.strip_prefix("file://").unwrap_or(url);
+    std::fs::create_dir_all(path).map_err(|e| {
+        err(object_store::Error::Generic {
+            store: "LocalFileSystem",
+            source: Box::new(e),
+        })
+    })?;
+    Ok(Arc::new(
+        LocalFileSystem::new_with_prefix(path).map_err(err)?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_open_or_say_what_is_wrong() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lake");
+        assert!(open_store(path.to_str().unwrap(), None).is_ok());
+        assert!(path.is_dir());
+        assert!(open_store(&format!("file://{}", path.display()), None).is_ok());
+        let e = open_store("s3:///prod", None).unwrap_err().to_string();
+        assert!(e.contains("needs a bucket"), "{e}");
+    }
+}
