@@ -9,7 +9,7 @@ use clap::Args;
 use object_store::ObjectStore;
 use object_store::throttle::{ThrottleConfig, ThrottledStore};
 use verdict_ingest::flush::Retry;
-use verdict_ingest::{IngestConfig, IngestWorker, open_store};
+use verdict_ingest::{IngestConfig, IngestWorker, S3Options, open_store};
 
 /// Options of `verdict ingest`.
 #[derive(Debug, Clone, Args)]
@@ -50,7 +50,11 @@ pub struct IngestArgs {
 
 /// Runs the worker until a signal asks it to stop.
 pub async fn run(args: IngestArgs) -> anyhow::Result<()> {
-    let mut store = open_store(&args.store, args.s3_endpoint.as_deref())?;
+    let s3 = S3Options {
+        endpoint: args.s3_endpoint.clone(),
+        ..S3Options::default()
+    };
+    let mut store = open_store(&args.store, &s3)?;
     if args.put_delay_ms > 0 {
         let slow = ThrottleConfig {
             wait_put_per_call: Duration::from_millis(args.put_delay_ms),

@@ -15,7 +15,7 @@ pub mod raw_file;
 pub mod store;
 pub mod worker;
 
-pub use open::{OpenError, open_store};
+pub use open::{OpenError, S3Options, open_store};
 pub use raw_file::{ConsumedEvent, RawFileError, encode_raw_parquet, raw_writer_properties};
 pub use store::{HourSplit, WriteError, WrittenFile, split_by_hour, write_hour_file};
 pub use worker::{IngestConfig, IngestError, IngestStats, IngestWorker, WorkerStatus};

@@ -26,9 +26,22 @@ pub enum OpenError {
     },
 }
 
-/// Opens `url`. `s3_endpoint` overrides the endpoint (an S3-compatible server; plain
-/// `http://` is then allowed).
-pub fn open_store(url: &str, s3_endpoint: Option<&str>) -> Result<Arc<dyn ObjectStore>, OpenError> {
+/// How to reach S3; what is left out comes from the usual `AWS_*` variables (and, in the
+/// cloud, from the instance's role).
+#[derive(Debug, Clone, Default)]
+pub struct S3Options {
+    /// Endpoint of an S3-compatible server (plain `http://` is then allowed).
+    pub endpoint: Option<String>,
+    /// Access key id.
+    pub access_key_id: Option<String>,
+    /// Secret access key.
+    pub secret_access_key: Option<String>,
+    /// Region.
+    pub region: Option<String>,
+}
+
+/// Opens `url`.
+pub fn open_store(url: &str, s3: &S3Options) -> Result<Arc<dyn ObjectStore>, OpenError> {
     let err = |source| OpenError::Store {
         url: url.to_owned(),
         source,
@@ -39,10 +52,19 @@ pub fn open_store(url: &str, s3_endpoint: Option<&str>) -> Result<Arc<dyn Object
             return Err(OpenError::NoBucket(url.to_owned()));
         }
         let mut b = AmazonS3Builder::from_env().with_bucket_name(bucket);
-        if let Some(endpoint) = s3_endpoint {
+        if let Some(endpoint) = &s3.endpoint {
             b = b
                 .with_endpoint(endpoint)
                 .with_allow_http(endpoint.starts_with("http://"));
+        }
+        if let Some(v) = &s3.access_key_id {
+            b = b.with_access_key_id(v);
+        }
+        if let Some(v) = &s3.secret_access_key {
+            b = b.with_secret_access_key(v);
+        }
+        if let Some(v) = &s3.region {
+            b = b.with_region(v);
         }
         let s3: Arc<dyn ObjectStore> = Arc::new(b.build().map_err(err)?);
         let prefix = prefix.trim_matches('/');
@@ -72,10 +94,11 @@ mod tests {
     fn urls_open_or_say_what_is_wrong() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("lake");
-        assert!(open_store(path.to_str().unwrap(), None).is_ok());
+        let none = S3Options::default();
+        assert!(open_store(path.to_str().unwrap(), &none).is_ok());
         assert!(path.is_dir());
-        assert!(open_store(&format!("file://{}", path.display()), None).is_ok());
-        let e = open_store("s3:///prod", None).unwrap_err().to_string();
+        assert!(open_store(&format!("file://{}", path.display()), &none).is_ok());
+        let e = open_store("s3:///prod", &none).unwrap_err().to_string();
         assert!(e.contains("needs a bucket"), "{e}");
     }
 }
