@@ -120,9 +120,18 @@ pub fn unreachable_message(service: Service, address: &str) -> Option<String> {
 pub async fn s3_store(bucket: &str) -> Arc<dyn ObjectStore> {
     require(Service::S3);
     create_bucket(bucket).await;
+    s3_store_at(&s3_endpoint(), bucket)
+}
+
+/// A store on `bucket` reached through `endpoint` (a proxy in front of the S3 server, say),
+/// with the test server's credentials; the bucket must exist.
+///
+/// # Panics
+/// When the configuration is refused.
+pub fn s3_store_at(endpoint: &str, bucket: &str) -> Arc<dyn ObjectStore> {
     Arc::new(
         AmazonS3Builder::new()
-            .with_endpoint(s3_endpoint())
+            .with_endpoint(endpoint)
             .with_allow_http(true)
             .with_region("us-east-1")
             .with_bucket_name(bucket)

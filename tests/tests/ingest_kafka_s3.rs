@@ -21,6 +21,7 @@ use verdict_schemas::synth::{SynthConfig, SynthTraffic};
 use verdict_tests::ingest_check::{
     all_flushed, assert_exactly_once, create_topic, produce, quarantined, raw_rows, recent_events,
 };
+use verdict_tests::private::TcpProxy;
 use verdict_tests::{Service, eventually, kafka_brokers, require, s3_store, unique_name};
 
 fn config(topic: &str, group: &str) -> IngestConfig {
@@ -259,5 +260,76 @@ async fn two_workers_in_one_group_over_12_partitions_write_every_event_once() {
         sa.events > 0 && sb.events > 0,
         "both workers took partitions: {sa:?} {sb:?}"
     );
+    assert_exactly_once(&store, &produced).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_store_outage_loses_and_doubles_nothing() {
+    require(Service::Kafka);
+    let direct = s3_store("verdict-ingest-test").await;
+    let run = unique_name("ingest-outage");
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(object_store::prefix::PrefixStore::new(direct, run.as_str()));
+    // The worker reaches S3 only through a proxy that the test cuts and restores.
+    let port = verdict_tests::s3_endpoint()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("S3 endpoint port");
+    let proxy = TcpProxy::start(port).await;
+    let through = verdict_tests::s3_store_at(
+        &format!("http://127.0.0.1:{}", proxy.port()),
+        "verdict-ingest-test",
+    );
+    let via_proxy: Arc<dyn ObjectStore> = Arc::new(object_store::prefix::PrefixStore::new(
+        through,
+        run.as_str(),
+    ));
+    let topic = unique_name("decisions-outage");
+    create_topic(&topic, 4).await;
+
+    let mut produced = produce(&topic, recent_events(3_000, 21)).await;
+    let worker =
+        IngestWorker::new(config(&topic, &unique_name("outage-group")), via_proxy).unwrap();
+    let status = worker.status();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(worker.run(async {
+        let _ = rx.await;
+    }));
+    eventually(
+        Duration::from_secs(60),
+        "the first events written",
+        || async { status.events_written.load(Ordering::Relaxed) > 0 },
+    )
+    .await;
+
+    proxy.cut();
+    let written_at_cut = status.events_written.load(Ordering::Relaxed);
+    produced.extend(produce(&topic, recent_events(3_000, 22)).await);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // While the store is away nothing completes (a flush in flight at the cut may finish).
+    let during = status.events_written.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        status.events_written.load(Ordering::Relaxed),
+        during,
+        "flushes completed with the store cut off"
+    );
+    assert!(
+        during < produced.len() as u64,
+        "everything was written before the cut ({written_at_cut}); the outage tested nothing"
+    );
+
+    proxy.restore();
+    eventually(
+        Duration::from_secs(120),
+        "every partition flushed after the store came back",
+        || all_flushed(&store, &topic, &produced),
+    )
+    .await;
+    tx.send(()).unwrap();
+    let stats = task.await.unwrap().expect("the worker survives the outage");
+    println!("outage: {stats:?}");
+    assert!(stats.retries > 0, "the outage caused no retries: {stats:?}");
     assert_exactly_once(&store, &produced).await;
 }

@@ -4,11 +4,8 @@
 //! modes and the event queue with the Redis store deciding.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 use verdict_limiter::breaker::{BreakerConfig, BreakerState};
 use verdict_limiter::policy::parse_toml;
 use verdict_limiter::{
@@ -17,7 +14,7 @@ use verdict_limiter::{
 };
 use verdict_schemas::{DecisionSource, KeyId, RouteClassId, TierId, Verdict};
 use verdict_tests::eventually;
-use verdict_tests::private::{PrivateRedis, spare_port};
+use verdict_tests::private::{PrivateRedis, TcpProxy};
 
 const POLICY: &str = r#"
 [[tiers]]
@@ -157,56 +154,18 @@ async fn redis_stopped_mid_run_falls_back_within_the_deadline_and_recovers() {
     assert_eq!(l.breaker_state(), BreakerState::Closed);
 }
 
-/// A TCP proxy that delays everything the client sends by a settable number of ms.
-async fn delaying_proxy(upstream: u16, delay_ms: Arc<AtomicU64>) -> u16 {
-    let port = spare_port();
-    let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let delay_ms = Arc::clone(&delay_ms);
-            tokio::spawn(async move {
-                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
-                    return;
-                };
-                let (mut cr, mut cw) = client.into_split();
-                let (mut sr, mut sw) = server.into_split();
-                let up = async move {
-                    let mut buf = vec![0u8; 64 * 1024];
-                    while let Ok(n) = cr.read(&mut buf).await {
-                        if n == 0 {
-                            break;
-                        }
-                        let d = delay_ms.load(Ordering::SeqCst);
-                        if d > 0 {
-                            tokio::time::sleep(Duration::from_millis(d)).await;
-                        }
-                        if sw.write_all(&buf[..n]).await.is_err() {
-                            break;
-                        }
-                    }
-                };
-                let down = async move {
-                    let _ = tokio::io::copy(&mut sr, &mut cw).await;
-                };
-                tokio::join!(up, down);
-            });
-        }
-    });
-    port
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_redis_opens_the_breaker_and_recovery_closes_it() {
     let redis = PrivateRedis::start();
-    let delay = Arc::new(AtomicU64::new(0));
-    let port = delaying_proxy(redis.port(), Arc::clone(&delay)).await;
+    let proxy = TcpProxy::start(redis.port()).await;
+    let port = proxy.port();
     let (l, _events) = limiter(&format!("redis://127.0.0.1:{port}"), 1, 100_000).await;
     assert_eq!(
         l.check(&request(1, 0)).await.source,
         DecisionSource::CounterStore
     );
 
-    delay.store(20, Ordering::SeqCst);
+    proxy.set_delay_ms(20);
     let (_, sources, slowest) = drive(&l, &request(1, 0), 20).await;
     assert!(
         sources.contains(&DecisionSource::LocalFallback),
@@ -223,7 +182,7 @@ async fn slow_redis_opens_the_breaker_and_recovery_closes_it() {
         "{metrics}"
     );
 
-    delay.store(0, Ordering::SeqCst);
+    proxy.set_delay_ms(0);
     eventually(
         Duration::from_secs(20),
         "the breaker closed after Redis sped up",
