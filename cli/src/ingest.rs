@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::Args;
 use object_store::ObjectStore;
 use object_store::throttle::{ThrottleConfig, ThrottledStore};
-use verdict_ingest::flush::Retry;
+use verdict_ingest::flush::StoreCalls;
 use verdict_ingest::{IngestConfig, IngestWorker, S3Options, open_store};
 
 /// Options of `verdict ingest`.
@@ -69,9 +69,9 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<()> {
         instance_id: args.instance_id,
         flush_max_records: args.flush_max_records as usize,
         flush_max_age: Duration::from_secs(args.flush_max_age_secs),
-        retry: Retry {
+        retry: StoreCalls {
             give_up_after: Duration::from_secs(args.store_retry_secs),
-            ..Retry::default()
+            ..StoreCalls::default()
         },
         ..IngestConfig::default()
     };

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart};
 use serde::Serialize;
 use verdict_schemas::{DecodeError, RawFileName};
 
@@ -117,23 +117,26 @@ pub enum FlushError {
     },
 }
 
-/// How store calls are retried.
+/// How the flush talks to the store: retries, and when a file goes up in parts.
 #[derive(Debug, Clone, Copy)]
-pub struct Retry {
+pub struct StoreCalls {
     /// First wait.
     pub initial: Duration,
     /// Longest wait.
     pub max: Duration,
     /// Stop retrying after this long and fail the flush.
     pub give_up_after: Duration,
+    /// Files larger than this go up as multipart uploads (in parts of this size).
+    pub multipart_threshold: usize,
 }
 
-impl Default for Retry {
+impl Default for StoreCalls {
     fn default() -> Self {
         Self {
             initial: Duration::from_millis(100),
             max: Duration::from_secs(5),
             give_up_after: Duration::from_secs(240),
+            multipart_threshold: 16 * 1024 * 1024,
         }
     }
 }
@@ -158,7 +161,7 @@ pub struct FlushReport {
 /// Runs `op` until it succeeds, retrying store errors with capped exponential backoff
 /// until `retry.give_up_after`. `NotFound` on a delete is success.
 async fn with_retry<T, F, Fut>(
-    retry: &Retry,
+    retry: &StoreCalls,
     what: &str,
     report: &mut FlushReport,
     mut op: F,
@@ -281,7 +284,7 @@ pub async fn flush_partition(
     topic: &str,
     partition: i32,
     buf: PartitionBuffer,
-    retry: &Retry,
+    retry: &StoreCalls,
 ) -> Result<FlushReport, FlushError> {
     let mut report = FlushReport::default();
     let Some(first) = buf.first else {
@@ -312,11 +315,23 @@ pub async fn flush_partition(
     .await?;
 
     for f in &files {
-        let payload = PutPayload::from(f.bytes.clone());
-        with_retry(retry, f.path.as_ref(), &mut report, || {
-            store.put(&f.path, payload.clone())
-        })
-        .await?;
+        if f.bytes.len() > retry.multipart_threshold {
+            // A failed attempt starts the upload over; the store expires abandoned parts.
+            with_retry(retry, f.path.as_ref(), &mut report, || async {
+                let upload = store.put_multipart(&f.path).await?;
+                let mut parts =
+                    WriteMultipart::new_with_chunk_size(upload, retry.multipart_threshold);
+                parts.write(&f.bytes);
+                parts.finish().await
+            })
+            .await?;
+        } else {
+            let payload = PutPayload::from(f.bytes.clone());
+            with_retry(retry, f.path.as_ref(), &mut report, || {
+                store.put(&f.path, payload.clone())
+            })
+            .await?;
+        }
         if !f.path.as_ref().starts_with(QUARANTINE_PREFIX) {
             report.files += 1;
             report.bytes += f.bytes.len();
@@ -367,7 +382,7 @@ pub async fn recover_partition(
     topic: &str,
     partition: i32,
     kafka_committed: Option<i64>,
-    retry: &Retry,
+    retry: &StoreCalls,
 ) -> Result<Recovered, FlushError> {
     let mut report = FlushReport::default();
     let prefix = Path::from(partition_prefix(topic, partition));
@@ -514,7 +529,7 @@ mod tests {
     #[tokio::test]
     async fn a_flush_writes_its_hours_then_a_marker_and_leaves_no_intent() {
         let (_dir, store) = local();
-        let report = flush_partition(&store, TOPIC, 2, buffer(100..200), &Retry::default())
+        let report = flush_partition(&store, TOPIC, 2, buffer(100..200), &StoreCalls::default())
             .await
             .unwrap();
         assert_eq!(
@@ -534,7 +549,7 @@ mod tests {
                 "_ingest/verdict.decisions.v1/00002/00000000000000000100-00000000000000000199.done"
             ]
         );
-        let r = recover_partition(&store, TOPIC, 2, None, &Retry::default())
+        let r = recover_partition(&store, TOPIC, 2, None, &StoreCalls::default())
             .await
             .unwrap();
         assert_eq!(
@@ -550,7 +565,7 @@ mod tests {
     #[tokio::test]
     async fn recovery_removes_an_interrupted_flush_and_keeps_completed_ones() {
         let (_dir, store) = local();
-        flush_partition(&store, TOPIC, 2, buffer(0..100), &Retry::default())
+        flush_partition(&store, TOPIC, 2, buffer(0..100), &StoreCalls::default())
             .await
             .unwrap();
         // A crash between the files and the marker: an intent and one of its two files.
@@ -581,7 +596,7 @@ mod tests {
             .await
             .unwrap();
 
-        let r = recover_partition(&store, TOPIC, 2, Some(40), &Retry::default())
+        let r = recover_partition(&store, TOPIC, 2, Some(40), &StoreCalls::default())
             .await
             .unwrap();
         assert_eq!(
@@ -596,11 +611,11 @@ mod tests {
         assert_eq!(raw.len(), 2, "{raw:?}");
         assert!(!raw.iter().any(|p| p == orphan));
         // The replay may cut differently; the flush goes through.
-        flush_partition(&store, TOPIC, 2, buffer(100..150), &Retry::default())
+        flush_partition(&store, TOPIC, 2, buffer(100..150), &StoreCalls::default())
             .await
             .unwrap();
         assert_eq!(
-            recover_partition(&store, TOPIC, 2, None, &Retry::default())
+            recover_partition(&store, TOPIC, 2, None, &StoreCalls::default())
                 .await
                 .unwrap()
                 .resume_at,
@@ -609,12 +624,45 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_second_writer_of_the_same_flush_is_fenced() {
+    async fn files_above_the_threshold_go_up_in_parts_and_read_back_whole() {
         let (_dir, store) = local();
-        flush_partition(&store, TOPIC, 2, buffer(0..10), &Retry::default())
+        let calls = StoreCalls {
+            multipart_threshold: 1_024,
+            ..StoreCalls::default()
+        };
+        let report = flush_partition(&store, TOPIC, 2, buffer(0..3_000), &calls)
             .await
             .unwrap();
-        let e = flush_partition(&store, TOPIC, 2, buffer(0..10), &Retry::default())
+        assert!(
+            report.bytes > 2 * 1_024,
+            "the files must be larger than the threshold: {report:?}"
+        );
+        let mut rows = 0;
+        for p in names(&store, "raw").await {
+            let bytes = store
+                .get(&Path::from(p))
+                .await
+                .unwrap()
+                .bytes()
+                .await
+                .unwrap();
+            let reader =
+                parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes)
+                    .unwrap()
+                    .build()
+                    .unwrap();
+            rows += reader.map(|b| b.unwrap().num_rows()).sum::<usize>();
+        }
+        assert_eq!(rows, 3_000);
+    }
+
+    #[tokio::test]
+    async fn a_second_writer_of_the_same_flush_is_fenced() {
+        let (_dir, store) = local();
+        flush_partition(&store, TOPIC, 2, buffer(0..10), &StoreCalls::default())
+            .await
+            .unwrap();
+        let e = flush_partition(&store, TOPIC, 2, buffer(0..10), &StoreCalls::default())
             .await
             .unwrap_err();
         assert!(matches!(e, FlushError::Fenced { partition: 2, .. }), "{e}");
@@ -633,7 +681,7 @@ mod tests {
         ));
         b.consumed(6);
         b.events.push(event(6, i64::MAX));
-        let report = flush_partition(&store, TOPIC, 2, b, &Retry::default())
+        let report = flush_partition(&store, TOPIC, 2, b, &StoreCalls::default())
             .await
             .unwrap();
         assert_eq!((report.events, report.quarantined), (6, 2));

@@ -25,7 +25,8 @@ use rdkafka::{Offset, TopicPartitionList};
 use verdict_schemas::DecisionEvent;
 
 use crate::flush::{
-    BadRecord, FlushError, FlushReport, PartitionBuffer, Retry, flush_partition, recover_partition,
+    BadRecord, FlushError, FlushReport, PartitionBuffer, StoreCalls, flush_partition,
+    recover_partition,
 };
 use crate::raw_file::ConsumedEvent;
 
@@ -52,7 +53,7 @@ pub struct IngestConfig {
     /// Events further in the future than this are quarantined.
     pub max_event_lead: Duration,
     /// How store calls are retried.
-    pub retry: Retry,
+    pub retry: StoreCalls,
 }
 
 impl Default for IngestConfig {
@@ -66,7 +67,7 @@ impl Default for IngestConfig {
             flush_max_age: Duration::from_secs(60),
             max_event_age: Duration::from_secs(7 * 24 * 3600),
             max_event_lead: Duration::from_secs(3600),
-            retry: Retry::default(),
+            retry: StoreCalls::default(),
         }
     }
 }

@@ -14,7 +14,7 @@ use futures::TryStreamExt;
 use object_store::ObjectStore;
 use object_store::path::Path;
 use object_store::throttle::{ThrottleConfig, ThrottledStore};
-use verdict_ingest::flush::Retry;
+use verdict_ingest::flush::StoreCalls;
 use verdict_ingest::{IngestConfig, IngestWorker};
 use verdict_schemas::DecisionEvent;
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
@@ -31,9 +31,9 @@ fn config(topic: &str, group: &str) -> IngestConfig {
         group_id: group.to_owned(),
         flush_max_records: 1_500,
         flush_max_age: Duration::from_millis(500),
-        retry: Retry {
+        retry: StoreCalls {
             give_up_after: Duration::from_secs(60),
-            ..Retry::default()
+            ..StoreCalls::default()
         },
         ..IngestConfig::default()
     }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 use serde::Serialize;
-use verdict_ingest::flush::{PartitionBuffer, Retry, flush_partition};
+use verdict_ingest::flush::{PartitionBuffer, StoreCalls, flush_partition};
 use verdict_ingest::raw_file::sorted_raw_batch;
 use verdict_ingest::{
     ConsumedEvent, IngestConfig, IngestWorker, S3Options, encode_raw_parquet, open_store,
@@ -127,7 +127,7 @@ pub async fn run(args: IngestBenchArgs) -> anyhow::Result<()> {
             "verdict.decisions.v1",
             p as i32,
             buf,
-            &Retry::default(),
+            &StoreCalls::default(),
         )
         .await?;
         files += report.files;
