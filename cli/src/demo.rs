@@ -192,15 +192,16 @@ fn produce(
             Verdict::WouldDeny => report.would_deny += 1,
         }
         report.degraded += u64::from(e.is_degraded());
-        queues[partition_of(&e, partitions)].push(e.encode());
+        queues[partition_of(&e, u32::from(partitions))].push(e.encode());
     }
     queues
 }
 
-/// The key id is already a hash, so its first bytes spread keys evenly over partitions.
-fn partition_of(e: &DecisionEvent, partitions: u16) -> usize {
+/// The queue partition of an event, as Kafka keys records by key id: the key id is already a
+/// hash, so its first bytes spread keys evenly over partitions.
+pub(crate) fn partition_of(e: &DecisionEvent, partitions: u32) -> usize {
     let k = e.key_id.as_bytes();
-    (u32::from_le_bytes([k[0], k[1], k[2], k[3]]) % u32::from(partitions)) as usize
+    (u32::from_le_bytes([k[0], k[1], k[2], k[3]]) % partitions.max(1)) as usize
 }
 
 /// The ingest side for one partition: decode each record at its offset, split by hour,

@@ -10,10 +10,10 @@ use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart};
 use serde::Serialize;
-use verdict_schemas::{DecodeError, RawFileName};
+use verdict_schemas::DecodeError;
 
 use crate::progress::{FlushRange, Intent, ProgressObject, partition_prefix, plan_recovery};
-use crate::raw_file::{ConsumedEvent, RawFileError, encode_raw_parquet, sorted_raw_batch};
+use crate::raw_file::{ConsumedEvent, RawFileError, build_hour_file};
 use crate::store::split_by_hour;
 
 /// Prefix of the quarantine of bad records.
@@ -42,13 +42,20 @@ impl BadRecord {
             offset,
             kind: e.kind().to_owned(),
             reason: e.to_string(),
-            value_hex: hex_of(value),
+            value_hex: hex::encode(value),
         }
     }
-}
 
-fn hex_of(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    /// A record whose event time the raw table does not take.
+    pub fn out_of_range(partition: i32, offset: i64, value: &[u8], reason: String) -> Self {
+        Self {
+            partition,
+            offset,
+            kind: "event_time_out_of_range".into(),
+            reason,
+            value_hex: hex::encode(value),
+        }
+    }
 }
 
 /// What a partition has buffered since its last flush.
@@ -202,6 +209,14 @@ where
     }
 }
 
+/// Deletes `path`; one that is already gone is fine (a retried or repeated cleanup).
+async fn delete_if_present(store: &Arc<dyn ObjectStore>, path: &Path) -> object_store::Result<()> {
+    match store.delete(path).await {
+        Err(object_store::Error::NotFound { .. }) => Ok(()),
+        other => other,
+    }
+}
+
 /// The files one flush writes: raw files per hour, and the quarantine file.
 struct Planned {
     path: Path,
@@ -221,27 +236,21 @@ fn plan_files(
     let mut bad = buf.bad;
     let split = split_by_hour(buf.events);
     for (c, e) in split.unplaceable {
-        bad.push(BadRecord {
+        bad.push(BadRecord::out_of_range(
             partition,
-            offset: c.offset,
-            kind: "event_time_out_of_range".into(),
-            reason: e.to_string(),
-            value_hex: hex_of(&c.event.encode()),
-        });
+            c.offset,
+            &c.event.encode(),
+            e.to_string(),
+        ));
     }
-    for (hour, mut events) in split.hours {
-        let (first, last) = offsets_of(&events);
-        let name =
-            RawFileName::new(topic, partition, first, last).map_err(|e| FlushError::Progress {
-                path: topic.to_owned(),
-                reason: e.to_string(),
-            })?;
-        let batch = sorted_raw_batch(&mut events)?;
-        out.push(Planned {
-            path: Path::from(name.raw_path(&hour)),
-            bytes: encode_raw_parquet(std::slice::from_ref(&batch))?,
-            rows: events.len(),
-        });
+    for (hour, events) in split.hours {
+        if let Some(file) = build_hour_file(topic, partition, &hour, events)? {
+            out.push(Planned {
+                path: Path::from(file.path),
+                bytes: file.bytes,
+                rows: file.rows,
+            });
+        }
     }
     let quarantined = bad.len();
     if !bad.is_empty() {
@@ -261,12 +270,6 @@ fn plan_files(
         });
     }
     Ok((out, quarantined))
-}
-
-fn offsets_of(events: &[ConsumedEvent]) -> (i64, i64) {
-    let first = events.iter().map(|c| c.offset).min().unwrap_or_default();
-    let last = events.iter().map(|c| c.offset).max().unwrap_or_default();
-    (first, last)
 }
 
 /// `quarantine/date=<day of ingestion>/<topic>+<partition>+<first>+<last>.jsonl`.
@@ -355,11 +358,8 @@ pub async fn flush_partition(
         }
         Err(e) => return Err(e),
     }
-    with_retry(retry, "deleting the flush intent", &mut report, || async {
-        match store.delete(&intent_path).await {
-            Err(object_store::Error::NotFound { .. }) => Ok(()),
-            other => other,
-        }
+    with_retry(retry, "deleting the flush intent", &mut report, || {
+        delete_if_present(store, &intent_path)
     })
     .await?;
     Ok(report)
@@ -429,11 +429,8 @@ pub async fn recover_partition(
                 })?;
             for f in &intent.files {
                 let f = Path::from(f.as_str());
-                with_retry(retry, "deleting an abandoned file", &mut report, || async {
-                    match store.delete(&f).await {
-                        Err(object_store::Error::NotFound { .. }) => Ok(()),
-                        other => other,
-                    }
+                with_retry(retry, "deleting an abandoned file", &mut report, || {
+                    delete_if_present(store, &f)
                 })
                 .await?;
                 out.deleted_files += 1;
@@ -445,11 +442,8 @@ pub async fn recover_partition(
                 "removed an interrupted flush"
             );
         }
-        with_retry(retry, "deleting an intent", &mut report, || async {
-            match store.delete(&path).await {
-                Err(object_store::Error::NotFound { .. }) => Ok(()),
-                other => other,
-            }
+        with_retry(retry, "deleting an intent", &mut report, || {
+            delete_if_present(store, &path)
         })
         .await?;
         out.removed_intents += 1;

@@ -9,7 +9,7 @@ use parquet::file::metadata::SortingColumn;
 use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
 use parquet::schema::types::ColumnPath;
 use verdict_schemas::tables::raw;
-use verdict_schemas::{DecisionEvent, RawBatchBuilder, raw_schema};
+use verdict_schemas::{DecisionEvent, HourPartition, RawBatchBuilder, RawFileName, raw_schema};
 
 /// A decision event together with where it was read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +45,46 @@ pub enum RawFileError {
     /// The Parquet encoder failed.
     #[error("encoding raw parquet: {0}")]
     Parquet(#[from] parquet::errors::ParquetError),
+    /// The file name could not be formed (a topic that is not a Kafka topic name).
+    #[error(transparent)]
+    Layout(#[from] verdict_schemas::LayoutError),
+}
+
+/// One hour's raw file from one Kafka partition, built and not yet written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HourFile {
+    /// Its name: topic, partition, smallest and largest offset it holds.
+    pub name: RawFileName,
+    /// Its object path inside the hour's folder.
+    pub path: String,
+    /// The encoded Parquet file.
+    pub bytes: Vec<u8>,
+    /// Rows it holds.
+    pub rows: usize,
+}
+
+/// Builds the raw file of one hour's events from one Kafka partition: named by the
+/// smallest and largest offset among them, rows sorted, encoded. `None` for no events.
+pub fn build_hour_file(
+    topic: &str,
+    partition: i32,
+    hour: &HourPartition,
+    mut events: Vec<ConsumedEvent>,
+) -> Result<Option<HourFile>, RawFileError> {
+    let (Some(first), Some(last)) = (
+        events.iter().map(|c| c.offset).min(),
+        events.iter().map(|c| c.offset).max(),
+    ) else {
+        return Ok(None);
+    };
+    let name = RawFileName::new(topic, partition, first, last)?;
+    let batch = sorted_raw_batch(&mut events)?;
+    Ok(Some(HourFile {
+        path: name.raw_path(hour),
+        bytes: encode_raw_parquet(std::slice::from_ref(&batch))?,
+        rows: events.len(),
+        name,
+    }))
 }
 
 /// Sorts `events` into the raw table's row order and converts them into one batch.

@@ -9,7 +9,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use verdict_schemas::{HourPartition, LayoutError, RawFileName};
 
-use crate::raw_file::{ConsumedEvent, RawFileError, encode_raw_parquet, sorted_raw_batch};
+use crate::raw_file::{ConsumedEvent, RawFileError, build_hour_file};
 
 /// Why raw files could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -18,9 +18,6 @@ pub enum WriteError {
     /// The file could not be built.
     #[error(transparent)]
     File(#[from] RawFileError),
-    /// The file name could not be formed.
-    #[error(transparent)]
-    Layout(#[from] LayoutError),
     /// The store refused the file.
     #[error("writing {path}: {source}")]
     Store {
@@ -81,21 +78,15 @@ pub async fn write_hour_file(
     topic: &str,
     partition: i32,
     hour: HourPartition,
-    mut events: Vec<ConsumedEvent>,
+    events: Vec<ConsumedEvent>,
 ) -> Result<Option<WrittenFile>, WriteError> {
-    let (Some(first), Some(last)) = (
-        events.iter().map(|c| c.offset).min(),
-        events.iter().map(|c| c.offset).max(),
-    ) else {
+    let Some(file) = build_hour_file(topic, partition, &hour, events)? else {
         return Ok(None);
     };
-    let name = RawFileName::new(topic, partition, first, last)?;
-    let batch = sorted_raw_batch(&mut events)?;
-    let bytes = encode_raw_parquet(std::slice::from_ref(&batch))?;
-    let path = raw_object_path(&hour, &name);
-    let size = bytes.len();
+    let path = raw_object_path(&hour, &file.name);
+    let (size, rows) = (file.bytes.len(), file.rows);
     store
-        .put(&path, PutPayload::from(bytes))
+        .put(&path, PutPayload::from(file.bytes))
         .await
         .map_err(|source| WriteError::Store {
             path: path.to_string(),
@@ -104,7 +95,7 @@ pub async fn write_hour_file(
     Ok(Some(WrittenFile {
         hour,
         path,
-        rows: events.len(),
+        rows,
         bytes: size,
     }))
 }

@@ -355,16 +355,15 @@ impl IngestWorker {
                     offset,
                 })
             }
-            Ok(event) => o.buf.bad.push(BadRecord {
-                partition: p,
-                offset,
-                kind: "event_time_out_of_range".into(),
-                reason: format!(
+            Ok(event) => {
+                let reason = format!(
                     "event time {} ms is outside [{oldest}, {newest}] (now − {:?}, now + {:?})",
                     event.event_time_ms, self.cfg.max_event_age, self.cfg.max_event_lead
-                ),
-                value_hex: value.iter().map(|b| format!("{b:02x}")).collect(),
-            }),
+                );
+                o.buf
+                    .bad
+                    .push(BadRecord::out_of_range(p, offset, value, reason));
+            }
             Err(e) => o.buf.bad.push(BadRecord::undecodable(p, offset, value, &e)),
         }
         if o.buf.records() >= self.cfg.flush_max_records {

@@ -20,6 +20,8 @@ use verdict_ingest::{
     split_by_hour,
 };
 use verdict_schemas::DecisionEvent;
+
+use crate::demo::partition_of;
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
 
 /// Options of `verdict bench ingest`.
@@ -78,11 +80,6 @@ fn cpu_seconds() -> f64 {
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     // utime and stime are fields 14 and 15 of the whole line, 11 and 12 after the command.
     (ticks(11) + ticks(12)) / 100.0
-}
-
-fn partition_of(e: &DecisionEvent, partitions: u32) -> usize {
-    let k = e.key_id.as_bytes();
-    (u32::from_le_bytes([k[0], k[1], k[2], k[3]]) % partitions) as usize
 }
 
 /// Runs the bench and prints its JSON lines.
