@@ -50,6 +50,9 @@ pub struct IngestArgs {
 
 /// Runs the worker until a signal asks it to stop.
 pub async fn run(args: IngestArgs) -> anyhow::Result<()> {
+    // Listen for signals before anything else: recovery of an interrupted flush can take
+    // a while, and a SIGTERM that arrives during it must still mean "stop cleanly".
+    let shutdown = shutdown_signal()?;
     let s3 = S3Options {
         endpoint: args.s3_endpoint.clone(),
         ..S3Options::default()
@@ -77,26 +80,23 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<()> {
     };
     tracing::info!(topic = %cfg.topic, group = %cfg.group_id, store = %args.store, "ingest starting");
     let worker = IngestWorker::new(cfg, store).context("joining the consumer group")?;
-    let stats = worker.run(shutdown_signal()).await?;
+    let stats = worker.run(shutdown).await?;
     tracing::info!(?stats, "ingest stopped cleanly");
     Ok(())
 }
 
-/// Resolves on SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM; Ctrl-C still stops");
-                std::future::pending::<()>().await;
-            }
+/// Registers the SIGTERM and SIGINT handlers now, and returns a future that resolves on
+/// the first of them. Registering eagerly means a signal delivered before the future is
+/// first polled is not lost (and does not kill the process with the default action).
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+    tracing::info!("listening for SIGTERM and Ctrl-C");
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: flushing and stopping"),
+            _ = int.recv() => tracing::info!("Ctrl-C: flushing and stopping"),
         }
-    };
-    tokio::select! {
-        _ = term => tracing::info!("SIGTERM: flushing and stopping"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("Ctrl-C: flushing and stopping"),
-    }
+    })
 }

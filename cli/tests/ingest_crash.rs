@@ -5,6 +5,7 @@
 //! with exit status 0. Every produced (partition, offset) is then in the raw table once.
 
 use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,41 +23,71 @@ use verdict_tests::{
 
 const BUCKET: &str = "verdict-ingest-test";
 
+fn worker_command(store_url: &str, topic: &str, group: &str, put_delay_ms: u64) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_verdict"));
+    cmd.args([
+        "ingest",
+        "--store",
+        store_url,
+        "--s3-endpoint",
+        &s3_endpoint(),
+        "--brokers",
+        &kafka_brokers(),
+    ])
+    .args([
+        "--topic",
+        topic,
+        "--group",
+        group,
+        "--instance-id",
+        "crash-test-worker",
+    ])
+    .args([
+        "--flush-max-records",
+        "700",
+        "--flush-max-age-secs",
+        "1",
+        "--put-delay-ms",
+        &put_delay_ms.to_string(),
+    ])
+    .env("AWS_ACCESS_KEY_ID", "verdict")
+    .env("AWS_SECRET_ACCESS_KEY", "verdict")
+    .env("AWS_REGION", "us-east-1")
+    .env("RUST_LOG", "warn")
+    .stdout(Stdio::null())
+    .stderr(Stdio::inherit());
+    cmd
+}
+
 fn spawn_worker(store_url: &str, topic: &str, group: &str, put_delay_ms: u64) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_verdict"))
-        .args([
-            "ingest",
-            "--store",
-            store_url,
-            "--s3-endpoint",
-            &s3_endpoint(),
-            "--brokers",
-            &kafka_brokers(),
-        ])
-        .args([
-            "--topic",
-            topic,
-            "--group",
-            group,
-            "--instance-id",
-            "crash-test-worker",
-        ])
-        .args([
-            "--flush-max-records",
-            "700",
-            "--flush-max-age-secs",
-            "1",
-            "--put-delay-ms",
-            &put_delay_ms.to_string(),
-        ])
-        .env("AWS_ACCESS_KEY_ID", "verdict")
-        .env("AWS_SECRET_ACCESS_KEY", "verdict")
-        .env("AWS_REGION", "us-east-1")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+    worker_command(store_url, topic, group, put_delay_ms)
         .spawn()
         .expect("start verdict ingest")
+}
+
+/// Starts a worker and returns once it says it listens for SIGTERM, so that a SIGTERM sent
+/// afterwards tests the clean stop rather than the moment before the handler exists. Its
+/// log still reaches the test's stderr.
+fn spawn_listening_worker(store_url: &str, topic: &str, group: &str) -> Child {
+    let mut child = worker_command(store_url, topic, group, 0)
+        .env("RUST_LOG", "warn,verdict::ingest=info")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start verdict ingest");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (ready, listening) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("{line}");
+            if line.contains("listening for SIGTERM") {
+                let _ = ready.send(());
+            }
+        }
+    });
+    listening
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the worker did not say it listens for SIGTERM within 30 s");
+    child
 }
 
 fn kill_9(mut child: Child) {
@@ -111,7 +142,7 @@ async fn killed_five_times_every_event_is_in_the_raw_table_exactly_once() {
         kill_9(w);
     }
 
-    let mut last = spawn_worker(&store_url, &topic, &group, 0);
+    let mut last = spawn_listening_worker(&store_url, &topic, &group);
     eventually(
         Duration::from_secs(180),
         "every partition flushed to its last offset",
