@@ -43,6 +43,9 @@ pub struct IngestArgs {
     /// Give up (exit non-zero, to be restarted) when the store has failed this long.
     #[arg(long, default_value_t = 240, value_parser = clap::value_parser!(u64).range(1..))]
     pub store_retry_secs: u64,
+    /// Serve `/metrics` (Prometheus) and `/healthz` on this address, e.g. 127.0.0.1:9464.
+    #[arg(long, env = "VERDICT_METRICS_ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
     /// Fault injection for tests: wait this long before every put to the store.
     #[arg(long, hide = true, default_value_t = 0)]
     pub put_delay_ms: u64,
@@ -80,6 +83,10 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<()> {
     };
     tracing::info!(topic = %cfg.topic, group = %cfg.group_id, store = %args.store, "ingest starting");
     let worker = IngestWorker::new(cfg, store).context("joining the consumer group")?;
+    if let Some(addr) = args.metrics_addr {
+        let metrics = worker.metrics();
+        crate::serve::serve_metrics(addr, move || metrics.render()).await?;
+    }
     let stats = worker.run(shutdown).await?;
     tracing::info!(?stats, "ingest stopped cleanly");
     Ok(())

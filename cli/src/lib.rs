@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod demo;
 pub mod ingest;
+pub mod serve;
 
 use clap::{Parser, Subcommand};
 

@@ -17,6 +17,7 @@ use rand::{Rng, SeedableRng};
 use verdict_tests::ingest_check::{
     all_flushed, assert_exactly_once, create_topic, produce, recent_events,
 };
+use verdict_tests::private::spare_port;
 use verdict_tests::{
     Service, eventually, kafka_brokers, require, s3_endpoint, s3_store, unique_name,
 };
@@ -68,8 +69,9 @@ fn spawn_worker(store_url: &str, topic: &str, group: &str, put_delay_ms: u64) ->
 /// Starts a worker and returns once it says it listens for SIGTERM, so that a SIGTERM sent
 /// afterwards tests the clean stop rather than the moment before the handler exists. Its
 /// log still reaches the test's stderr.
-fn spawn_listening_worker(store_url: &str, topic: &str, group: &str) -> Child {
+fn spawn_listening_worker(store_url: &str, topic: &str, group: &str, metrics_port: u16) -> Child {
     let mut child = worker_command(store_url, topic, group, 0)
+        .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
         .env("RUST_LOG", "warn,verdict::ingest=info")
         .stderr(Stdio::piped())
         .spawn()
@@ -142,11 +144,27 @@ async fn killed_five_times_every_event_is_in_the_raw_table_exactly_once() {
         kill_9(w);
     }
 
-    let mut last = spawn_listening_worker(&store_url, &topic, &group);
+    let metrics_port = spare_port();
+    let mut last = spawn_listening_worker(&store_url, &topic, &group, metrics_port);
     eventually(
         Duration::from_secs(180),
         "every partition flushed to its last offset",
         || all_flushed(&store, &topic, &produced),
+    )
+    .await;
+    // The last worker owns all four partitions and says so at /metrics.
+    let metrics_url = format!("http://127.0.0.1:{metrics_port}/metrics");
+    eventually(
+        Duration::from_secs(30),
+        "/metrics shows the four partitions owned",
+        || async {
+            let text = match reqwest::get(&metrics_url).await {
+                Ok(r) => r.text().await.unwrap_or_default(),
+                Err(_) => return false,
+            };
+            text.contains("verdict_ingest_partitions_owned 4")
+                && text.contains("verdict_ingest_events_written_total")
+        },
     )
     .await;
     let term = Command::new("kill")

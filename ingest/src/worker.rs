@@ -9,9 +9,8 @@
 //! the retry deadline ends the run with an error: the process restarts and recovers.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use object_store::ObjectStore;
 use rdkafka::ClientConfig;
@@ -21,6 +20,7 @@ use rdkafka::consumer::{
 };
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
+use rdkafka::statistics::Statistics;
 use rdkafka::{Offset, TopicPartitionList};
 use verdict_schemas::DecisionEvent;
 
@@ -28,6 +28,7 @@ use crate::flush::{
     BadRecord, FlushError, FlushReport, PartitionBuffer, StoreCalls, flush_partition,
     recover_partition,
 };
+use crate::metrics::IngestMetrics;
 use crate::raw_file::ConsumedEvent;
 
 /// How the worker runs.
@@ -54,6 +55,8 @@ pub struct IngestConfig {
     pub max_event_lead: Duration,
     /// How store calls are retried.
     pub retry: StoreCalls,
+    /// How often the Kafka client reports statistics (the consumer lag gauges).
+    pub stats_interval: Duration,
 }
 
 impl Default for IngestConfig {
@@ -68,6 +71,7 @@ impl Default for IngestConfig {
             max_event_age: Duration::from_secs(7 * 24 * 3600),
             max_event_lead: Duration::from_secs(3600),
             retry: StoreCalls::default(),
+            stats_interval: Duration::from_secs(5),
         }
     }
 }
@@ -120,23 +124,44 @@ enum Change {
     Revoked(Vec<i32>),
 }
 
-/// Records rebalances for the loop to act on between polls.
-#[derive(Default)]
-struct Rebalances(Mutex<Vec<Change>>);
+/// Records rebalances for the loop to act on between polls, and turns the client's
+/// statistics into lag gauges.
+struct Rebalances {
+    changes: Mutex<Vec<Change>>,
+    metrics: IngestMetrics,
+    topic: String,
+}
+
+impl Rebalances {
+    fn push(&self, change: Change) {
+        self.changes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(change);
+    }
+}
 
 fn partitions(tpl: &TopicPartitionList) -> Vec<i32> {
     tpl.elements().iter().map(|e| e.partition()).collect()
 }
 
-impl ClientContext for Rebalances {}
+impl ClientContext for Rebalances {
+    fn stats(&self, statistics: Statistics) {
+        if let Some(topic) = statistics.topics.get(&self.topic) {
+            self.metrics.set_lags(
+                topic
+                    .partitions
+                    .iter()
+                    .map(|(p, stats)| (*p, stats.consumer_lag)),
+            );
+        }
+    }
+}
 
 impl ConsumerContext for Rebalances {
     fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = rebalance {
-            self.0
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(Change::Revoked(partitions(tpl)));
+            self.push(Change::Revoked(partitions(tpl)));
         }
     }
 
@@ -146,24 +171,9 @@ impl ConsumerContext for Rebalances {
             if let Err(e) = consumer.pause(tpl) {
                 tracing::warn!(error = %e, "pausing newly assigned partitions");
             }
-            self.0
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(Change::Assigned(partitions(tpl)));
+            self.push(Change::Assigned(partitions(tpl)));
         }
     }
-}
-
-/// What a running worker is doing, readable from outside (for health checks, metrics and
-/// tests).
-#[derive(Debug, Default)]
-pub struct WorkerStatus {
-    /// Partitions owned and recovered now.
-    pub partitions: AtomicUsize,
-    /// Events written to the raw table so far.
-    pub events_written: AtomicU64,
-    /// Flushes completed so far.
-    pub flushes: AtomicU64,
 }
 
 struct Owned {
@@ -179,12 +189,13 @@ pub struct IngestWorker {
     consumer: StreamConsumer<Rebalances>,
     owned: HashMap<i32, Owned>,
     stats: IngestStats,
-    status: Arc<WorkerStatus>,
+    metrics: IngestMetrics,
 }
 
 impl IngestWorker {
     /// Joins the group (the assignment arrives with the first polls).
     pub fn new(cfg: IngestConfig, store: Arc<dyn ObjectStore>) -> Result<Self, IngestError> {
+        let metrics = IngestMetrics::new();
         let mut client = ClientConfig::new();
         if let Some(id) = &cfg.instance_id {
             client.set("group.instance.id", id);
@@ -201,7 +212,15 @@ impl IngestWorker {
                 "max.poll.interval.ms",
                 (cfg.retry.give_up_after.as_millis() as u64 + 60_000).to_string(),
             )
-            .create_with_context(Rebalances::default())?;
+            .set(
+                "statistics.interval.ms",
+                cfg.stats_interval.as_millis().to_string(),
+            )
+            .create_with_context(Rebalances {
+                changes: Mutex::default(),
+                metrics: metrics.clone(),
+                topic: cfg.topic.clone(),
+            })?;
         consumer.subscribe(&[&cfg.topic])?;
         Ok(Self {
             cfg,
@@ -209,13 +228,14 @@ impl IngestWorker {
             consumer,
             owned: HashMap::new(),
             stats: IngestStats::default(),
-            status: Arc::default(),
+            metrics,
         })
     }
 
-    /// A handle on what the worker is doing while it runs.
-    pub fn status(&self) -> Arc<WorkerStatus> {
-        Arc::clone(&self.status)
+    /// The worker's metrics; the clone shares them, so it can be read (or served) while the
+    /// worker runs.
+    pub fn metrics(&self) -> IngestMetrics {
+        self.metrics.clone()
     }
 
     /// What the worker has done so far.
@@ -261,7 +281,7 @@ impl IngestWorker {
             &mut *self
                 .consumer
                 .context()
-                .0
+                .changes
                 .lock()
                 .unwrap_or_else(|e| e.into_inner()),
         );
@@ -270,7 +290,7 @@ impl IngestWorker {
                 Change::Revoked(ps) => {
                     for p in ps {
                         if let Some(o) = self.owned.remove(&p) {
-                            self.status.partitions.fetch_sub(1, Ordering::Relaxed);
+                            self.metrics.partitions_owned.dec();
                             tracing::info!(
                                 partition = p,
                                 dropped = o.buf.records(),
@@ -304,6 +324,7 @@ impl IngestWorker {
         let r =
             recover_partition(&self.store, &self.cfg.topic, p, committed, &self.cfg.retry).await?;
         self.stats.recovered_files += r.deleted_files;
+        self.metrics.recovered_files.inc_by(r.deleted_files as u64);
         let start = r.resume_at.map_or(Offset::Beginning, Offset::Offset);
         tracing::info!(
             partition = p,
@@ -317,7 +338,7 @@ impl IngestWorker {
             next: r.resume_at,
         };
         if self.owned.insert(p, fresh).is_none() {
-            self.status.partitions.fetch_add(1, Ordering::Relaxed);
+            self.metrics.partitions_owned.inc();
         }
         self.consumer
             .seek(&self.cfg.topic, p, start, Duration::from_secs(10))?;
@@ -397,13 +418,11 @@ impl IngestWorker {
         if buf.first.is_none() {
             return Ok(());
         }
+        let started = Instant::now();
         match flush_partition(&self.store, &self.cfg.topic, p, buf, &self.cfg.retry).await {
             Ok(report) => {
                 self.stats.add(&report);
-                self.status
-                    .events_written
-                    .fetch_add(report.events as u64, Ordering::Relaxed);
-                self.status.flushes.fetch_add(1, Ordering::Relaxed);
+                self.metrics.record(&report, started.elapsed());
                 if let Some(range) = report.range {
                     let mut tpl = TopicPartitionList::new();
                     tpl.add_partition_offset(&self.cfg.topic, p, Offset::Offset(range.last + 1))?;
@@ -431,7 +450,7 @@ impl IngestWorker {
                     "another writer completed this flush; giving the partition up"
                 );
                 if self.owned.remove(&p).is_some() {
-                    self.status.partitions.fetch_sub(1, Ordering::Relaxed);
+                    self.metrics.partitions_owned.dec();
                 }
                 Ok(())
             }

@@ -7,7 +7,6 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::TryStreamExt;
@@ -35,6 +34,7 @@ fn config(topic: &str, group: &str) -> IngestConfig {
             give_up_after: Duration::from_secs(60),
             ..StoreCalls::default()
         },
+        stats_interval: Duration::from_millis(500),
         ..IngestConfig::default()
     }
 }
@@ -213,20 +213,20 @@ async fn two_workers_in_one_group_over_12_partitions_write_every_event_once() {
     let (tx_a, rx_a) = tokio::sync::oneshot::channel::<()>();
     let (tx_b, rx_b) = tokio::sync::oneshot::channel::<()>();
     let worker_a = IngestWorker::new(config(&topic, &group), Arc::clone(&store)).unwrap();
-    let status_a = worker_a.status();
+    let metrics_a = worker_a.metrics();
     let a = tokio::spawn(worker_a.run(async {
         let _ = rx_a.await;
     }));
     eventually(
         Duration::from_secs(60),
         "the first worker owns the partitions",
-        || async { status_a.partitions.load(Ordering::Relaxed) == 12 },
+        || async { metrics_a.partitions_owned.get() == 12 },
     )
     .await;
     // The second joins while the first is working: the group rebalances under load, and
     // the first worker's unflushed buffers of the partitions it gives up are replayed.
     let worker_b = IngestWorker::new(config(&topic, &group), Arc::clone(&store)).unwrap();
-    let status_b = worker_b.status();
+    let metrics_b = worker_b.metrics();
     let b = tokio::spawn(worker_b.run(async {
         let _ = rx_b.await;
     }));
@@ -235,8 +235,8 @@ async fn two_workers_in_one_group_over_12_partitions_write_every_event_once() {
         "both workers own partitions",
         || async {
             let (pa, pb) = (
-                status_a.partitions.load(Ordering::Relaxed),
-                status_b.partitions.load(Ordering::Relaxed),
+                metrics_a.partitions_owned.get(),
+                metrics_b.partitions_owned.get(),
             );
             pa > 0 && pb > 0 && pa + pb == 12
         },
@@ -247,6 +247,20 @@ async fn two_workers_in_one_group_over_12_partitions_write_every_event_once() {
         Duration::from_secs(120),
         "every partition flushed to its last offset",
         || all_flushed(&store, &topic, &produced),
+    )
+    .await;
+    // The lag gauges come from the Kafka client's statistics: once everything is flushed
+    // and committed, the two workers report all 12 partitions between them, each at 0.
+    eventually(
+        Duration::from_secs(30),
+        "lag gauges for all 12 partitions, all zero",
+        || async {
+            let lags: Vec<i64> = [&metrics_a, &metrics_b]
+                .iter()
+                .flat_map(|m| m.lags().into_values())
+                .collect();
+            lags.len() == 12 && lags.iter().all(|&l| l == 0)
+        },
     )
     .await;
     tx_a.send(()).unwrap();
@@ -291,7 +305,7 @@ async fn an_object_store_outage_loses_and_doubles_nothing() {
     let mut produced = produce(&topic, recent_events(3_000, 21)).await;
     let worker =
         IngestWorker::new(config(&topic, &unique_name("outage-group")), via_proxy).unwrap();
-    let status = worker.status();
+    let metrics = worker.metrics();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(worker.run(async {
         let _ = rx.await;
@@ -299,19 +313,19 @@ async fn an_object_store_outage_loses_and_doubles_nothing() {
     eventually(
         Duration::from_secs(60),
         "the first events written",
-        || async { status.events_written.load(Ordering::Relaxed) > 0 },
+        || async { metrics.events_written.get() > 0 },
     )
     .await;
 
     proxy.cut();
-    let written_at_cut = status.events_written.load(Ordering::Relaxed);
+    let written_at_cut = metrics.events_written.get();
     produced.extend(produce(&topic, recent_events(3_000, 22)).await);
     tokio::time::sleep(Duration::from_secs(3)).await;
     // While the store is away nothing completes (a flush in flight at the cut may finish).
-    let during = status.events_written.load(Ordering::Relaxed);
+    let during = metrics.events_written.get();
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
-        status.events_written.load(Ordering::Relaxed),
+        metrics.events_written.get(),
         during,
         "flushes completed with the store cut off"
     );
@@ -331,5 +345,13 @@ async fn an_object_store_outage_loses_and_doubles_nothing() {
     let stats = task.await.unwrap().expect("the worker survives the outage");
     println!("outage: {stats:?}");
     assert!(stats.retries > 0, "the outage caused no retries: {stats:?}");
+    assert_eq!(metrics.upload_retries.get(), stats.retries as u64);
+    assert!(
+        metrics.render().contains(&format!(
+            "verdict_ingest_upload_retries_total {}",
+            stats.retries
+        )),
+        "the retries are exported"
+    );
     assert_exactly_once(&store, &produced).await;
 }

@@ -243,21 +243,16 @@ async fn kafka_s3(
         brokers: args.brokers.clone(),
         topic: topic.clone(),
         group_id: format!("{topic}-group"),
-        flush_max_records: 1_000_000,
-        flush_max_age: Duration::from_secs(5),
+        // The production defaults: flushes of up to 1,000,000 records or 60 s.
         ..IngestConfig::default()
     };
     let worker = IngestWorker::new(cfg, Arc::clone(&store))?;
-    let status = worker.status();
+    let metrics = worker.metrics();
     let total = args.events;
     let (cpu0, started) = (cpu_seconds(), Instant::now());
     let stats = worker
         .run(async move {
-            while status
-                .events_written
-                .load(std::sync::atomic::Ordering::Relaxed)
-                < total
-            {
+            while metrics.events_written.get() < total {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         })
