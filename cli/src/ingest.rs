@@ -9,18 +9,16 @@ use clap::Args;
 use object_store::ObjectStore;
 use object_store::throttle::{ThrottleConfig, ThrottledStore};
 use verdict_ingest::flush::StoreCalls;
-use verdict_ingest::{IngestConfig, IngestWorker, S3Options, open_store};
+use verdict_ingest::{IngestConfig, IngestWorker};
+
+use crate::store_args::StoreArgs;
 
 /// Options of `verdict ingest`.
 #[derive(Debug, Clone, Args)]
 pub struct IngestArgs {
-    /// Where the raw table lives: s3://bucket[/prefix], or a local folder.
-    #[arg(long, env = "VERDICT_STORE")]
-    pub store: String,
-    /// Endpoint of an S3-compatible server (credentials come from AWS_ACCESS_KEY_ID,
-    /// AWS_SECRET_ACCESS_KEY, AWS_REGION).
-    #[arg(long, env = "VERDICT_S3_ENDPOINT")]
-    pub s3_endpoint: Option<String>,
+    /// Where the raw table is written.
+    #[command(flatten)]
+    pub lake: StoreArgs,
     /// Kafka bootstrap servers.
     #[arg(long, env = "VERDICT_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
     pub brokers: String,
@@ -56,11 +54,7 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<()> {
     // Listen for signals before anything else: recovery of an interrupted flush can take
     // a while, and a SIGTERM that arrives during it must still mean "stop cleanly".
     let shutdown = shutdown_signal()?;
-    let s3 = S3Options {
-        endpoint: args.s3_endpoint.clone(),
-        ..S3Options::default()
-    };
-    let mut store = open_store(&args.store, &s3)?;
+    let mut store = args.lake.open()?;
     if args.put_delay_ms > 0 {
         let slow = ThrottleConfig {
             wait_put_per_call: Duration::from_millis(args.put_delay_ms),
@@ -81,7 +75,7 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<()> {
         },
         ..IngestConfig::default()
     };
-    tracing::info!(topic = %cfg.topic, group = %cfg.group_id, store = %args.store, "ingest starting");
+    tracing::info!(topic = %cfg.topic, group = %cfg.group_id, store = %args.lake.store, "ingest starting");
     let worker = IngestWorker::new(cfg, store).context("joining the consumer group")?;
     if let Some(addr) = args.metrics_addr {
         let metrics = worker.metrics();

@@ -5,7 +5,9 @@
 pub mod bench;
 pub mod demo;
 pub mod ingest;
+pub mod rollup;
 pub mod serve;
+pub mod store_args;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +32,10 @@ pub enum Command {
     /// Consume decision events from Kafka and write the raw table (one member of the
     /// ingest consumer group; stops cleanly on SIGTERM or Ctrl-C).
     Ingest(ingest::IngestArgs),
+    /// Roll up one closed hour of the raw table into the denied-only hourly rollup
+    /// (`--hour`), or backfill a range of hours (`--from`, `--to`). Re-running an hour
+    /// replaces its rollup whole.
+    Rollup(rollup::RollupArgs),
     /// Measure a part of the system; prints JSON.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -44,6 +50,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo(args) => runtime.block_on(demo::run(args)),
         Command::Bench(cmd) => runtime.block_on(bench::run(cmd)),
         Command::Ingest(args) => runtime.block_on(ingest::run(args)),
+        Command::Rollup(args) => runtime.block_on(rollup::run(args)),
     }
 }
 

@@ -11,6 +11,7 @@
 pub mod flush;
 pub mod metrics;
 pub mod open;
+pub mod prefixed;
 pub mod progress;
 pub mod raw_file;
 pub mod store;
@@ -18,6 +19,7 @@ pub mod worker;
 
 pub use metrics::IngestMetrics;
 pub use open::{OpenError, S3Options, open_store};
+pub use prefixed::Prefixed;
 pub use raw_file::{ConsumedEvent, RawFileError, encode_raw_parquet, raw_writer_properties};
 pub use store::{HourSplit, WriteError, WrittenFile, split_by_hour, write_hour_file};
 pub use worker::{IngestConfig, IngestError, IngestStats, IngestWorker};

@@ -22,6 +22,9 @@ pub struct IngestMetrics {
     pub consumer_lag: IntGaugeVec,
     /// `verdict_ingest_partitions_owned`: partitions assigned and recovered.
     pub partitions_owned: IntGauge,
+    /// `verdict_ingest_records_consumed_total`: records taken from Kafka into a buffer
+    /// (good and bad; a replayed record counts again).
+    pub records_consumed: IntCounter,
     /// `verdict_ingest_events_written_total`: events written to the raw table.
     pub events_written: IntCounter,
     /// `verdict_ingest_files_written_total`: raw Parquet files written.
@@ -71,6 +74,10 @@ impl IngestMetrics {
                 r
             )
             .expect(VALID),
+            records_consumed: counter(
+                "verdict_ingest_records_consumed_total",
+                "Records taken from Kafka into a partition buffer (replays count again).",
+            ),
             events_written: counter(
                 "verdict_ingest_events_written_total",
                 "Events written to the raw table.",

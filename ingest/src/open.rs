@@ -7,7 +7,8 @@ use std::sync::Arc;
 use object_store::ObjectStore;
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
-use object_store::prefix::PrefixStore;
+
+use crate::prefixed::Prefixed;
 
 /// Why a store URL could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -71,7 +72,7 @@ pub fn open_store(url: &str, s3: &S3Options) -> Result<Arc<dyn ObjectStore>, Ope
         return Ok(if prefix.is_empty() {
             s3
         } else {
-            Arc::new(PrefixStore::new(s3, prefix))
+            Arc::new(Prefixed::new(s3, prefix))
         });
     }
     let path = url.strip_prefix("file://").unwrap_or(url);

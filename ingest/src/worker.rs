@@ -367,6 +367,7 @@ impl IngestWorker {
         }
         o.next = Some(offset + 1);
         o.buf.consumed(offset);
+        self.metrics.records_consumed.inc();
         let value = payload.unwrap_or_default();
         match DecisionEvent::decode(value) {
             Ok(event) if (oldest..=newest).contains(&event.event_time_ms) => {

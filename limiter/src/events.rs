@@ -183,10 +183,10 @@ pub fn spawn_drain(
             }
             metrics.events_sent.inc();
         }
-        if let EventSink::Kafka(k) = &sink {
-            if let Err(e) = k.flush(Duration::from_secs(10)) {
-                tracing::warn!(error = %e, "flushing decision events at shutdown");
-            }
+        if let EventSink::Kafka(k) = &sink
+            && let Err(e) = k.flush(Duration::from_secs(10))
+        {
+            tracing::warn!(error = %e, "flushing decision events at shutdown");
         }
     })
 }

@@ -1,3 +1,15 @@
 //! The hourly rollup: one closed hour of the raw table grouped by (hour, key, route class,
 //! tier, region), keeping only groups with at least one denial or would-deny, written whole
 //! and deterministically to `rollup/denied_hourly/date=…/hour=…/`.
+//!
+//! [`sources`] decides which raw files a reader takes (covered files are left out, so a
+//! compaction in progress never doubles a row); [`hour`] runs the query with DataFusion
+//! and writes the rollup object.
+
+pub mod hour;
+pub mod sources;
+
+pub use hour::{
+    ROLLUP_FILE, ROLLUP_SQL, Rollup, RollupError, RollupReport, RollupState, rollup_path,
+};
+pub use sources::{HourFiles, RawFile, hour_files};

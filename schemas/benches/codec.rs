@@ -10,7 +10,7 @@ use verdict_schemas::{
 };
 
 fn event(i: u64) -> DecisionEvent {
-    let denied = i % 50 == 0;
+    let denied = i.is_multiple_of(50);
     DecisionEvent {
         event_time_ms: 1_796_047_200_000 + i as i64,
         key_id: KeyId((i % 10_000).to_le_bytes().repeat(2).try_into().unwrap()),

@@ -4,6 +4,7 @@
 
 pub mod ingest_check;
 pub mod private;
+pub mod rollup_check;
 
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::Arc;

@@ -105,7 +105,7 @@ async fn eight_instances_on_the_same_keys_stay_within_ten_percent_and_hot_keys_w
                 while started.elapsed() < RUN {
                     n += 1;
                     // Every key in turn, and the hot key as often as all of them together.
-                    let (slot, id) = if n % 2 == 0 {
+                    let (slot, id) = if n.is_multiple_of(2) {
                         (KEYS as usize, hot)
                     } else {
                         let k = (n / 2) % KEYS as usize;

@@ -252,7 +252,8 @@ async fn kafka_s3(
     let (cpu0, started) = (cpu_seconds(), Instant::now());
     let stats = worker
         .run(async move {
-            while metrics.events_written.get() < total {
+            // Everything consumed: stopping flushes every buffer, as SIGTERM would.
+            while metrics.records_consumed.get() < total {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         })

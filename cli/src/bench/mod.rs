@@ -3,6 +3,7 @@
 
 pub mod ingest;
 pub mod limiter;
+pub mod rollup;
 
 use clap::Subcommand;
 
@@ -18,6 +19,10 @@ pub enum BenchCommand {
     /// prints one JSON object per mode with events/s, CPU cores used and Parquet bytes
     /// per event.
     Ingest(ingest::IngestBenchArgs),
+    /// One peak hour of raw data (62.5 M events by default) rolled up by DataFusion, and
+    /// the same SQL over the same files in DuckDB (from PyPI) in the same run; prints
+    /// events/s, rollup rows and bytes, and vs_duckdb (ours ÷ DuckDB's time).
+    Rollup(rollup::RollupBenchArgs),
 }
 
 /// Runs one bench.
@@ -25,5 +30,6 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Limiter(args) => limiter::run(args).await,
         BenchCommand::Ingest(args) => ingest::run(args).await,
+        BenchCommand::Rollup(args) => rollup::run(args).await,
     }
 }

@@ -1,0 +1,205 @@
+//! `verdict bench rollup`: one peak hour of raw data, rolled up by DataFusion, and the same
+//! SQL over the same files in DuckDB, in the same run.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Args;
+use object_store::ObjectStore;
+use object_store::local::LocalFileSystem;
+use serde::Serialize;
+use verdict_ingest::{ConsumedEvent, write_hour_file};
+use verdict_rollup::{ROLLUP_SQL, Rollup};
+use verdict_schemas::HourPartition;
+use verdict_schemas::synth::{SynthConfig, SynthTraffic};
+
+/// Options of `verdict bench rollup`.
+#[derive(Debug, Clone, Args)]
+pub struct RollupBenchArgs {
+    /// Events in the hour (the design's peak hour: 62,500,000).
+    #[arg(long, default_value_t = 62_500_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub events: u64,
+    /// Distinct keys.
+    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub keys: u32,
+    /// Kafka partitions the events are spread over.
+    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub partitions: u32,
+    /// Raw files per partition in the hour (ingest flushes every 60 s: 60).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(1..))]
+    pub files_per_partition: u32,
+    /// Threads for both engines [default: the machine's cores].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Folder for the lake [default: a temporary folder, removed afterwards].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// The script that runs DuckDB (installed from PyPI on first use).
+    #[arg(long, default_value = "scripts/duckdb.sh")]
+    pub duckdb_script: PathBuf,
+    /// Skip the DuckDB comparison.
+    #[arg(long)]
+    pub no_duckdb: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct RollupBenchReport {
+    bench: &'static str,
+    events: u64,
+    files: usize,
+    raw_bytes: u64,
+    threads: usize,
+    seconds: f64,
+    events_per_s: f64,
+    rollup_rows: usize,
+    rollup_bytes: usize,
+    duckdb_seconds: Option<f64>,
+    duckdb_rows: Option<usize>,
+    duckdb_version: Option<String>,
+    vs_duckdb: Option<f64>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct DuckDbRun {
+    seconds: f64,
+    rows: usize,
+    duckdb: String,
+}
+
+/// Writes the hour, times both engines and prints one JSON line.
+pub async fn run(args: RollupBenchArgs) -> anyhow::Result<()> {
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, usize::from));
+    let tmp;
+    let root = match &args.out {
+        Some(p) => {
+            std::fs::create_dir_all(p)?;
+            p.clone()
+        }
+        None => {
+            tmp = tempfile::tempdir()?;
+            tmp.path().to_path_buf()
+        }
+    };
+    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(&root)?);
+    let cfg = SynthConfig {
+        late_share: 0.0,
+        ..SynthConfig::hour(args.events, args.keys)
+    };
+    let hour = HourPartition::from_event_time_ms(cfg.start_ms)?;
+    let started = Instant::now();
+    let files = write_hour(&store, hour, cfg, &args).await?;
+    tracing::info!(
+        files,
+        seconds = started.elapsed().as_secs_f64(),
+        "raw hour written"
+    );
+
+    let rollup = Rollup::new(Arc::clone(&store), threads);
+    // A first run warms the OS cache (DuckDB gets one too); the best of two timed runs counts.
+    let first = rollup.run_hour(hour).await?;
+    let mut seconds = f64::INFINITY;
+    for _ in 0..2 {
+        let t = Instant::now();
+        let again = rollup.run_hour(hour).await?;
+        seconds = seconds.min(t.elapsed().as_secs_f64());
+        anyhow::ensure!(again == first, "a re-run gave a different rollup");
+    }
+
+    let duck = if args.no_duckdb {
+        None
+    } else {
+        let sql = root.join("rollup.sql");
+        std::fs::write(&sql, ROLLUP_SQL)?;
+        let glob = root.join(hour.raw_prefix()).join("*.parquet");
+        let out = Command::new(&args.duckdb_script)
+            .arg(&sql)
+            .arg(&glob)
+            .arg(threads.to_string())
+            .output()
+            .with_context(|| format!("running {}", args.duckdb_script.display()))?;
+        anyhow::ensure!(
+            out.status.success(),
+            "{} failed: {}",
+            args.duckdb_script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let run: DuckDbRun = serde_json::from_slice(&out.stdout).with_context(|| {
+            format!(
+                "reading DuckDB's answer {:?}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })?;
+        anyhow::ensure!(
+            run.rows == first.rows,
+            "DuckDB found {} rollup rows, DataFusion {}",
+            run.rows,
+            first.rows
+        );
+        Some(run)
+    };
+
+    let report = RollupBenchReport {
+        bench: "rollup",
+        events: first.events,
+        files,
+        raw_bytes: first.source_bytes,
+        threads,
+        seconds,
+        events_per_s: first.events as f64 / seconds,
+        rollup_rows: first.rows,
+        rollup_bytes: first.bytes,
+        duckdb_seconds: duck.as_ref().map(|d| d.seconds),
+        duckdb_rows: duck.as_ref().map(|d| d.rows),
+        duckdb_version: duck.as_ref().map(|d| d.duckdb.clone()),
+        vs_duckdb: duck.as_ref().map(|d| seconds / d.seconds),
+    };
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+/// Generates the hour and writes it the way ingest does: round-robin over the partitions,
+/// each partition's events cut into `files_per_partition` files of consecutive offsets.
+async fn write_hour(
+    store: &Arc<dyn ObjectStore>,
+    hour: HourPartition,
+    cfg: SynthConfig,
+    args: &RollupBenchArgs,
+) -> anyhow::Result<usize> {
+    let partitions = args.partitions as usize;
+    let per_file = (args.events as usize)
+        .div_ceil(partitions * args.files_per_partition as usize)
+        .max(1);
+    let mut open: BTreeMap<i32, (i64, Vec<ConsumedEvent>)> = BTreeMap::new();
+    let mut files = 0;
+    let events = SynthTraffic::new(cfg)
+        .take(args.events as usize)
+        .filter(|e| HourPartition::from_event_time_ms(e.event_time_ms).is_ok_and(|h| h == hour));
+    for (i, event) in events.enumerate() {
+        let partition = (i % partitions) as i32;
+        let (next, buf) = open.entry(partition).or_default();
+        buf.push(ConsumedEvent {
+            event,
+            partition,
+            offset: *next,
+        });
+        *next += 1;
+        if buf.len() >= per_file {
+            let chunk = std::mem::take(buf);
+            write_hour_file(store.as_ref(), "decisions", partition, hour, chunk).await?;
+            files += 1;
+        }
+    }
+    for (partition, (_, buf)) in open {
+        if !buf.is_empty() {
+            write_hour_file(store.as_ref(), "decisions", partition, hour, buf).await?;
+            files += 1;
+        }
+    }
+    Ok(files)
+}

@@ -1,0 +1,288 @@
+//! Rolling up one hour: the raw files a reader takes (see [`crate::sources`]) are grouped
+//! with DataFusion by [`ROLLUP_SQL`], and the result becomes one Parquet object,
+//! `rollup/denied_hourly/date=…/hour=…/denied_hourly.parquet`.
+//!
+//! One object per hour is what makes a re-run safe: a PUT replaces an object whole, so a
+//! reader sees the old rollup or the new one, never half of one or both. The rows are
+//! ordered by the group key, and the file records in its footer which raw files it was
+//! computed from (a fingerprint of their names and sizes), so the late-data job can tell
+//! when the hour has changed since.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, RecordBatch, TimestampMillisecondArray};
+use arrow::compute::{cast, concat_batches};
+use bytes::Bytes;
+use datafusion::datasource::file_format::options::ParquetReadOptions;
+use datafusion::error::DataFusionError;
+use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::metadata::{KeyValue, ParquetMetaDataReader};
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use verdict_schemas::layout::HourPartition;
+use verdict_schemas::tables::{denied_hourly_schema, raw_schema};
+
+use crate::sources::{HourFiles, hour_files};
+
+/// The rollup of the table `raw`, one row per (key, tier, route class, region) with at
+/// least one denial or would-deny. Plain SQL that DuckDB runs unchanged (the benchmark
+/// compares the two on the same files); the columns are those of `denied_hourly` after
+/// `hour`, in order, and are cast to its types when written.
+pub const ROLLUP_SQL: &str = "\
+SELECT key_id, tier, route_class, region,
+  COUNT(*) FILTER (WHERE verdict = 0) AS allowed,
+  COUNT(*) FILTER (WHERE verdict = 1) AS denied,
+  COUNT(*) FILTER (WHERE verdict = 2) AS would_deny,
+  COUNT(*) FILTER (WHERE verdict <> 0 AND denied_by_bucket) AS denied_by_bucket,
+  COUNT(*) FILTER (WHERE verdict <> 0 AND denied_by_window) AS denied_by_window,
+  COUNT(*) FILTER (WHERE source <> 0) AS degraded,
+  MIN(remaining_tokens) AS min_remaining_tokens,
+  MIN(remaining_window) AS min_remaining_window,
+  MIN(event_time) FILTER (WHERE verdict <> 0) AS first_denial,
+  MAX(event_time) FILTER (WHERE verdict <> 0) AS last_denial,
+  MAX(policy_version) AS policy_version,
+  MAX(window_quota) AS window_quota
+FROM raw
+GROUP BY key_id, tier, route_class, region
+HAVING COUNT(*) FILTER (WHERE verdict <> 0) > 0
+ORDER BY key_id, tier, route_class, region";
+
+/// The rollup object's name inside its hour folder.
+pub const ROLLUP_FILE: &str = "denied_hourly.parquet";
+
+/// Footer key: the fingerprint of the raw files the rollup was computed from.
+pub const META_SOURCE_FINGERPRINT: &str = "verdict.rollup.source_fingerprint";
+/// Footer key: how many raw files it was computed from.
+pub const META_SOURCE_FILES: &str = "verdict.rollup.source_files";
+/// Footer key: how many raw events it summarises.
+pub const META_EVENTS: &str = "verdict.rollup.events";
+
+/// Why a rollup failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RollupError {
+    /// Listing, reading or writing the store failed.
+    #[error("object store: {0}")]
+    Store(#[from] object_store::Error),
+    /// The query failed (unreadable or foreign Parquet in the raw folder, for example).
+    #[error("query: {0}")]
+    Query(#[from] DataFusionError),
+    /// The result did not fit the rollup schema.
+    #[error("arrow: {0}")]
+    Arrow(#[from] arrow::error::ArrowError),
+    /// Encoding the rollup file, or reading an existing one's footer, failed.
+    #[error("parquet: {0}")]
+    Parquet(#[from] parquet::errors::ParquetError),
+}
+
+/// What rolling up one hour did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RollupReport {
+    /// The hour.
+    pub hour: HourPartition,
+    /// Raw files read.
+    pub source_files: usize,
+    /// Their bytes.
+    pub source_bytes: u64,
+    /// Raw files left out because another file covers their offsets.
+    pub covered_files: usize,
+    /// Raw events summarised.
+    pub events: u64,
+    /// Rows of the rollup (groups with a denial or would-deny).
+    pub rows: usize,
+    /// Bytes of the rollup object.
+    pub bytes: usize,
+    /// Where it was written.
+    pub path: Path,
+    /// The fingerprint of the raw files read.
+    pub fingerprint: String,
+}
+
+/// What an existing rollup object says about itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RollupState {
+    /// The fingerprint of the raw files it was computed from.
+    pub fingerprint: String,
+    /// Raw events it summarises.
+    pub events: u64,
+    /// Its rows.
+    pub rows: i64,
+    /// Its bytes.
+    pub bytes: u64,
+}
+
+/// The URL under which the store is known to DataFusion.
+const STORE_URL: &str = "verdict://lake";
+
+/// Rolls hours up from one object store (the lake: `raw/` and `rollup/` side by side).
+#[derive(Clone)]
+pub struct Rollup {
+    ctx: SessionContext,
+    store: Arc<dyn ObjectStore>,
+}
+
+impl Rollup {
+    /// A rollup over `store`, using `threads` partitions for the query (the machine's cores).
+    pub fn new(store: Arc<dyn ObjectStore>, threads: usize) -> Self {
+        let config = SessionConfig::new()
+            .with_target_partitions(threads.max(1))
+            .with_information_schema(false);
+        let ctx = SessionContext::new_with_config(config);
+        let url = ObjectStoreUrl::parse(STORE_URL).expect("a constant, valid store URL");
+        ctx.register_object_store(url.as_ref(), Arc::clone(&store));
+        Self { ctx, store }
+    }
+
+    /// The store it reads and writes.
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    /// Rolls `hour` up from the files a reader takes now and replaces its rollup object.
+    pub async fn run_hour(&self, hour: HourPartition) -> Result<RollupReport, RollupError> {
+        let files = hour_files(self.store.as_ref(), &hour).await?;
+        for f in &files.foreign {
+            tracing::warn!(path = %f, "not a raw file name; left out of the rollup");
+        }
+        let (batch, events) = self.compute(hour, &files).await?;
+        let fingerprint = files.fingerprint();
+        let body = encode(&batch, &fingerprint, files.files.len(), events)?;
+        let path = rollup_path(&hour);
+        let bytes = body.len();
+        self.store.put(&path, PutPayload::from(body)).await?;
+        let report = RollupReport {
+            hour,
+            source_files: files.files.len(),
+            source_bytes: files.bytes(),
+            covered_files: files.covered.len(),
+            events,
+            rows: batch.num_rows(),
+            bytes,
+            path,
+            fingerprint,
+        };
+        tracing::info!(
+            hour = %hour.partition_path(),
+            source_files = report.source_files,
+            events = report.events,
+            rows = report.rows,
+            bytes = report.bytes,
+            "rollup written"
+        );
+        Ok(report)
+    }
+
+    /// The rollup of `files` as one batch in the `denied_hourly` schema, and the number of
+    /// raw events read.
+    pub async fn compute(
+        &self,
+        hour: HourPartition,
+        files: &HourFiles,
+    ) -> Result<(RecordBatch, u64), RollupError> {
+        let schema = denied_hourly_schema();
+        if files.files.is_empty() {
+            return Ok((RecordBatch::new_empty(schema), 0));
+        }
+        // A session of its own per hour (the table name `raw` is this hour's files), sharing
+        // the runtime: the object store registry, memory pool and caches.
+        let ctx =
+            SessionContext::new_with_config_rt(self.ctx.copied_config(), self.ctx.runtime_env());
+        let paths: Vec<String> = files
+            .files
+            .iter()
+            .map(|f| format!("{STORE_URL}/{}", f.meta.location))
+            .collect();
+        let raw = raw_schema();
+        let df = ctx
+            .read_parquet(paths, ParquetReadOptions::default().schema(&raw))
+            .await?;
+        ctx.register_table("raw", df.into_view())?;
+        let counted = ctx.sql("SELECT COUNT(*) FROM raw").await?.collect().await?;
+        let events = counted
+            .first()
+            .and_then(|b| {
+                b.column(0)
+                    .as_any()
+                    .downcast_ref::<arrow::array::Int64Array>()
+            })
+            .map_or(0, |a| a.value(0).max(0) as u64);
+        let batches = ctx.sql(ROLLUP_SQL).await?.collect().await?;
+        let grouped = match batches.first() {
+            Some(first) => concat_batches(&first.schema(), &batches)?,
+            None => return Ok((RecordBatch::new_empty(schema), events)),
+        };
+        let hour_ms = TimestampMillisecondArray::from(vec![hour.start_ms(); grouped.num_rows()])
+            .with_timezone("UTC");
+        let mut columns: Vec<ArrayRef> = vec![Arc::new(hour_ms)];
+        for (field, column) in schema.fields().iter().skip(1).zip(grouped.columns()) {
+            columns.push(cast(column, field.data_type())?);
+        }
+        Ok((RecordBatch::try_new(schema, columns)?, events))
+    }
+
+    /// Reads what the rollup object of `hour` says about itself; `None` when the hour has
+    /// not been rolled up.
+    pub async fn state(&self, hour: HourPartition) -> Result<Option<RollupState>, RollupError> {
+        let path = rollup_path(&hour);
+        let body = match self.store.get(&path).await {
+            Ok(r) => r.bytes().await?,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        state_of(&body).map(Some)
+    }
+}
+
+/// Where the rollup of `hour` lives.
+pub fn rollup_path(hour: &HourPartition) -> Path {
+    Path::from(format!("{}/{ROLLUP_FILE}", hour.denied_hourly_prefix()))
+}
+
+/// The writer settings of rollup files: zstd, statistics per page, rows sorted by key.
+fn writer_properties(meta: Vec<KeyValue>) -> WriterProperties {
+    WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).unwrap_or_default()))
+        .set_statistics_enabled(EnabledStatistics::Page)
+        .set_key_value_metadata(Some(meta))
+        .build()
+}
+
+fn encode(
+    batch: &RecordBatch,
+    fingerprint: &str,
+    files: usize,
+    events: u64,
+) -> Result<Bytes, RollupError> {
+    let meta = vec![
+        KeyValue::new(META_SOURCE_FINGERPRINT.into(), fingerprint.to_owned()),
+        KeyValue::new(META_SOURCE_FILES.into(), files.to_string()),
+        KeyValue::new(META_EVENTS.into(), events.to_string()),
+    ];
+    let mut out = Vec::new();
+    let mut writer = ArrowWriter::try_new(&mut out, batch.schema(), Some(writer_properties(meta)))?;
+    writer.write(batch)?;
+    writer.close()?;
+    Ok(Bytes::from(out))
+}
+
+/// Reads a rollup file's footer.
+pub fn state_of(body: &Bytes) -> Result<RollupState, RollupError> {
+    let meta = ParquetMetaDataReader::new().parse_and_finish(body)?;
+    let file = meta.file_metadata();
+    let get = |key: &str| {
+        file.key_value_metadata()
+            .and_then(|kv| kv.iter().find(|e| e.key == key))
+            .and_then(|e| e.value.clone())
+            .unwrap_or_default()
+    };
+    Ok(RollupState {
+        fingerprint: get(META_SOURCE_FINGERPRINT),
+        events: get(META_EVENTS).parse().unwrap_or(0),
+        rows: file.num_rows(),
+        bytes: body.len() as u64,
+    })
+}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs DuckDB (from PyPI, in a virtualenv cached outside the repo) for the benchmarks that
+# compare verdict's DataFusion queries with DuckDB on the same files.
+#
+# Usage: scripts/duckdb.sh <query-file> <parquet-glob> [threads]
+#   Creates the view `raw` over the glob, runs the query in <query-file> once to warm the
+#   OS cache, then times it and prints one JSON object: {"seconds": …, "rows": …}.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=env.sh
+. "$here/env.sh"
+
+VERDICT_DUCKDB_VERSION=${VERDICT_DUCKDB_VERSION:-2.0.1}
+venv="$VERDICT_CACHE/duckdb-$VERDICT_DUCKDB_VERSION"
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import duckdb' 2>/dev/null; then
+  mkdir -p "$VERDICT_CACHE"
+  echo "installing duckdb==$VERDICT_DUCKDB_VERSION from PyPI into $venv" >&2
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q "duckdb==$VERDICT_DUCKDB_VERSION" >&2
+fi
+
+[ $# -ge 2 ] || { echo "usage: $0 <query-file> <parquet-glob> [threads]" >&2; exit 2; }
+exec "$venv/bin/python" "$here/bench/duckdb_query.py" "$@"

@@ -1,0 +1,181 @@
+//! Helpers for the rollup tests: raw hours written the way ingest writes them, the rollup
+//! computed independently (a plain fold over the events), and a rollup file read back.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow::array::{Array, AsArray, FixedSizeBinaryArray, RecordBatch};
+use arrow::datatypes::{TimestampMillisecondType, UInt8Type, UInt16Type, UInt32Type, UInt64Type};
+use bytes::Bytes;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use verdict_ingest::{ConsumedEvent, write_hour_file};
+use verdict_schemas::layout::HourPartition;
+use verdict_schemas::{DecisionEvent, DecisionSource, Verdict};
+
+/// One rollup row's group: key id, tier, route class, region.
+pub type Group = ([u8; 16], u8, u8, u16);
+
+/// One rollup row's values, in the column order of `denied_hourly` after the group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Agg {
+    pub hour_ms: i64,
+    pub allowed: u64,
+    pub denied: u64,
+    pub would_deny: u64,
+    pub denied_by_bucket: u64,
+    pub denied_by_window: u64,
+    pub degraded: u64,
+    pub min_remaining_tokens: u32,
+    pub min_remaining_window: u32,
+    pub first_denial: i64,
+    pub last_denial: i64,
+    pub policy_version: u64,
+    pub window_quota: u32,
+}
+
+/// The rollup of `events` (all of one hour), computed by folding over them: the groups
+/// with at least one denial or would-deny.
+pub fn fold_rollup(hour: HourPartition, events: &[DecisionEvent]) -> BTreeMap<Group, Agg> {
+    let mut all: BTreeMap<Group, Agg> = BTreeMap::new();
+    for e in events {
+        let group = (e.key_id.0, e.tier.0, e.route_class.0, e.region.0);
+        let a = all.entry(group).or_insert(Agg {
+            hour_ms: hour.start_ms(),
+            allowed: 0,
+            denied: 0,
+            would_deny: 0,
+            denied_by_bucket: 0,
+            denied_by_window: 0,
+            degraded: 0,
+            min_remaining_tokens: u32::MAX,
+            min_remaining_window: u32::MAX,
+            first_denial: i64::MAX,
+            last_denial: i64::MIN,
+            policy_version: 0,
+            window_quota: 0,
+        });
+        let refused = e.verdict != Verdict::Allowed;
+        match e.verdict {
+            Verdict::Allowed => a.allowed += 1,
+            Verdict::Denied => a.denied += 1,
+            Verdict::WouldDeny => a.would_deny += 1,
+        }
+        if refused {
+            a.denied_by_bucket += u64::from(e.denied_by.bucket);
+            a.denied_by_window += u64::from(e.denied_by.window);
+            a.first_denial = a.first_denial.min(e.event_time_ms);
+            a.last_denial = a.last_denial.max(e.event_time_ms);
+        }
+        a.degraded += u64::from(e.source != DecisionSource::CounterStore);
+        a.min_remaining_tokens = a.min_remaining_tokens.min(e.remaining_tokens);
+        a.min_remaining_window = a.min_remaining_window.min(e.remaining_window);
+        a.policy_version = a.policy_version.max(e.policy_version);
+        a.window_quota = a.window_quota.max(e.window_quota);
+    }
+    all.retain(|_, a| a.denied + a.would_deny > 0);
+    all
+}
+
+/// `events` as Kafka would hold them: partition `p` of `partitions` gets every event whose
+/// index is `p` modulo `partitions`, at consecutive offsets from 0.
+pub fn spread(events: &[DecisionEvent], partitions: i32) -> BTreeMap<i32, Vec<ConsumedEvent>> {
+    let mut by_partition: BTreeMap<i32, Vec<ConsumedEvent>> = BTreeMap::new();
+    for (i, e) in events.iter().enumerate() {
+        let partition = (i % partitions as usize) as i32;
+        let list = by_partition.entry(partition).or_default();
+        let offset = list.len() as i64;
+        list.push(ConsumedEvent {
+            event: *e,
+            partition,
+            offset,
+        });
+    }
+    by_partition
+}
+
+/// Writes `events` as raw files of `hour`, the way ingest does: [`spread`] over
+/// `partitions`, in files of `per_file` consecutive offsets.
+pub async fn write_raw_hour(
+    store: &Arc<dyn ObjectStore>,
+    topic: &str,
+    hour: HourPartition,
+    events: &[DecisionEvent],
+    partitions: i32,
+    per_file: usize,
+) -> Vec<Path> {
+    let mut written = Vec::new();
+    for (partition, list) in spread(events, partitions) {
+        for chunk in list.chunks(per_file) {
+            let file = write_hour_file(store.as_ref(), topic, partition, hour, chunk.to_vec())
+                .await
+                .expect("writing a raw file")
+                .expect("a non-empty chunk");
+            written.push(file.path);
+        }
+    }
+    written
+}
+
+/// Reads a rollup file back into groups and values (the file's rows must be in group
+/// order, each group once).
+pub async fn read_rollup(store: &Arc<dyn ObjectStore>, path: &Path) -> BTreeMap<Group, Agg> {
+    let body: Bytes = store
+        .get(path)
+        .await
+        .unwrap_or_else(|e| panic!("reading {path}: {e}"))
+        .bytes()
+        .await
+        .unwrap();
+    let reader = ParquetRecordBatchReaderBuilder::try_new(body)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut out = BTreeMap::new();
+    let mut previous: Option<Group> = None;
+    for batch in reader {
+        let b: RecordBatch = batch.unwrap();
+        let c = |i: usize| b.column(i);
+        let keys = c(1)
+            .as_any()
+            .downcast_ref::<FixedSizeBinaryArray>()
+            .unwrap();
+        for r in 0..b.num_rows() {
+            assert!(keys.is_valid(r));
+            let group: Group = (
+                keys.value(r).try_into().unwrap(),
+                c(2).as_primitive::<UInt8Type>().value(r),
+                c(3).as_primitive::<UInt8Type>().value(r),
+                c(4).as_primitive::<UInt16Type>().value(r),
+            );
+            assert!(
+                previous < Some(group),
+                "rows out of order or doubled at {group:?}"
+            );
+            previous = Some(group);
+            let u64_at = |i: usize| c(i).as_primitive::<UInt64Type>().value(r);
+            let u32_at = |i: usize| c(i).as_primitive::<UInt32Type>().value(r);
+            let ts_at = |i: usize| c(i).as_primitive::<TimestampMillisecondType>().value(r);
+            out.insert(
+                group,
+                Agg {
+                    hour_ms: ts_at(0),
+                    allowed: u64_at(5),
+                    denied: u64_at(6),
+                    would_deny: u64_at(7),
+                    denied_by_bucket: u64_at(8),
+                    denied_by_window: u64_at(9),
+                    degraded: u64_at(10),
+                    min_remaining_tokens: u32_at(11),
+                    min_remaining_window: u32_at(12),
+                    first_denial: ts_at(13),
+                    last_denial: ts_at(14),
+                    policy_version: u64_at(15),
+                    window_quota: u32_at(16),
+                },
+            );
+        }
+    }
+    out
+}

@@ -1,0 +1,107 @@
+//! The hourly rollup against the S3 server: generated traffic with known denials, written
+//! as raw files the way ingest writes them (with a compaction caught half way: a file
+//! covering two others, which still exist), rolled up by DataFusion and compared row for
+//! row with a plain fold over the events.
+
+use std::sync::Arc;
+
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use verdict_ingest::{Prefixed, write_hour_file};
+use verdict_rollup::{Rollup, rollup_path};
+use verdict_schemas::DecisionEvent;
+use verdict_schemas::layout::HourPartition;
+use verdict_schemas::synth::{SynthConfig, SynthTraffic};
+use verdict_tests::rollup_check::{fold_rollup, read_rollup, spread, write_raw_hour};
+use verdict_tests::{s3_store, unique_name};
+
+const BUCKET: &str = "verdict-rollup-test";
+
+async fn lake(name: &str) -> Arc<dyn ObjectStore> {
+    let bucket = s3_store(BUCKET).await;
+    Arc::new(Prefixed::new(bucket, &unique_name(name)))
+}
+
+fn one_hour(events: usize, keys: u32) -> (HourPartition, Vec<DecisionEvent>) {
+    let cfg = SynthConfig::hour(events as u64, keys);
+    let hour = HourPartition::from_event_time_ms(cfg.start_ms).unwrap();
+    let events = SynthTraffic::new(cfg)
+        .take(events)
+        .filter(|e| HourPartition::from_event_time_ms(e.event_time_ms) == Ok(hour))
+        .collect();
+    (hour, events)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rollup_equals_a_fold_over_the_events_and_a_rerun_is_byte_identical() {
+    let store = lake("rollup").await;
+    let (hour, events) = one_hour(150_000, 3_000);
+    let written = write_raw_hour(&store, "decisions", hour, &events, 3, 20_000).await;
+    // Compaction caught between writing its output and deleting its inputs: partition 0's
+    // first two files again, as one file whose offset range covers both.
+    let first_two: Vec<_> = spread(&events, 3)[&0][..40_000].to_vec();
+    write_hour_file(store.as_ref(), "decisions", 0, hour, first_two)
+        .await
+        .unwrap()
+        .unwrap();
+    // Something that is not a raw file, left in the folder by hand.
+    store
+        .put(
+            &Path::from(format!("{}/README.txt", hour.raw_prefix())),
+            PutPayload::from_static(b"not data"),
+        )
+        .await
+        .unwrap();
+
+    let rollup = Rollup::new(Arc::clone(&store), 2);
+    let report = rollup.run_hour(hour).await.expect("rollup");
+    assert_eq!(report.events, events.len() as u64, "{report:?}");
+    assert_eq!(report.covered_files, 2, "{report:?}");
+    assert_eq!(report.source_files, written.len() - 1, "{report:?}");
+
+    let expected = fold_rollup(hour, &events);
+    let distinct_groups: std::collections::BTreeSet<_> = events
+        .iter()
+        .map(|e| (e.key_id.0, e.tier.0, e.route_class.0, e.region.0))
+        .collect();
+    assert!(!expected.is_empty(), "the traffic has denials");
+    assert!(
+        expected.len() < distinct_groups.len() / 2,
+        "most groups were never denied ({} of {})",
+        expected.len(),
+        distinct_groups.len()
+    );
+    let got = read_rollup(&store, &report.path).await;
+    assert_eq!(got.len(), expected.len(), "rollup rows");
+    for (group, want) in &expected {
+        assert_eq!(got.get(group), Some(want), "group {group:?}");
+    }
+    assert_eq!(report.rows, expected.len());
+
+    let state = rollup.state(hour).await.unwrap().expect("a rollup state");
+    assert_eq!(state.fingerprint, report.fingerprint);
+    assert_eq!(state.events, report.events);
+
+    let first = store
+        .get(&report.path)
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let again = rollup.run_hour(hour).await.expect("rerun");
+    assert_eq!(again.path, rollup_path(&hour));
+    let second = store.get(&again.path).await.unwrap().bytes().await.unwrap();
+    assert_eq!(first, second, "a re-run wrote different bytes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_hour_without_raw_files_gets_an_empty_rollup() {
+    let store = lake("rollup-empty").await;
+    let hour: HourPartition = "2026-11-30T03".parse().unwrap();
+    let rollup = Rollup::new(Arc::clone(&store), 2);
+    let report = rollup.run_hour(hour).await.expect("rollup");
+    assert_eq!((report.events, report.rows, report.source_files), (0, 0, 0));
+    assert!(read_rollup(&store, &report.path).await.is_empty());
+    assert_eq!(rollup.state(hour).await.unwrap().unwrap().rows, 0);
+}
