@@ -53,7 +53,7 @@ pub struct IngestArgs {
 pub async fn run(args: IngestArgs) -> anyhow::Result<()> {
     // Listen for signals before anything else: recovery of an interrupted flush can take
     // a while, and a SIGTERM that arrives during it must still mean "stop cleanly".
-    let shutdown = shutdown_signal()?;
+    let shutdown = crate::signals::shutdown_signal()?;
     let mut store = args.lake.open()?;
     if args.put_delay_ms > 0 {
         let slow = ThrottleConfig {
@@ -84,20 +84,4 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<()> {
     let stats = worker.run(shutdown).await?;
     tracing::info!(?stats, "ingest stopped cleanly");
     Ok(())
-}
-
-/// Registers the SIGTERM and SIGINT handlers now, and returns a future that resolves on
-/// the first of them. Registering eagerly means a signal delivered before the future is
-/// first polled is not lost (and does not kill the process with the default action).
-fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
-    tracing::info!("listening for SIGTERM and Ctrl-C");
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: flushing and stopping"),
-            _ = int.recv() => tracing::info!("Ctrl-C: flushing and stopping"),
-        }
-    })
 }

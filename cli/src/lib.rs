@@ -5,8 +5,10 @@
 pub mod bench;
 pub mod demo;
 pub mod ingest;
+pub mod jobs;
 pub mod rollup;
 pub mod serve;
+pub mod signals;
 pub mod store_args;
 
 use clap::{Parser, Subcommand};
@@ -36,6 +38,10 @@ pub enum Command {
     /// (`--hour`), or backfill a range of hours (`--from`, `--to`). Re-running an hour
     /// replaces its rollup whole.
     Rollup(rollup::RollupArgs),
+    /// The scheduled jobs over the lake: the rollup of closed hours (and of hours late
+    /// data changed), compaction, the daily overage table, retention.
+    #[command(subcommand)]
+    Jobs(jobs::JobsCommand),
     /// Measure a part of the system; prints JSON.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -51,6 +57,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(cmd) => runtime.block_on(bench::run(cmd)),
         Command::Ingest(args) => runtime.block_on(ingest::run(args)),
         Command::Rollup(args) => runtime.block_on(rollup::run(args)),
+        Command::Jobs(cmd) => runtime.block_on(jobs::run(cmd)),
     }
 }
 

@@ -72,7 +72,7 @@ fn spawn_worker(store_url: &str, topic: &str, group: &str, put_delay_ms: u64) ->
 fn spawn_listening_worker(store_url: &str, topic: &str, group: &str, metrics_port: u16) -> Child {
     let mut child = worker_command(store_url, topic, group, 0)
         .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
-        .env("RUST_LOG", "warn,verdict::ingest=info")
+        .env("RUST_LOG", "warn,verdict::signals=info")
         .stderr(Stdio::piped())
         .spawn()
         .expect("start verdict ingest");
@@ -113,8 +113,7 @@ async fn killed_five_times_every_event_is_in_the_raw_table_exactly_once() {
     require(Service::Kafka);
     let bucket = s3_store(BUCKET).await;
     let run = unique_name("crash");
-    let store: Arc<dyn ObjectStore> =
-        Arc::new(object_store::prefix::PrefixStore::new(bucket, run.as_str()));
+    let store: Arc<dyn ObjectStore> = Arc::new(verdict_ingest::Prefixed::new(bucket, &run));
     let store_url = format!("s3://{BUCKET}/{run}");
     let topic = unique_name("decisions-crash");
     create_topic(&topic, 4).await;

@@ -8,10 +8,12 @@
 //! computed from (a fingerprint of their names and sizes), so the late-data job can tell
 //! when the hour has changed since.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch, TimestampMillisecondArray};
 use arrow::compute::{cast, concat_batches};
+use arrow::datatypes::SchemaRef;
 use bytes::Bytes;
 use datafusion::datasource::file_format::options::ParquetReadOptions;
 use datafusion::error::DataFusionError;
@@ -39,6 +41,7 @@ SELECT key_id, tier, route_class, region,
   COUNT(*) FILTER (WHERE verdict = 2) AS would_deny,
   COUNT(*) FILTER (WHERE verdict <> 0 AND denied_by_bucket) AS denied_by_bucket,
   COUNT(*) FILTER (WHERE verdict <> 0 AND denied_by_window) AS denied_by_window,
+  COUNT(*) FILTER (WHERE verdict = 2 AND denied_by_window) AS would_deny_by_window,
   COUNT(*) FILTER (WHERE source <> 0) AS degraded,
   MIN(remaining_tokens) AS min_remaining_tokens,
   MIN(remaining_window) AS min_remaining_window,
@@ -187,20 +190,8 @@ impl Rollup {
         if files.files.is_empty() {
             return Ok((RecordBatch::new_empty(schema), 0));
         }
-        // A session of its own per hour (the table name `raw` is this hour's files), sharing
-        // the runtime: the object store registry, memory pool and caches.
-        let ctx =
-            SessionContext::new_with_config_rt(self.ctx.copied_config(), self.ctx.runtime_env());
-        let paths: Vec<String> = files
-            .files
-            .iter()
-            .map(|f| format!("{STORE_URL}/{}", f.meta.location))
-            .collect();
-        let raw = raw_schema();
-        let df = ctx
-            .read_parquet(paths, ParquetReadOptions::default().schema(&raw))
-            .await?;
-        ctx.register_table("raw", df.into_view())?;
+        let paths: Vec<&Path> = files.files.iter().map(|f| &f.meta.location).collect();
+        let ctx = self.session_over("raw", &paths, &raw_schema()).await?;
         let counted = ctx.sql("SELECT COUNT(*) FROM raw").await?.collect().await?;
         let events = counted
             .first()
@@ -211,17 +202,31 @@ impl Rollup {
             })
             .map_or(0, |a| a.value(0).max(0) as u64);
         let batches = ctx.sql(ROLLUP_SQL).await?.collect().await?;
-        let grouped = match batches.first() {
-            Some(first) => concat_batches(&first.schema(), &batches)?,
-            None => return Ok((RecordBatch::new_empty(schema), events)),
-        };
-        let hour_ms = TimestampMillisecondArray::from(vec![hour.start_ms(); grouped.num_rows()])
-            .with_timezone("UTC");
-        let mut columns: Vec<ArrayRef> = vec![Arc::new(hour_ms)];
-        for (field, column) in schema.fields().iter().skip(1).zip(grouped.columns()) {
-            columns.push(cast(column, field.data_type())?);
-        }
-        Ok((RecordBatch::try_new(schema, columns)?, events))
+        let start = hour.start_ms();
+        let batch = conform(&schema, &batches, |rows| {
+            Arc::new(TimestampMillisecondArray::from(vec![start; rows]).with_timezone("UTC"))
+        })?;
+        Ok((batch, events))
+    }
+
+    /// A session of its own (sharing the runtime: the object store registry, memory pool
+    /// and caches) in which `table` is exactly the Parquet objects `paths` of the store,
+    /// read with `schema`. Listing is left to the caller, which picks the files a reader
+    /// takes.
+    pub async fn session_over(
+        &self,
+        table: &str,
+        paths: &[&Path],
+        schema: &SchemaRef,
+    ) -> Result<SessionContext, RollupError> {
+        let ctx =
+            SessionContext::new_with_config_rt(self.ctx.copied_config(), self.ctx.runtime_env());
+        let urls: Vec<String> = paths.iter().map(|p| format!("{STORE_URL}/{p}")).collect();
+        let df = ctx
+            .read_parquet(urls, ParquetReadOptions::default().schema(schema))
+            .await?;
+        ctx.register_table(table, df.into_view())?;
+        Ok(ctx)
     }
 
     /// Reads what the rollup object of `hour` says about itself; `None` when the hour has
@@ -243,7 +248,7 @@ pub fn rollup_path(hour: &HourPartition) -> Path {
 }
 
 /// The writer settings of rollup files: zstd, statistics per page, rows sorted by key.
-fn writer_properties(meta: Vec<KeyValue>) -> WriterProperties {
+pub fn writer_properties(meta: Vec<KeyValue>) -> WriterProperties {
     WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).unwrap_or_default()))
         .set_statistics_enabled(EnabledStatistics::Page)
@@ -257,11 +262,23 @@ fn encode(
     files: usize,
     events: u64,
 ) -> Result<Bytes, RollupError> {
-    let meta = vec![
-        KeyValue::new(META_SOURCE_FINGERPRINT.into(), fingerprint.to_owned()),
-        KeyValue::new(META_SOURCE_FILES.into(), files.to_string()),
-        KeyValue::new(META_EVENTS.into(), events.to_string()),
-    ];
+    encode_parquet(
+        batch,
+        &[
+            (META_SOURCE_FINGERPRINT, fingerprint.to_owned()),
+            (META_SOURCE_FILES, files.to_string()),
+            (META_EVENTS, events.to_string()),
+        ],
+    )
+}
+
+/// One Parquet object holding `batch`, with `meta` in its footer, written with
+/// [`writer_properties`].
+pub fn encode_parquet(batch: &RecordBatch, meta: &[(&str, String)]) -> Result<Bytes, RollupError> {
+    let meta = meta
+        .iter()
+        .map(|(k, v)| KeyValue::new((*k).to_owned(), v.clone()))
+        .collect();
     let mut out = Vec::new();
     let mut writer = ArrowWriter::try_new(&mut out, batch.schema(), Some(writer_properties(meta)))?;
     writer.write(batch)?;
@@ -269,20 +286,48 @@ fn encode(
     Ok(Bytes::from(out))
 }
 
-/// Reads a rollup file's footer.
-pub fn state_of(body: &Bytes) -> Result<RollupState, RollupError> {
+/// A Parquet object's footer key-value metadata and its row count.
+pub fn footer(body: &Bytes) -> Result<(BTreeMap<String, String>, i64), RollupError> {
     let meta = ParquetMetaDataReader::new().parse_and_finish(body)?;
     let file = meta.file_metadata();
-    let get = |key: &str| {
-        file.key_value_metadata()
-            .and_then(|kv| kv.iter().find(|e| e.key == key))
-            .and_then(|e| e.value.clone())
-            .unwrap_or_default()
+    let kv = file
+        .key_value_metadata()
+        .map(|kv| {
+            kv.iter()
+                .filter_map(|e| Some((e.key.clone(), e.value.clone()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok((kv, file.num_rows()))
+}
+
+/// The result of a query as one batch of `schema`: its first column made by `lead` (a
+/// constant, given the row count), the others the query's columns in order, cast to the
+/// schema's types.
+pub fn conform(
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    lead: impl FnOnce(usize) -> ArrayRef,
+) -> Result<RecordBatch, RollupError> {
+    let Some(first) = batches.first() else {
+        return Ok(RecordBatch::new_empty(Arc::clone(schema)));
     };
+    let grouped = concat_batches(&first.schema(), batches)?;
+    let mut columns = vec![lead(grouped.num_rows())];
+    for (field, column) in schema.fields().iter().skip(1).zip(grouped.columns()) {
+        columns.push(cast(column, field.data_type())?);
+    }
+    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
+}
+
+/// Reads a rollup file's footer.
+pub fn state_of(body: &Bytes) -> Result<RollupState, RollupError> {
+    let (kv, rows) = footer(body)?;
+    let get = |key: &str| kv.get(key).cloned().unwrap_or_default();
     Ok(RollupState {
         fingerprint: get(META_SOURCE_FINGERPRINT),
         events: get(META_EVENTS).parse().unwrap_or(0),
-        rows: file.num_rows(),
+        rows,
         bytes: body.len() as u64,
     })
 }

@@ -10,6 +10,7 @@ pub mod hour;
 pub mod sources;
 
 pub use hour::{
-    ROLLUP_FILE, ROLLUP_SQL, Rollup, RollupError, RollupReport, RollupState, rollup_path,
+    ROLLUP_FILE, ROLLUP_SQL, Rollup, RollupError, RollupReport, RollupState, conform,
+    encode_parquet, footer, rollup_path,
 };
-pub use sources::{HourFiles, RawFile, hour_files};
+pub use sources::{HourFiles, RawFile, effective, fingerprint, hour_files};

@@ -41,15 +41,25 @@ impl HourFiles {
     /// A fingerprint of the files taken (names and sizes), to tell later whether the hour
     /// changed: FNV-1a over the sorted `name size` lines, as 16 hex digits.
     pub fn fingerprint(&self) -> String {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for f in &self.files {
-            for b in format!("{} {}\n", f.name, f.meta.size).bytes() {
-                h ^= u64::from(b);
-                h = h.wrapping_mul(0x0000_0100_0000_01b3);
-            }
-        }
-        format!("{h:016x}")
+        fingerprint(
+            self.files
+                .iter()
+                .map(|f| format!("{} {}", f.name, f.meta.size)),
+        )
     }
+}
+
+/// A stable fingerprint of some lines (FNV-1a 64 over each line and a newline), as 16 hex
+/// digits: the same lines in the same order give the same fingerprint on every build.
+pub fn fingerprint(lines: impl IntoIterator<Item = String>) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for line in lines {
+        for b in line.bytes().chain(std::iter::once(b'\n')) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    format!("{h:016x}")
 }
 
 /// Keeps the files no other file covers. `files` may come in any order; the result is

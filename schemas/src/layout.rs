@@ -18,6 +18,8 @@ use chrono::{DateTime, NaiveDate, NaiveDateTime, Timelike, Utc};
 pub const RAW_PREFIX: &str = "raw";
 /// Prefix of the denied-only hourly rollup.
 pub const DENIED_HOURLY_PREFIX: &str = "rollup/denied_hourly";
+/// Prefix of the daily overage table.
+pub const OVERAGE_PREFIX: &str = "overage";
 /// File extension of every table file.
 pub const PARQUET_EXT: &str = "parquet";
 
@@ -147,6 +149,22 @@ impl HourPartition {
         let hour = parse_hour(hour).ok_or_else(|| bad("hour is not 00-23"))?;
         Ok(Self { date, hour })
     }
+}
+
+/// `overage/date=YYYY-MM-DD`, the overage table's folder for a day.
+pub fn overage_prefix(date: NaiveDate) -> String {
+    format!("{OVERAGE_PREFIX}/date={}", date.format("%Y-%m-%d"))
+}
+
+/// The day of a `date=YYYY-MM-DD` path segment.
+pub fn parse_date_segment(segment: &str) -> Option<NaiveDate> {
+    let date = segment.strip_prefix("date=")?;
+    NaiveDate::parse_from_str(date, "%Y-%m-%d").ok()
+}
+
+/// The hour of an `hour=HH` path segment.
+pub fn parse_hour_segment(segment: &str) -> Option<u8> {
+    parse_hour(segment.strip_prefix("hour=")?)
 }
 
 fn parse_hour(s: &str) -> Option<u8> {

@@ -13,5 +13,5 @@ pub use event::{
     DecisionEvent, DecisionSource, DeniedBy, KeyId, RegionId, RouteClassId, TierId, Verdict,
 };
 pub use layout::{HourPartition, LayoutError, RawFileName};
-pub use tables::{RawBatchBuilder, denied_hourly_schema, raw_schema};
+pub use tables::{RawBatchBuilder, denied_hourly_schema, overage_schema, raw_schema};
 pub use wire::{DecodeError, EVENT_V1_LEN, EVENT_VERSION_V1};

@@ -83,6 +83,9 @@ pub mod denied_hourly {
     pub const DENIED_BY_BUCKET: &str = "denied_by_bucket";
     /// Refusals (real or would-be) in which the hourly window refused.
     pub const DENIED_BY_WINDOW: &str = "denied_by_window";
+    /// Would-be refusals (shadow mode) in which the hourly window refused; the real ones
+    /// are `denied_by_window - would_deny_by_window`.
+    pub const WOULD_DENY_BY_WINDOW: &str = "would_deny_by_window";
     /// Decisions not made by the shared counters (fallback, kill switch, policy off).
     pub const DEGRADED: &str = "degraded";
     /// Smallest remaining token count seen.
@@ -98,6 +101,30 @@ pub mod denied_hourly {
     /// Largest hourly quota in force during the hour.
     pub const WINDOW_QUOTA: &str = "window_quota";
 }
+
+/// Column names of the `overage` table (the daily table pricing reads; its schema is a
+/// contract: it changes only with a new version, `OVERAGE_SCHEMA_VERSION`).
+pub mod overage {
+    /// The UTC day.
+    pub const DATE: &str = "date";
+    /// The 16-byte key id.
+    pub const KEY_ID: &str = "key_id";
+    /// Tier id.
+    pub const TIER: &str = "tier";
+    /// Route class id (the hourly quota is per tier and route class).
+    pub const ROUTE_CLASS: &str = "route_class";
+    /// Requests refused with 429 because the hourly quota was spent.
+    pub const QUOTA_DENIED: &str = "quota_denied";
+    /// Requests shadow mode would have refused because the hourly quota was spent.
+    pub const QUOTA_WOULD_DENY: &str = "quota_would_deny";
+    /// The largest hourly quota in force that day.
+    pub const WINDOW_QUOTA: &str = "window_quota";
+    /// The newest policy version seen that day.
+    pub const POLICY_VERSION: &str = "policy_version";
+}
+
+/// The version of the `overage` table's schema.
+pub const OVERAGE_SCHEMA_VERSION: u32 = 1;
 
 fn ts() -> DataType {
     DataType::Timestamp(TimeUnit::Millisecond, Some(UTC.into()))
@@ -141,6 +168,7 @@ static DENIED_HOURLY_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new(WOULD_DENY, DataType::UInt64, false),
         Field::new(DENIED_BY_BUCKET, DataType::UInt64, false),
         Field::new(DENIED_BY_WINDOW, DataType::UInt64, false),
+        Field::new(WOULD_DENY_BY_WINDOW, DataType::UInt64, false),
         Field::new(DEGRADED, DataType::UInt64, false),
         Field::new(MIN_REMAINING_TOKENS, DataType::UInt32, false),
         Field::new(MIN_REMAINING_WINDOW, DataType::UInt32, false),
@@ -150,6 +178,25 @@ static DENIED_HOURLY_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new(WINDOW_QUOTA, DataType::UInt32, false),
     ]))
 });
+
+static OVERAGE_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
+    use overage::*;
+    Arc::new(Schema::new(vec![
+        Field::new(DATE, DataType::Date32, false),
+        Field::new(KEY_ID, DataType::FixedSizeBinary(16), false),
+        Field::new(TIER, DataType::UInt8, false),
+        Field::new(ROUTE_CLASS, DataType::UInt8, false),
+        Field::new(QUOTA_DENIED, DataType::UInt64, false),
+        Field::new(QUOTA_WOULD_DENY, DataType::UInt64, false),
+        Field::new(WINDOW_QUOTA, DataType::UInt32, false),
+        Field::new(POLICY_VERSION, DataType::UInt64, false),
+    ]))
+});
+
+/// The schema of the `overage` table's Parquet files (version `OVERAGE_SCHEMA_VERSION`).
+pub fn overage_schema() -> SchemaRef {
+    Arc::clone(&OVERAGE_SCHEMA)
+}
 
 /// The schema of the raw table's Parquet files (partition columns `date`/`hour` come from
 /// the path, not the file).

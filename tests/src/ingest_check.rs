@@ -9,6 +9,7 @@ use std::time::Duration;
 use arrow::array::{Array, AsArray};
 use arrow::datatypes::{Int32Type, Int64Type, TimestampMillisecondType};
 use bytes::Bytes;
+use datafusion::prelude::SessionContext;
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -18,7 +19,11 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use verdict_ingest::progress::{ProgressObject, partition_prefix};
+use verdict_jobs::partitions::hour_partitions;
+use verdict_rollup::{Rollup, hour_files};
+use verdict_schemas::layout::RAW_PREFIX;
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
+use verdict_schemas::{DecisionEvent, RawBatchBuilder, raw_schema};
 
 use crate::kafka_brokers;
 
@@ -195,23 +200,86 @@ pub fn recent_events(n: usize, seed: u64) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// Checks that exactly the produced events are in the raw table, once each.
+/// A DataFusion session in which `raw` is the whole raw table as a reader sees it: every
+/// hour's files, covered ones left out.
+pub async fn raw_table(store: &Arc<dyn ObjectStore>) -> SessionContext {
+    let mut paths = Vec::new();
+    for hour in hour_partitions(store.as_ref(), RAW_PREFIX).await.unwrap() {
+        let files = hour_files(store.as_ref(), &hour).await.unwrap();
+        paths.extend(files.files.into_iter().map(|f| f.meta.location));
+    }
+    assert!(!paths.is_empty(), "the raw table has no files");
+    let refs: Vec<&Path> = paths.iter().collect();
+    Rollup::new(Arc::clone(store), 2)
+        .session_over("raw", &refs, &raw_schema())
+        .await
+        .expect("a session over the raw table")
+}
+
+/// Checks, with DataFusion queries over the raw table, that every produced (partition,
+/// offset) is in it exactly once and that its row equals the event produced there
+/// (every column).
 pub async fn assert_exactly_once(
     store: &Arc<dyn ObjectStore>,
     produced: &BTreeMap<(i32, i64), Vec<u8>>,
 ) {
-    let (seen, _) = raw_rows(store).await;
-    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n != 1).collect();
-    assert!(
-        twice.is_empty(),
-        "rows more than once: {:?}",
-        &twice[..twice.len().min(20)]
+    let ctx = raw_table(store).await;
+    let twice = ctx
+        .sql(
+            "SELECT kafka_partition, kafka_offset, COUNT(*) AS n FROM raw \
+             GROUP BY kafka_partition, kafka_offset HAVING COUNT(*) > 1 \
+             ORDER BY kafka_partition, kafka_offset LIMIT 20",
+        )
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let doubled: usize = twice.iter().map(|b| b.num_rows()).sum();
+    assert_eq!(
+        doubled,
+        0,
+        "rows more than once:\n{}",
+        arrow::util::pretty::pretty_format_batches(&twice).unwrap()
     );
-    let missing: Vec<_> = produced.keys().filter(|k| !seen.contains_key(k)).collect();
+
+    let mut expected = RawBatchBuilder::with_capacity(produced.len());
+    for ((partition, offset), value) in produced {
+        let event = DecisionEvent::decode(value).expect("a good event was produced");
+        expected.push(&event, *partition, *offset);
+    }
+    let expected = expected.finish().unwrap();
+    let actual = ctx
+        .sql("SELECT * FROM raw ORDER BY kafka_partition, kafka_offset")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
     assert!(
-        missing.is_empty(),
-        "rows missing: {:?}",
-        &missing[..missing.len().min(20)]
+        !actual.is_empty(),
+        "the raw table reads back empty through DataFusion ({} rows produced)",
+        produced.len()
     );
-    assert_eq!(seen.len(), produced.len());
+    let actual = arrow::compute::concat_batches(&actual[0].schema(), &actual).unwrap();
+    assert_eq!(
+        actual.num_rows(),
+        expected.num_rows(),
+        "rows in the raw table vs produced"
+    );
+    for (field, want) in expected.schema().fields().iter().zip(expected.columns()) {
+        let got = actual
+            .column_by_name(field.name())
+            .unwrap_or_else(|| panic!("no column {}", field.name()));
+        if got.as_ref() != want.as_ref() {
+            let first = (0..want.len())
+                .find(|&i| got.slice(i, 1).as_ref() != want.slice(i, 1).as_ref())
+                .unwrap_or(0);
+            panic!(
+                "column {} differs from what was produced, first at row {first} ({:?})",
+                field.name(),
+                produced.keys().nth(first)
+            );
+        }
+    }
 }

@@ -8,8 +8,9 @@ use arrow::array::{Array, AsArray, FixedSizeBinaryArray, RecordBatch};
 use arrow::datatypes::{TimestampMillisecondType, UInt8Type, UInt16Type, UInt32Type, UInt64Type};
 use bytes::Bytes;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use verdict_ingest::progress::{FlushRange, ProgressObject};
 use verdict_ingest::{ConsumedEvent, write_hour_file};
 use verdict_schemas::layout::HourPartition;
 use verdict_schemas::{DecisionEvent, DecisionSource, Verdict};
@@ -26,6 +27,7 @@ pub struct Agg {
     pub would_deny: u64,
     pub denied_by_bucket: u64,
     pub denied_by_window: u64,
+    pub would_deny_by_window: u64,
     pub degraded: u64,
     pub min_remaining_tokens: u32,
     pub min_remaining_window: u32,
@@ -48,6 +50,7 @@ pub fn fold_rollup(hour: HourPartition, events: &[DecisionEvent]) -> BTreeMap<Gr
             would_deny: 0,
             denied_by_bucket: 0,
             denied_by_window: 0,
+            would_deny_by_window: 0,
             degraded: 0,
             min_remaining_tokens: u32::MAX,
             min_remaining_window: u32::MAX,
@@ -65,6 +68,8 @@ pub fn fold_rollup(hour: HourPartition, events: &[DecisionEvent]) -> BTreeMap<Gr
         if refused {
             a.denied_by_bucket += u64::from(e.denied_by.bucket);
             a.denied_by_window += u64::from(e.denied_by.window);
+            a.would_deny_by_window +=
+                u64::from(e.verdict == Verdict::WouldDeny && e.denied_by.window);
             a.first_denial = a.first_denial.min(e.event_time_ms);
             a.last_denial = a.last_denial.max(e.event_time_ms);
         }
@@ -105,13 +110,47 @@ pub async fn write_raw_hour(
     partitions: i32,
     per_file: usize,
 ) -> Vec<Path> {
+    write_raw_files(
+        store,
+        topic,
+        hour,
+        spread(events, partitions),
+        per_file,
+        false,
+    )
+    .await
+}
+
+/// Writes each partition's events as raw files of `hour` of `per_file` consecutive
+/// records; with `markers`, also the completion marker ingest writes after each flush
+/// (one flush per file here).
+pub async fn write_raw_files(
+    store: &Arc<dyn ObjectStore>,
+    topic: &str,
+    hour: HourPartition,
+    by_partition: BTreeMap<i32, Vec<ConsumedEvent>>,
+    per_file: usize,
+    markers: bool,
+) -> Vec<Path> {
     let mut written = Vec::new();
-    for (partition, list) in spread(events, partitions) {
+    for (partition, list) in by_partition {
         for chunk in list.chunks(per_file) {
             let file = write_hour_file(store.as_ref(), topic, partition, hour, chunk.to_vec())
                 .await
                 .expect("writing a raw file")
                 .expect("a non-empty chunk");
+            if markers {
+                let first = chunk.iter().map(|c| c.offset).min().unwrap_or(0);
+                let last = chunk.iter().map(|c| c.offset).max().unwrap_or(0);
+                let done = ProgressObject::Done(FlushRange { first, last });
+                store
+                    .put(
+                        &Path::from(done.path(topic, partition)),
+                        PutPayload::from_static(b"{}"),
+                    )
+                    .await
+                    .expect("writing a flush marker");
+            }
             written.push(file.path);
         }
     }
@@ -166,13 +205,14 @@ pub async fn read_rollup(store: &Arc<dyn ObjectStore>, path: &Path) -> BTreeMap<
                     would_deny: u64_at(7),
                     denied_by_bucket: u64_at(8),
                     denied_by_window: u64_at(9),
-                    degraded: u64_at(10),
-                    min_remaining_tokens: u32_at(11),
-                    min_remaining_window: u32_at(12),
-                    first_denial: ts_at(13),
-                    last_denial: ts_at(14),
-                    policy_version: u64_at(15),
-                    window_quota: u32_at(16),
+                    would_deny_by_window: u64_at(10),
+                    degraded: u64_at(11),
+                    min_remaining_tokens: u32_at(12),
+                    min_remaining_window: u32_at(13),
+                    first_denial: ts_at(14),
+                    last_denial: ts_at(15),
+                    policy_version: u64_at(16),
+                    window_quota: u32_at(17),
                 },
             );
         }

@@ -44,8 +44,7 @@ async fn every_event_lands_exactly_once_across_an_aborted_worker_and_bad_records
     require(Service::Kafka);
     let store = s3_store("verdict-ingest-test").await;
     let run = unique_name("ingest");
-    let store: Arc<dyn ObjectStore> =
-        Arc::new(object_store::prefix::PrefixStore::new(store, run.as_str()));
+    let store: Arc<dyn ObjectStore> = Arc::new(verdict_ingest::Prefixed::new(store, &run));
     let topic = unique_name("decisions");
     create_topic(&topic, 4).await;
     let group = unique_name("ingest-group");
@@ -203,8 +202,7 @@ async fn two_workers_in_one_group_over_12_partitions_write_every_event_once() {
     require(Service::Kafka);
     let store = s3_store("verdict-ingest-test").await;
     let run = unique_name("ingest-two");
-    let store: Arc<dyn ObjectStore> =
-        Arc::new(object_store::prefix::PrefixStore::new(store, run.as_str()));
+    let store: Arc<dyn ObjectStore> = Arc::new(verdict_ingest::Prefixed::new(store, &run));
     let topic = unique_name("decisions12");
     create_topic(&topic, 12).await;
     let group = unique_name("ingest-group");
@@ -282,8 +280,7 @@ async fn an_object_store_outage_loses_and_doubles_nothing() {
     require(Service::Kafka);
     let direct = s3_store("verdict-ingest-test").await;
     let run = unique_name("ingest-outage");
-    let store: Arc<dyn ObjectStore> =
-        Arc::new(object_store::prefix::PrefixStore::new(direct, run.as_str()));
+    let store: Arc<dyn ObjectStore> = Arc::new(verdict_ingest::Prefixed::new(direct, &run));
     // The worker reaches S3 only through a proxy that the test cuts and restores.
     let port = verdict_tests::s3_endpoint()
         .rsplit(':')
@@ -295,10 +292,7 @@ async fn an_object_store_outage_loses_and_doubles_nothing() {
         &format!("http://127.0.0.1:{}", proxy.port()),
         "verdict-ingest-test",
     );
-    let via_proxy: Arc<dyn ObjectStore> = Arc::new(object_store::prefix::PrefixStore::new(
-        through,
-        run.as_str(),
-    ));
+    let via_proxy: Arc<dyn ObjectStore> = Arc::new(verdict_ingest::Prefixed::new(through, &run));
     let topic = unique_name("decisions-outage");
     create_topic(&topic, 4).await;
 

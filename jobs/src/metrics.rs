@@ -1,0 +1,89 @@
+//! The jobs' Prometheus metrics, in a registry of their own (`verdict jobs run
+//! --metrics-addr` serves it).
+
+use prometheus::{
+    HistogramVec, IntCounterVec, IntGaugeVec, Registry, TextEncoder,
+    register_histogram_vec_with_registry, register_int_counter_vec_with_registry,
+    register_int_gauge_vec_with_registry,
+};
+
+/// Every metric the jobs export, labelled by job.
+#[derive(Debug, Clone)]
+pub struct JobMetrics {
+    /// The registry holding them.
+    pub registry: Registry,
+    /// `verdict_job_last_success_timestamp_seconds{job}`.
+    pub last_success: IntGaugeVec,
+    /// `verdict_job_duration_seconds{job}`.
+    pub duration: HistogramVec,
+    /// `verdict_job_runs_total{job, outcome}`: `ok` or `failed`.
+    pub runs: IntCounterVec,
+    /// `verdict_job_partitions_written_total{job}`.
+    pub partitions_written: IntCounterVec,
+    /// `verdict_job_partitions_deleted_total{job}`.
+    pub partitions_deleted: IntCounterVec,
+    /// `verdict_job_bytes_written_total{job}`.
+    pub bytes_written: IntCounterVec,
+    /// `verdict_job_bytes_deleted_total{job}`.
+    pub bytes_deleted: IntCounterVec,
+}
+
+impl Default for JobMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl JobMetrics {
+    /// Creates and registers the metrics.
+    pub fn new() -> Self {
+        let r = Registry::new();
+        // Constant names in a fresh registry: registering them cannot fail.
+        const VALID: &str = "a valid, unique metric";
+        let by_job = |name: &str, help: &str| {
+            register_int_counter_vec_with_registry!(name, help, &["job"], r).expect(VALID)
+        };
+        Self {
+            last_success: register_int_gauge_vec_with_registry!(
+                "verdict_job_last_success_timestamp_seconds",
+                "When the job last finished without error (Unix seconds).",
+                &["job"],
+                r
+            )
+            .expect(VALID),
+            duration: register_histogram_vec_with_registry!(
+                "verdict_job_duration_seconds",
+                "How long a run of the job took.",
+                &["job"],
+                vec![0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0],
+                r
+            )
+            .expect(VALID),
+            runs: register_int_counter_vec_with_registry!(
+                "verdict_job_runs_total",
+                "Runs of the job, by outcome (ok, failed).",
+                &["job", "outcome"],
+                r
+            )
+            .expect(VALID),
+            partitions_written: by_job(
+                "verdict_job_partitions_written_total",
+                "Partitions (or files) the job wrote.",
+            ),
+            partitions_deleted: by_job(
+                "verdict_job_partitions_deleted_total",
+                "Partitions (or files) the job deleted.",
+            ),
+            bytes_written: by_job("verdict_job_bytes_written_total", "Bytes the job wrote."),
+            bytes_deleted: by_job("verdict_job_bytes_deleted_total", "Bytes the job deleted."),
+            registry: r,
+        }
+    }
+
+    /// The metrics in Prometheus's text format.
+    pub fn render(&self) -> String {
+        TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_default()
+    }
+}

@@ -1,0 +1,266 @@
+//! Running the jobs: once (`verdict jobs once <job>`, for cron) or on a schedule
+//! (`verdict jobs run`): the rollup (with late data) every `rollup_every`, compaction,
+//! overage and retention every `daily_every`. Every job is idempotent: the rollup and the
+//! overage are deterministic and replace whole objects, compaction writes the same file
+//! from the same inputs and tolerates inputs another run already deleted, retention's
+//! deletes tolerate objects already gone. Two schedulers over one lake therefore do some
+//! work twice, and no harm.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use object_store::ObjectStore;
+use verdict_rollup::Rollup;
+
+use crate::metrics::JobMetrics;
+use crate::windows::Windows;
+use crate::{compact, late, overage, retention};
+
+/// A job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Job {
+    /// Roll up closed hours that have no rollup or whose raw files changed (late data).
+    Rollup,
+    /// Merge the small raw files of closed hours.
+    Compact,
+    /// Compute the overage of closed days whose rollups changed.
+    Overage,
+    /// Delete partitions past their window.
+    Retention,
+}
+
+impl Job {
+    /// Every job, in the order a scheduler runs them.
+    pub const ALL: [Job; 4] = [Job::Compact, Job::Rollup, Job::Overage, Job::Retention];
+
+    /// The job's name, as the CLI and the metrics spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Job::Rollup => "rollup",
+            Job::Compact => "compact",
+            Job::Overage => "overage",
+            Job::Retention => "retention",
+        }
+    }
+}
+
+impl fmt::Display for Job {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Job {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Job::ALL
+            .into_iter()
+            .find(|j| j.name() == s)
+            .ok_or_else(|| format!("unknown job {s:?}: one of rollup, compact, overage, retention"))
+    }
+}
+
+/// What one run of a job did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobOutcome {
+    /// Partitions or files written.
+    pub written: usize,
+    /// Bytes written.
+    pub bytes_written: u64,
+    /// Partitions or files deleted (or, in a dry run, that would be).
+    pub deleted: usize,
+    /// Bytes deleted (or that would be).
+    pub bytes_deleted: u64,
+}
+
+/// Why a job failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum JobError {
+    /// The rollup or overage query, or the store under it.
+    #[error(transparent)]
+    Rollup(#[from] verdict_rollup::RollupError),
+    /// Compaction.
+    #[error(transparent)]
+    Compact(#[from] compact::CompactError),
+    /// The store.
+    #[error("object store: {0}")]
+    Store(#[from] object_store::Error),
+}
+
+/// How the jobs run.
+#[derive(Debug, Clone)]
+pub struct JobsConfig {
+    /// Retention windows and lateness.
+    pub windows: Windows,
+    /// Compact a partition's hour once it has this many files.
+    pub compact_min_files: usize,
+    /// How often the rollup job looks for due hours.
+    pub rollup_every: Duration,
+    /// How often compaction, overage and retention run.
+    pub daily_every: Duration,
+    /// Threads for the queries.
+    pub threads: usize,
+}
+
+impl Default for JobsConfig {
+    fn default() -> Self {
+        Self {
+            windows: Windows::default(),
+            compact_min_files: 4,
+            rollup_every: Duration::from_secs(10 * 60),
+            daily_every: Duration::from_secs(24 * 3600),
+            threads: std::thread::available_parallelism().map_or(2, usize::from),
+        }
+    }
+}
+
+/// The jobs over one lake.
+#[derive(Clone)]
+pub struct Jobs {
+    rollup: Rollup,
+    store: Arc<dyn ObjectStore>,
+    cfg: JobsConfig,
+    metrics: JobMetrics,
+}
+
+impl Jobs {
+    /// Jobs over `store`.
+    pub fn new(store: Arc<dyn ObjectStore>, cfg: JobsConfig) -> Self {
+        Self {
+            rollup: Rollup::new(Arc::clone(&store), cfg.threads),
+            store,
+            cfg,
+            metrics: JobMetrics::new(),
+        }
+    }
+
+    /// The metrics (shared with clones).
+    pub fn metrics(&self) -> &JobMetrics {
+        &self.metrics
+    }
+
+    /// Runs one job as of `now_ms` (Unix ms; tests pass a fake clock), logging what it
+    /// did and recording it in the metrics. `dry_run` only changes retention, which then
+    /// only reports what it would delete.
+    pub async fn run_once(
+        &self,
+        job: Job,
+        now_ms: i64,
+        dry_run: bool,
+    ) -> Result<JobOutcome, JobError> {
+        let started = Instant::now();
+        let result = self.dispatch(job, now_ms, dry_run).await;
+        let took = started.elapsed();
+        let name = job.name();
+        self.metrics
+            .duration
+            .with_label_values(&[name])
+            .observe(took.as_secs_f64());
+        match &result {
+            Ok(o) => {
+                self.metrics.runs.with_label_values(&[name, "ok"]).inc();
+                self.metrics
+                    .last_success
+                    .with_label_values(&[name])
+                    .set(chrono::Utc::now().timestamp());
+                if !dry_run {
+                    let m = &self.metrics;
+                    m.partitions_written
+                        .with_label_values(&[name])
+                        .inc_by(o.written as u64);
+                    m.bytes_written
+                        .with_label_values(&[name])
+                        .inc_by(o.bytes_written);
+                    m.partitions_deleted
+                        .with_label_values(&[name])
+                        .inc_by(o.deleted as u64);
+                    m.bytes_deleted
+                        .with_label_values(&[name])
+                        .inc_by(o.bytes_deleted);
+                }
+                tracing::info!(
+                    job = name,
+                    dry_run,
+                    written = o.written,
+                    bytes_written = o.bytes_written,
+                    deleted = o.deleted,
+                    bytes_deleted = o.bytes_deleted,
+                    seconds = took.as_secs_f64(),
+                    "job finished"
+                );
+            }
+            Err(e) => {
+                self.metrics.runs.with_label_values(&[name, "failed"]).inc();
+                tracing::error!(job = name, error = %e, seconds = took.as_secs_f64(), "job failed");
+            }
+        }
+        result
+    }
+
+    async fn dispatch(&self, job: Job, now_ms: i64, dry_run: bool) -> Result<JobOutcome, JobError> {
+        let w = &self.cfg.windows;
+        Ok(match job {
+            Job::Rollup => {
+                let reports = late::run(&self.rollup, now_ms, w).await?;
+                JobOutcome {
+                    written: reports.len(),
+                    bytes_written: reports.iter().map(|r| r.bytes as u64).sum(),
+                    ..JobOutcome::default()
+                }
+            }
+            Job::Compact => {
+                let r = compact::run(&self.store, now_ms, w, self.cfg.compact_min_files).await?;
+                JobOutcome {
+                    written: r.compacted.len(),
+                    bytes_written: r.compacted.iter().map(|c| c.bytes_out as u64).sum(),
+                    deleted: r.compacted.iter().map(|c| c.inputs).sum::<usize>()
+                        + r.leftovers_deleted,
+                    bytes_deleted: r.compacted.iter().map(|c| c.bytes_in).sum(),
+                }
+            }
+            Job::Overage => {
+                let reports = overage::run(&self.rollup, now_ms, w).await?;
+                JobOutcome {
+                    written: reports.len(),
+                    bytes_written: reports.iter().map(|r| r.bytes as u64).sum(),
+                    ..JobOutcome::default()
+                }
+            }
+            Job::Retention => {
+                let expired = retention::run(self.store.as_ref(), now_ms, w, dry_run).await?;
+                JobOutcome {
+                    deleted: expired.len(),
+                    bytes_deleted: expired.iter().map(|e| e.bytes).sum(),
+                    ..JobOutcome::default()
+                }
+            }
+        })
+    }
+
+    /// Runs every job now, then the rollup every `rollup_every` and the others every
+    /// `daily_every`, until `shutdown` resolves. A failed run is logged and counted; the
+    /// schedule goes on.
+    pub async fn run_forever(&self, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut rollup_tick = tokio::time::interval(self.cfg.rollup_every);
+        let mut daily_tick = tokio::time::interval(self.cfg.daily_every);
+        rollup_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        daily_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let jobs: &[Job] = tokio::select! {
+                _ = &mut shutdown => return,
+                _ = daily_tick.tick() => &Job::ALL,
+                _ = rollup_tick.tick() => &[Job::Rollup],
+            };
+            for job in jobs {
+                let now = chrono::Utc::now().timestamp_millis();
+                // The outcome is logged and counted by run_once.
+                let _ = self.run_once(*job, now, false).await;
+            }
+        }
+    }
+}

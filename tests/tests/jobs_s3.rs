@@ -1,0 +1,446 @@
+//! The scheduled jobs against the S3 server, on a fake clock: late data makes an hour due
+//! again; retention deletes exactly the partitions past their windows (and a dry run
+//! deletes nothing); compaction under a reader that keeps counting the hour; the daily
+//! overage equals a fold over the events; two schedulers at once do no harm.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use parquet::file::metadata::ParquetMetaDataReader;
+use verdict_ingest::progress::ProgressObject;
+use verdict_ingest::{ConsumedEvent, Prefixed};
+use verdict_jobs::late::{Why, due_hours};
+use verdict_jobs::overage::overage_path;
+use verdict_jobs::{Job, Jobs, JobsConfig, Windows};
+use verdict_rollup::{Rollup, hour_files, rollup_path};
+use verdict_schemas::layout::RAW_PREFIX;
+use verdict_schemas::synth::{SynthConfig, SynthTraffic};
+use verdict_schemas::{DecisionEvent, HourPartition, Verdict};
+use verdict_tests::rollup_check::{fold_rollup, read_rollup, spread, write_raw_files};
+use verdict_tests::{s3_store, unique_name};
+
+const BUCKET: &str = "verdict-jobs-test";
+const TOPIC: &str = "decisions";
+const MS_PER_HOUR: i64 = 3_600_000;
+
+async fn lake(name: &str) -> Arc<dyn ObjectStore> {
+    Arc::new(Prefixed::new(s3_store(BUCKET).await, &unique_name(name)))
+}
+
+fn config() -> JobsConfig {
+    JobsConfig {
+        threads: 2,
+        ..JobsConfig::default()
+    }
+}
+
+/// `n` events of the hour starting at `start_ms`.
+fn hour_of_events(
+    start_ms: i64,
+    n: usize,
+    keys: u32,
+    seed: u64,
+) -> (HourPartition, Vec<DecisionEvent>) {
+    let cfg = SynthConfig {
+        seed,
+        start_ms,
+        late_share: 0.0,
+        ..SynthConfig::hour(n as u64, keys)
+    };
+    let hour = HourPartition::from_event_time_ms(start_ms).unwrap();
+    let events = SynthTraffic::new(cfg)
+        .take(n)
+        .filter(|e| HourPartition::from_event_time_ms(e.event_time_ms) == Ok(hour))
+        .collect();
+    (hour, events)
+}
+
+/// Each partition's events with offsets moved up by `shift` (events produced later).
+fn shifted(by: BTreeMap<i32, Vec<ConsumedEvent>>, shift: i64) -> BTreeMap<i32, Vec<ConsumedEvent>> {
+    by.into_iter()
+        .map(|(p, list)| {
+            let list = list
+                .into_iter()
+                .map(|c| ConsumedEvent {
+                    offset: c.offset + shift,
+                    ..c
+                })
+                .collect();
+            (p, list)
+        })
+        .collect()
+}
+
+async fn assert_rollup_equals_fold(
+    store: &Arc<dyn ObjectStore>,
+    hour: HourPartition,
+    events: &[DecisionEvent],
+) {
+    let expected = fold_rollup(hour, events);
+    let got = read_rollup(store, &rollup_path(&hour)).await;
+    assert_eq!(got.len(), expected.len(), "rollup rows of {hour}");
+    for (group, want) in &expected {
+        assert_eq!(got.get(group), Some(want), "{hour}: group {group:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_data_makes_a_rolled_up_hour_due_again() {
+    let store = lake("late").await;
+    let start = 1_796_047_200_000; // 2026-11-30T14:00Z
+    let (hour, events) = hour_of_events(start, 40_000, 800, 1);
+    let (first, late) = events.split_at(30_000);
+    write_raw_files(&store, TOPIC, hour, spread(first, 2), 10_000, true).await;
+
+    let jobs = Jobs::new(Arc::clone(&store), config());
+    let rollup = Rollup::new(Arc::clone(&store), 2);
+    let w = Windows::default();
+    let before_lateness = hour.end_ms() + 60_000;
+    assert!(
+        due_hours(&rollup, before_lateness, &w)
+            .await
+            .unwrap()
+            .is_empty(),
+        "an hour is not rolled up before its lateness has passed"
+    );
+    let now = hour.end_ms() + 11 * 60_000;
+    let due = due_hours(&rollup, now, &w).await.unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!((due[0].hour, &due[0].why), (hour, &Why::NeverRolledUp));
+    let o = jobs.run_once(Job::Rollup, now, false).await.unwrap();
+    assert_eq!(o.written, 1);
+    assert_rollup_equals_fold(&store, hour, first).await;
+    assert_eq!(
+        jobs.run_once(Job::Rollup, now, false)
+            .await
+            .unwrap()
+            .written,
+        0
+    );
+
+    // Late events of the same hour arrive in a later flush (higher offsets).
+    write_raw_files(
+        &store,
+        TOPIC,
+        hour,
+        shifted(spread(late, 2), 1_000_000),
+        10_000,
+        true,
+    )
+    .await;
+    let later = now + 3_600_000;
+    let due = due_hours(&rollup, later, &w).await.unwrap();
+    assert_eq!(due.len(), 1, "{due:?}");
+    assert!(matches!(due[0].why, Why::Changed { .. }), "{due:?}");
+    assert_eq!(
+        jobs.run_once(Job::Rollup, later, false)
+            .await
+            .unwrap()
+            .written,
+        1
+    );
+    assert_rollup_equals_fold(&store, hour, &events).await;
+    assert!(due_hours(&rollup, later, &w).await.unwrap().is_empty());
+}
+
+async fn put_empty(store: &Arc<dyn ObjectStore>, path: String) {
+    store
+        .put(&Path::from(path), PutPayload::from_static(b"0123456789"))
+        .await
+        .unwrap();
+}
+
+async fn exists_under(store: &Arc<dyn ObjectStore>, prefix: &str) -> bool {
+    let found: Vec<_> = store
+        .list(Some(&Path::from(prefix)))
+        .try_collect()
+        .await
+        .unwrap();
+    !found.is_empty()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_deletes_exactly_the_partitions_past_their_windows() {
+    let store = lake("retention").await;
+    // The fake clock: 2026-11-30T12:00Z.
+    let now = 1_796_040_000_000;
+    let at = |days: i64| HourPartition::from_event_time_ms(now - days * 24 * MS_PER_HOUR).unwrap();
+    let day = |days: i64| at(days).date().format("%Y-%m-%d").to_string();
+    // Raw hours that started 6, 7 and 8 days ago; rollups 5 years ± 1 day (5 years =
+    // 1826 days); quarantine 6 and 9 days; overage 5 years + 2 days.
+    for d in [6, 7, 8] {
+        put_empty(
+            &store,
+            format!("{}/{TOPIC}+00000+1+2.parquet", at(d).raw_prefix()),
+        )
+        .await;
+    }
+    for d in [1825, 1827] {
+        put_empty(&store, rollup_path(&at(d)).to_string()).await;
+    }
+    for d in [6, 9] {
+        put_empty(&store, format!("quarantine/date={}/q.jsonl", day(d))).await;
+    }
+    put_empty(
+        &store,
+        format!("overage/date={}/overage.parquet", day(1828)),
+    )
+    .await;
+
+    let jobs = Jobs::new(Arc::clone(&store), config());
+    let dry = jobs.run_once(Job::Retention, now, true).await.unwrap();
+    assert_eq!((dry.deleted, dry.bytes_deleted), (4, 40), "{dry:?}");
+    assert!(
+        exists_under(&store, &at(8).raw_prefix()).await,
+        "a dry run deleted"
+    );
+
+    let plan = verdict_jobs::retention::plan(store.as_ref(), now, &Windows::default())
+        .await
+        .unwrap();
+    let mut doomed: Vec<String> = plan
+        .iter()
+        .map(|e| format!("{} {}", e.table, e.prefix))
+        .collect();
+    doomed.sort();
+    let mut want = vec![
+        format!("raw {}", at(8).raw_prefix()),
+        format!("denied_hourly {}", at(1827).denied_hourly_prefix()),
+        format!("quarantine quarantine/date={}", day(9)),
+        format!("overage overage/date={}", day(1828)),
+    ];
+    want.sort();
+    assert_eq!(doomed, want);
+
+    let done = jobs.run_once(Job::Retention, now, false).await.unwrap();
+    assert_eq!(done.deleted, 4);
+    for gone in [
+        at(8).raw_prefix(),
+        at(1827).denied_hourly_prefix(),
+        format!("quarantine/date={}", day(9)),
+        format!("overage/date={}", day(1828)),
+    ] {
+        assert!(!exists_under(&store, &gone).await, "{gone} is still there");
+    }
+    for kept in [
+        at(6).raw_prefix(),
+        at(7).raw_prefix(),
+        at(1825).denied_hourly_prefix(),
+        format!("quarantine/date={}", day(6)),
+    ] {
+        assert!(exists_under(&store, &kept).await, "{kept} was deleted");
+    }
+    assert!(
+        jobs.metrics()
+            .render()
+            .contains("verdict_job_partitions_deleted_total{job=\"retention\"} 4"),
+        "{}",
+        jobs.metrics().render()
+    );
+}
+
+/// The rows a reader counts in `hour` now: the files a reader takes, their footers'
+/// row counts. `None` when a file vanished between the listing and the read (the reader
+/// then lists again).
+async fn reader_count(store: &Arc<dyn ObjectStore>, hour: HourPartition) -> Option<i64> {
+    let files = hour_files(store.as_ref(), &hour).await.unwrap();
+    let mut total = 0;
+    for f in &files.files {
+        let body: Bytes = match store.get(&f.meta.location).await {
+            Ok(r) => r.bytes().await.ok()?,
+            Err(object_store::Error::NotFound { .. }) => return None,
+            Err(e) => panic!("reading {}: {e}", f.meta.location),
+        };
+        total += ParquetMetaDataReader::new()
+            .parse_and_finish(&body)
+            .unwrap()
+            .file_metadata()
+            .num_rows();
+    }
+    Some(total)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_under_a_counting_reader_never_changes_the_count() {
+    let store = lake("compact").await;
+    let start = 1_796_047_200_000;
+    let (hour, events) = hour_of_events(start, 48_000, 600, 2);
+    // Partition 0: 8 files of complete flushes; partition 1: 2 files (too few to
+    // compact); partition 2: 4 files, but a flush is in progress there.
+    let mut by = spread(&events, 3);
+    let p1 = by.remove(&1).unwrap();
+    let p2 = by.remove(&2).unwrap();
+    write_raw_files(&store, TOPIC, hour, by, 2_000, true).await;
+    write_raw_files(&store, TOPIC, hour, [(1, p1)].into(), 8_000, true).await;
+    let p2_last = p2.iter().map(|c| c.offset).max().unwrap();
+    write_raw_files(&store, TOPIC, hour, [(2, p2)].into(), 4_000, true).await;
+    let intent = ProgressObject::Intent {
+        first: p2_last + 1 - 4_000,
+    };
+    put_empty(&store, intent.path(TOPIC, 2)).await;
+
+    let total = events.len() as i64;
+    assert_eq!(reader_count(&store, hour).await, Some(total));
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicUsize::new(0));
+    let reader = {
+        let (store, stop, reads) = (Arc::clone(&store), Arc::clone(&stop), Arc::clone(&reads));
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(n) = reader_count(&store, hour).await {
+                    assert_eq!(n, total, "a reader counted {n} rows during compaction");
+                    reads.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+    };
+    // Let the reader get going, then compact with it running.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let jobs = Jobs::new(Arc::clone(&store), config());
+    let now = hour.end_ms() + 3_600_000;
+    let o = jobs.run_once(Job::Compact, now, false).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Relaxed);
+    reader.await.expect("the reader's count never changed");
+    assert!(reads.load(Ordering::Relaxed) > 2, "the reader hardly ran");
+    assert_eq!((o.written, o.deleted), (1, 8), "{o:?}");
+
+    let files = hour_files(store.as_ref(), &hour).await.unwrap();
+    let per_partition = |p: i32| {
+        files
+            .files
+            .iter()
+            .filter(|f| f.name.partition() == p)
+            .count()
+    };
+    assert_eq!(
+        (per_partition(0), per_partition(1), per_partition(2)),
+        (1, 2, 4)
+    );
+    assert!(files.covered.is_empty());
+    assert_eq!(reader_count(&store, hour).await, Some(total));
+    // The hour still rolls up to the same answer.
+    jobs.run_once(Job::Rollup, now, false).await.unwrap();
+    assert_rollup_equals_fold(&store, hour, &events).await;
+    // Nothing left to do on a second run.
+    assert_eq!(
+        jobs.run_once(Job::Compact, now, false)
+            .await
+            .unwrap()
+            .written,
+        0
+    );
+}
+
+/// The overage of `events` by (key, tier, route class): enforced and shadow refusals in
+/// which the hourly window refused.
+fn fold_overage(events: &[DecisionEvent]) -> BTreeMap<([u8; 16], u8, u8), (u64, u64)> {
+    let mut out: BTreeMap<_, (u64, u64)> = BTreeMap::new();
+    for e in events.iter().filter(|e| e.denied_by.window) {
+        let slot = out
+            .entry((e.key_id.0, e.tier.0, e.route_class.0))
+            .or_default();
+        match e.verdict {
+            Verdict::Denied => slot.0 += 1,
+            Verdict::WouldDeny => slot.1 += 1,
+            Verdict::Allowed => {}
+        }
+    }
+    out.retain(|_, (d, w)| *d + *w > 0);
+    out
+}
+
+async fn read_overage(
+    store: &Arc<dyn ObjectStore>,
+    path: &Path,
+) -> BTreeMap<([u8; 16], u8, u8), (u64, u64)> {
+    use arrow::array::{AsArray, FixedSizeBinaryArray};
+    use arrow::datatypes::{UInt8Type, UInt64Type};
+    let body = store.get(path).await.unwrap().bytes().await.unwrap();
+    let mut out = BTreeMap::new();
+    for b in parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(body)
+        .unwrap()
+        .build()
+        .unwrap()
+    {
+        let b = b.unwrap();
+        let keys = b
+            .column(1)
+            .as_any()
+            .downcast_ref::<FixedSizeBinaryArray>()
+            .unwrap();
+        for r in 0..b.num_rows() {
+            out.insert(
+                (
+                    keys.value(r).try_into().unwrap(),
+                    b.column(2).as_primitive::<UInt8Type>().value(r),
+                    b.column(3).as_primitive::<UInt8Type>().value(r),
+                ),
+                (
+                    b.column(4).as_primitive::<UInt64Type>().value(r),
+                    b.column(5).as_primitive::<UInt64Type>().value(r),
+                ),
+            );
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_schedulers_at_once_leave_the_same_tables_as_one() {
+    let store = lake("two-schedulers").await;
+    // Two hours of one day, each in 5 small files per partition.
+    let day_start = 1_796_083_200_000; // 2026-12-01T00:00Z
+    let mut all = Vec::new();
+    let mut hours = Vec::new();
+    for (i, seed) in [(0i64, 3u64), (1, 4)] {
+        let (hour, events) = hour_of_events(day_start + i * MS_PER_HOUR, 20_000, 400, seed);
+        let by = shifted(spread(&events, 2), i * 1_000_000);
+        write_raw_files(&store, TOPIC, hour, by, 2_000, true).await;
+        hours.push((hour, events.clone()));
+        all.extend(events);
+    }
+    let now = day_start + 26 * MS_PER_HOUR;
+    let a = Jobs::new(Arc::clone(&store), config());
+    let b = Jobs::new(Arc::clone(&store), config());
+    let run_all = |jobs: Jobs| async move {
+        for job in Job::ALL {
+            jobs.run_once(job, now, false)
+                .await
+                .unwrap_or_else(|e| panic!("{job}: {e}"));
+        }
+    };
+    tokio::join!(run_all(a.clone()), run_all(b.clone()));
+
+    for (hour, events) in &hours {
+        let files = hour_files(store.as_ref(), hour).await.unwrap();
+        assert_eq!(
+            files.files.len(),
+            2,
+            "{hour}: one compacted file per partition"
+        );
+        assert!(
+            files.covered.is_empty(),
+            "{hour}: covered files left behind"
+        );
+        assert_eq!(reader_count(&store, *hour).await, Some(events.len() as i64));
+        assert_rollup_equals_fold(&store, *hour, events).await;
+    }
+    let expected = fold_overage(&all);
+    assert!(!expected.is_empty(), "the traffic has quota refusals");
+    let got = read_overage(&store, &overage_path(hours[0].0.date())).await;
+    assert_eq!(got, expected);
+    // After both, a third run finds nothing to do.
+    let c = Jobs::new(Arc::clone(&store), config());
+    for job in [Job::Compact, Job::Rollup, Job::Overage] {
+        let o = c.run_once(job, now, false).await.unwrap();
+        assert_eq!((o.written, o.deleted), (0, 0), "{job} had work left: {o:?}");
+    }
+    assert!(exists_under(&store, RAW_PREFIX).await);
+}
