@@ -9,9 +9,11 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use clap::Args;
+use object_store::ObjectStore;
 use object_store::local::LocalFileSystem;
 use serde::Serialize;
 use verdict_ingest::{ConsumedEvent, WrittenFile, split_by_hour, write_hour_file};
+use verdict_rollup::Rollup;
 use verdict_schemas::layout::RAW_PREFIX;
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
 use verdict_schemas::{DecisionEvent, EVENT_V1_LEN, Verdict};
@@ -78,6 +80,12 @@ pub struct DemoReport {
     pub write_s: f64,
     /// Where the raw table is.
     pub raw_table: String,
+    /// Rows of the denied-only hourly rollup (groups with a refusal).
+    pub rollup_rows: usize,
+    /// Bytes of the rollup objects.
+    pub rollup_bytes: usize,
+    /// Seconds spent rolling the hours up.
+    pub rollup_s: f64,
 }
 
 /// Runs the demo and prints its report.
@@ -158,6 +166,17 @@ pub async fn demo(args: &DemoArgs) -> anyhow::Result<DemoReport> {
     report.parquet_bytes = written.iter().map(|w| w.bytes as u64).sum();
     report.parquet_bytes_per_event = report.parquet_bytes as f64 / report.events.max(1) as f64;
     report.raw_table = args.out.join(RAW_PREFIX).display().to_string();
+
+    // The hourly job: each hour rolled up into the keys that were refused.
+    let started = Instant::now();
+    let threads = std::thread::available_parallelism().map_or(2, usize::from);
+    let rollup = Rollup::new(store as Arc<dyn ObjectStore>, threads);
+    for hour in hours {
+        let r = rollup.run_hour(hour).await?;
+        report.rollup_rows += r.rows;
+        report.rollup_bytes += r.bytes;
+    }
+    report.rollup_s = started.elapsed().as_secs_f64();
     Ok(report)
 }
 
@@ -172,6 +191,11 @@ fn prepare_out(out: &Path, overwrite: bool) -> anyhow::Result<()> {
             );
         }
         std::fs::remove_dir_all(&raw).with_context(|| format!("removing {}", raw.display()))?;
+        let rollup = out.join("rollup");
+        if rollup.exists() {
+            std::fs::remove_dir_all(&rollup)
+                .with_context(|| format!("removing {}", rollup.display()))?;
+        }
     }
     Ok(())
 }
@@ -260,10 +284,13 @@ pub fn render(r: &DemoReport, args: &DemoArgs) -> String {
          raw table     {files} Parquet files in {hours} hour partitions, {pq_mb:.2} MB, \
          {pq_per:.2} bytes per event ({ratio:.1}x smaller than the wire), written in {write_s:.2} s \
          ({write_rate:.0} events/s)\n\
+         rollup        {rollup_rows} rows (key, tier, route class and region with a refusal) \
+         in {hours} hourly objects, {rollup_kb:.1} KB, in {rollup_s:.2} s\n\
          undecodable   {undecodable}\n\
          \n\
          The raw table is in {raw}/date=YYYY-MM-DD/hour=HH/, one file per queue partition and \
-         hour, named <topic>+<partition>+<first offset>+<last offset>.parquet.\n\
+         hour, named <topic>+<partition>+<first offset>+<last offset>.parquet; the rollup in \
+         {out}/rollup/denied_hourly/.\n\
          Look inside with any Parquet reader, for example:\n  \
          python3 -c \"import duckdb; print(duckdb.sql(\\\"select tier, verdict, count(*) \
          from '{raw}/*/*/*.parquet' group by all order by all\\\"))\"\n",
@@ -290,6 +317,10 @@ pub fn render(r: &DemoReport, args: &DemoArgs) -> String {
         write_rate = n as f64 / r.write_s.max(1e-9),
         undecodable = r.undecodable,
         raw = r.raw_table,
+        rollup_rows = r.rollup_rows,
+        rollup_kb = r.rollup_bytes as f64 / 1000.0,
+        rollup_s = r.rollup_s,
+        out = args.out.display(),
     )
 }
 
@@ -341,6 +372,17 @@ mod tests {
         }
         assert_eq!(files.len(), r.files);
         assert!(r.parquet_bytes > 0 && r.parquet_bytes_per_event < 64.0);
+        // The hourly rollup ran on every hour written: some groups were refused, and
+        // there are far fewer of them than events.
+        assert!(
+            r.rollup_rows > 0 && (r.rollup_rows as u64) < r.denied + r.would_deny,
+            "{r:?}"
+        );
+        let rollups = std::fs::read_dir(dir.path().join("rollup/denied_hourly"))
+            .unwrap()
+            .flat_map(|d| std::fs::read_dir(d.unwrap().path()).unwrap())
+            .count();
+        assert_eq!(rollups, r.hours);
 
         // A second run into the same folder is refused, and replaces with --overwrite.
         let err = demo(&a).await.unwrap_err().to_string();
@@ -352,8 +394,13 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(
-            (again.denied, again.files, again.parquet_bytes),
-            (r.denied, r.files, r.parquet_bytes)
+            (
+                again.denied,
+                again.files,
+                again.parquet_bytes,
+                again.rollup_bytes
+            ),
+            (r.denied, r.files, r.parquet_bytes, r.rollup_bytes)
         );
     }
 
