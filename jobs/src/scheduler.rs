@@ -264,3 +264,114 @@ impl Jobs {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use object_store::ObjectStoreExt;
+    use object_store::local::LocalFileSystem;
+    use verdict_ingest::{ConsumedEvent, write_hour_file};
+    use verdict_schemas::HourPartition;
+    use verdict_schemas::synth::{SynthConfig, SynthTraffic};
+
+    use super::*;
+
+    #[test]
+    fn job_names_parse_back_and_unknown_ones_are_refused() {
+        for job in Job::ALL {
+            assert_eq!(job.name().parse::<Job>(), Ok(job));
+        }
+        let err = "vacuum".parse::<Job>().unwrap_err();
+        assert!(err.contains("rollup, compact, overage, retention"), "{err}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_schedule_runs_every_job_at_start_and_the_rollup_again_and_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn ObjectStore> =
+            Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+        // An hour that ended two hours ago: closed, inside the raw window.
+        let now = chrono::Utc::now().timestamp_millis();
+        let hour = HourPartition::from_event_time_ms(now - 3 * 3_600_000).unwrap();
+        let cfg = SynthConfig {
+            start_ms: hour.start_ms(),
+            late_share: 0.0,
+            ..SynthConfig::hour(5_000, 100)
+        };
+        let events: Vec<ConsumedEvent> = SynthTraffic::new(cfg)
+            .take(5_000)
+            .filter(|e| HourPartition::from_event_time_ms(e.event_time_ms) == Ok(hour))
+            .enumerate()
+            .map(|(i, event)| ConsumedEvent {
+                event,
+                partition: 0,
+                offset: i as i64,
+            })
+            .collect();
+        write_hour_file(store.as_ref(), "t", 0, hour, events)
+            .await
+            .unwrap()
+            .unwrap();
+
+        let jobs = Jobs::new(
+            Arc::clone(&store),
+            JobsConfig {
+                rollup_every: Duration::from_millis(50),
+                daily_every: Duration::from_secs(3600),
+                threads: 2,
+                ..JobsConfig::default()
+            },
+        );
+        let metrics = jobs.metrics().clone();
+        let runs = |job: &str| metrics.runs.with_label_values(&[job, "ok"]).get();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn({
+            let jobs = jobs.clone();
+            async move {
+                jobs.run_forever(async {
+                    let _ = stopped.await;
+                })
+                .await
+            }
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while runs("rollup") < 3 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the rollup did not repeat"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.send(()).unwrap();
+        task.await.unwrap();
+
+        for job in Job::ALL {
+            assert!(runs(job.name()) >= 1, "{job} never ran");
+            assert!(
+                metrics.last_success.with_label_values(&[job.name()]).get() > 0,
+                "{job} has no last success"
+            );
+        }
+        assert_eq!(
+            runs("retention"),
+            1,
+            "a daily job ran more than once in 50 ms ticks"
+        );
+        assert!(
+            store
+                .head(&verdict_rollup::rollup_path(&hour))
+                .await
+                .is_ok(),
+            "the closed hour was not rolled up"
+        );
+        assert_eq!(
+            metrics
+                .partitions_written
+                .with_label_values(&["rollup"])
+                .get(),
+            1,
+            "later rollup runs found the hour already done"
+        );
+    }
+}
