@@ -209,8 +209,9 @@ where
     }
 }
 
-/// Deletes `path`; one that is already gone is fine (a retried or repeated cleanup).
-async fn delete_if_present(store: &Arc<dyn ObjectStore>, path: &Path) -> object_store::Result<()> {
+/// Deletes `path`; one that is already gone is fine (a retried or repeated cleanup, or
+/// another process that got there first).
+pub async fn delete_if_present(store: &dyn ObjectStore, path: &Path) -> object_store::Result<()> {
     match store.delete(path).await {
         Err(object_store::Error::NotFound { .. }) => Ok(()),
         other => other,

@@ -22,6 +22,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use verdict_ingest::encode_raw_parquet;
+use verdict_ingest::flush::delete_if_present;
 use verdict_ingest::progress::{FlushRange, ProgressObject, partition_prefix};
 use verdict_rollup::{RawFile, hour_files};
 use verdict_schemas::layout::RAW_PREFIX;
@@ -257,11 +258,4 @@ fn sorted(batch: &RecordBatch) -> Result<RecordBatch, CompactError> {
         batch,
         &arrow::array::UInt32Array::from(order),
     )?)
-}
-
-async fn delete_if_present(store: &dyn ObjectStore, path: &Path) -> Result<(), CompactError> {
-    match store.delete(path).await {
-        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
 }

@@ -12,13 +12,13 @@ use chrono::NaiveDate;
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStoreExt, PutPayload};
 use verdict_rollup::{
-    ROLLUP_FILE, Rollup, RollupError, conform, encode_parquet, fingerprint, footer,
+    ROLLUP_FILE, Rollup, RollupError, conform, encode_parquet, fingerprint, read_footer,
 };
 use verdict_schemas::layout::{DENIED_HOURLY_PREFIX, overage_prefix};
 use verdict_schemas::tables::{OVERAGE_SCHEMA_VERSION, denied_hourly_schema, overage_schema};
 
 use crate::partitions::{day_folders, objects_under};
-use crate::windows::{DAY, Windows, ms};
+use crate::windows::{DAY, Windows, day_start_ms, ms};
 
 /// The overage of the table `denied_hourly` (one day of it). Enforced quota refusals are
 /// the window's refusals minus its would-be ones.
@@ -58,11 +58,6 @@ pub struct OverageReport {
 /// Where the overage of `date` lives.
 pub fn overage_path(date: NaiveDate) -> Path {
     Path::from(format!("{}/{OVERAGE_FILE}", overage_prefix(date)))
-}
-
-fn day_start_ms(date: NaiveDate) -> i64 {
-    date.and_hms_opt(0, 0, 0)
-        .map_or(i64::MIN, |t| t.and_utc().timestamp_millis())
 }
 
 /// The rollup objects of `date` and their fingerprint (names, sizes and entity tags: a
@@ -135,16 +130,13 @@ pub async fn run_day(rollup: &Rollup, date: NaiveDate) -> Result<OverageReport, 
 
 /// The fingerprint an overage object was computed from; `None` when the day has none.
 async fn computed_from(rollup: &Rollup, date: NaiveDate) -> Result<Option<String>, RollupError> {
-    match rollup.store().get(&overage_path(date)).await {
-        Ok(r) => {
-            let (kv, _) = footer(&r.bytes().await?)?;
-            Ok(Some(
-                kv.get(META_SOURCE_FINGERPRINT).cloned().unwrap_or_default(),
-            ))
-        }
-        Err(object_store::Error::NotFound { .. }) => Ok(None),
-        Err(e) => Err(e.into()),
-    }
+    let footer = read_footer(rollup.store().as_ref(), &overage_path(date)).await?;
+    Ok(footer.map(|f| {
+        f.meta
+            .get(META_SOURCE_FINGERPRINT)
+            .cloned()
+            .unwrap_or_default()
+    }))
 }
 
 /// The closed days with rollups whose overage is missing or was computed from other

@@ -4,14 +4,13 @@
 //! A partition is old once its *end* is further back than the window: the hour that
 //! started exactly 7 days ago still has an hour to live.
 
-use chrono::NaiveDate;
 use object_store::ObjectStore;
 use object_store::path::Path;
 use verdict_ingest::flush::QUARANTINE_PREFIX;
 use verdict_schemas::layout::{DENIED_HOURLY_PREFIX, OVERAGE_PREFIX, RAW_PREFIX};
 
 use crate::partitions::{day_folders, delete_under, hour_partitions, objects_under};
-use crate::windows::{DAY, Windows, ms};
+use crate::windows::{DAY, Windows, day_start_ms, ms};
 
 /// A partition past its window.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,12 +23,6 @@ pub struct Expired {
     pub objects: usize,
     /// Their bytes.
     pub bytes: u64,
-}
-
-fn day_end_ms(date: NaiveDate) -> i64 {
-    date.and_hms_opt(0, 0, 0)
-        .map_or(i64::MIN, |t| t.and_utc().timestamp_millis())
-        + ms(DAY)
 }
 
 /// The partitions past their window, oldest first within each table, with their sizes.
@@ -59,7 +52,7 @@ pub async fn plan(
     ];
     for (table, prefix, keep) in daily {
         for (date, folder) in day_folders(store, prefix).await? {
-            if day_end_ms(date) <= now_ms - ms(keep) {
+            if day_start_ms(date) + ms(DAY) <= now_ms - ms(keep) {
                 doomed.push((table, folder));
             }
         }

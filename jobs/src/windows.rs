@@ -38,6 +38,12 @@ impl Windows {
     }
 }
 
+/// The first millisecond of a UTC day, Unix ms.
+pub fn day_start_ms(date: chrono::NaiveDate) -> i64 {
+    date.and_hms_opt(0, 0, 0)
+        .map_or(i64::MIN, |t| t.and_utc().timestamp_millis())
+}
+
 /// Milliseconds of a duration, as the partitions count time.
 pub fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)

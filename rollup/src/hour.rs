@@ -248,13 +248,16 @@ impl Rollup {
     /// Reads what the rollup object of `hour` says about itself; `None` when the hour has
     /// not been rolled up.
     pub async fn state(&self, hour: HourPartition) -> Result<Option<RollupState>, RollupError> {
-        let path = rollup_path(&hour);
-        let body = match self.store.get(&path).await {
-            Ok(r) => r.bytes().await?,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(e.into()),
+        let Some(f) = read_footer(self.store.as_ref(), &rollup_path(&hour)).await? else {
+            return Ok(None);
         };
-        state_of(&body).map(Some)
+        let get = |key: &str| f.meta.get(key).cloned().unwrap_or_default();
+        Ok(Some(RollupState {
+            fingerprint: get(META_SOURCE_FINGERPRINT),
+            events: get(META_EVENTS).parse().unwrap_or(0),
+            rows: f.rows,
+            bytes: f.bytes,
+        }))
     }
 }
 
@@ -302,11 +305,31 @@ pub fn encode_parquet(batch: &RecordBatch, meta: &[(&str, String)]) -> Result<By
     Ok(Bytes::from(out))
 }
 
-/// A Parquet object's footer key-value metadata and its row count.
-pub fn footer(body: &Bytes) -> Result<(BTreeMap<String, String>, i64), RollupError> {
-    let meta = ParquetMetaDataReader::new().parse_and_finish(body)?;
-    let file = meta.file_metadata();
-    let kv = file
+/// What a Parquet object's footer says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Footer {
+    /// Its key-value metadata.
+    pub meta: BTreeMap<String, String>,
+    /// Its rows.
+    pub rows: i64,
+    /// The object's size.
+    pub bytes: u64,
+}
+
+/// Reads the footer of the Parquet object at `path`; `None` when there is no such object.
+/// (Rollup and overage objects are small: the whole object is read.)
+pub async fn read_footer(
+    store: &dyn ObjectStore,
+    path: &Path,
+) -> Result<Option<Footer>, RollupError> {
+    let body = match store.get(path).await {
+        Ok(r) => r.bytes().await?,
+        Err(object_store::Error::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let parsed = ParquetMetaDataReader::new().parse_and_finish(&body)?;
+    let file = parsed.file_metadata();
+    let meta = file
         .key_value_metadata()
         .map(|kv| {
             kv.iter()
@@ -314,7 +337,11 @@ pub fn footer(body: &Bytes) -> Result<(BTreeMap<String, String>, i64), RollupErr
                 .collect()
         })
         .unwrap_or_default();
-    Ok((kv, file.num_rows()))
+    Ok(Some(Footer {
+        meta,
+        rows: file.num_rows(),
+        bytes: body.len() as u64,
+    }))
 }
 
 /// The result of a query as one batch of `schema`: its first column made by `lead` (a
@@ -334,16 +361,4 @@ pub fn conform(
         columns.push(cast(column, field.data_type())?);
     }
     Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
-}
-
-/// Reads a rollup file's footer.
-pub fn state_of(body: &Bytes) -> Result<RollupState, RollupError> {
-    let (kv, rows) = footer(body)?;
-    let get = |key: &str| kv.get(key).cloned().unwrap_or_default();
-    Ok(RollupState {
-        fingerprint: get(META_SOURCE_FINGERPRINT),
-        events: get(META_EVENTS).parse().unwrap_or(0),
-        rows,
-        bytes: body.len() as u64,
-    })
 }

@@ -10,7 +10,7 @@ pub mod hour;
 pub mod sources;
 
 pub use hour::{
-    ROLLUP_FILE, ROLLUP_SQL, Rollup, RollupError, RollupReport, RollupState, conform,
-    encode_parquet, footer, rollup_path,
+    Footer, ROLLUP_FILE, ROLLUP_SQL, Rollup, RollupError, RollupReport, RollupState, conform,
+    encode_parquet, read_footer, rollup_path,
 };
 pub use sources::{HourFiles, RawFile, effective, fingerprint, hour_files};
