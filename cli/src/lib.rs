@@ -6,6 +6,7 @@ pub mod bench;
 pub mod demo;
 pub mod ingest;
 pub mod jobs;
+pub mod query;
 pub mod rollup;
 pub mod serve;
 pub mod signals;
@@ -42,6 +43,13 @@ pub enum Command {
     /// data changed), compaction, the daily overage table, retention.
     #[command(subcommand)]
     Jobs(jobs::JobsCommand),
+    /// The query service: SQL and the named reports over the lake, by HTTP and the
+    /// PostgreSQL wire protocol.
+    #[command(subcommand)]
+    Query(query::QueryCommand),
+    /// Run one read-only SQL query (or a named report with --report) over the lake and
+    /// print the rows.
+    Sql(query::SqlArgs),
     /// Measure a part of the system; prints JSON.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -58,6 +66,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Ingest(args) => runtime.block_on(ingest::run(args)),
         Command::Rollup(args) => runtime.block_on(rollup::run(args)),
         Command::Jobs(cmd) => runtime.block_on(jobs::run(cmd)),
+        Command::Query(cmd) => runtime.block_on(query::run(cmd)),
+        Command::Sql(args) => runtime.block_on(query::sql(args)),
     }
 }
 

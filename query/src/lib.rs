@@ -1,3 +1,15 @@
 //! The query service: the decision tables registered in one DataFusion context, the named
 //! reports that answer "which limits were wrong?", and the read-only HTTP and PostgreSQL-wire
 //! front ends.
+
+pub mod engine;
+pub mod format;
+pub mod http;
+pub mod pg;
+pub mod reports;
+pub mod tables;
+pub mod view;
+
+pub use engine::{Engine, Limits, QueryError, QueryStream};
+pub use tables::PoliciesTable;
+pub use view::ReaderView;

@@ -1,0 +1,226 @@
+//! `verdict query serve` and `verdict sql`: the query service and its terminal client.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Subcommand, ValueEnum};
+use futures::StreamExt;
+use verdict_limiter::{FileSource, PgSource, PolicySource};
+use verdict_query::http::{AppState, QueryMetrics, load_tokens};
+use verdict_query::{Engine, Limits, PoliciesTable};
+
+use crate::store_args::StoreArgs;
+
+/// The engine's options, shared by `verdict query serve` and `verdict sql`.
+#[derive(Debug, Clone, Args)]
+pub struct EngineArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// The policy in force, for the `policies` table and report names: a TOML file (the
+    /// limiter's embedded default format).
+    #[arg(long, env = "VERDICT_POLICY_FILE", conflicts_with = "policy_postgres")]
+    pub policy_file: Option<PathBuf>,
+    /// The policy in force, from PostgreSQL (the limiter's tables), e.g.
+    /// postgres://verdict@127.0.0.1:15432/verdict.
+    #[arg(long, env = "VERDICT_POLICY_POSTGRES")]
+    pub policy_postgres: Option<String>,
+    /// Memory each query may use for its operators, MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub memory_mib: usize,
+    /// Wall time each query may take, seconds.
+    #[arg(long, default_value_t = 60)]
+    pub timeout_s: u64,
+    /// Rows a JSON answer may carry (CSV, Arrow and Parquet stream without a limit).
+    #[arg(long, default_value_t = 100_000)]
+    pub json_rows: usize,
+    /// Partitions each query runs on (default: the machine's cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+impl EngineArgs {
+    /// The engine these options describe.
+    pub fn engine(&self) -> anyhow::Result<Engine> {
+        let source = match (&self.policy_file, &self.policy_postgres) {
+            (Some(f), _) => Some(PolicySource::File(FileSource::new(f))),
+            (None, Some(url)) => Some(PolicySource::Postgres(PgSource::new(url.clone()))),
+            (None, None) => None,
+        };
+        if source.is_none() {
+            tracing::warn!(
+                "no policy given (--policy-file or --policy-postgres): the policies table is empty and reports show ids, not names"
+            );
+        }
+        let limits = Limits {
+            memory_bytes: self.memory_mib.max(1) << 20,
+            timeout: Duration::from_secs(self.timeout_s.max(1)),
+            json_rows: self.json_rows.max(1),
+        };
+        let threads = self
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+        Ok(Engine::new(
+            self.store.open()?,
+            PoliciesTable::new(source),
+            threads,
+            limits,
+        )?)
+    }
+}
+
+/// `verdict query …`.
+#[derive(Debug, Subcommand)]
+pub enum QueryCommand {
+    /// Serve the tables and named reports over HTTP (and, with --pg-listen, over the
+    /// PostgreSQL wire protocol) until SIGTERM or Ctrl-C.
+    Serve(ServeArgs),
+}
+
+/// `verdict query serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// HTTP address. Without tokens, only a loopback address is accepted.
+    #[arg(long, default_value = "127.0.0.1:8089")]
+    pub listen: SocketAddr,
+    /// PostgreSQL wire protocol address (psql, BI tools); off when not given.
+    #[arg(long)]
+    pub pg_listen: Option<SocketAddr>,
+    /// Bearer tokens, one per line (`#` comments allowed). Over PostgreSQL a token is the
+    /// password. Without tokens the service listens on loopback only.
+    #[arg(long, env = "VERDICT_QUERY_TOKENS_FILE")]
+    pub tokens_file: Option<PathBuf>,
+}
+
+/// Runs `verdict query …`.
+pub async fn run(cmd: QueryCommand) -> anyhow::Result<()> {
+    match cmd {
+        QueryCommand::Serve(args) => serve(args).await,
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let shutdown = crate::signals::shutdown_signal()?;
+    let tokens = match &args.tokens_file {
+        Some(path) => load_tokens(path)?,
+        None => Vec::new(),
+    };
+    let engine = args.engine.engine()?;
+    let _pg = match args.pg_listen {
+        Some(addr) => Some(verdict_query::pg::serve(&engine, tokens.clone(), addr).await?),
+        None => None,
+    };
+    let state = Arc::new(AppState {
+        engine,
+        tokens,
+        metrics: QueryMetrics::new(),
+    });
+    let listener = verdict_query::http::bind(&state, args.listen).await?;
+    tracing::info!(
+        addr = %listener.local_addr()?,
+        auth = !state.tokens.is_empty(),
+        "query service listening (HTTP)"
+    );
+    axum::serve(listener, verdict_query::http::router(state))
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    tracing::info!("query service stopped");
+    Ok(())
+}
+
+/// How `verdict sql` prints rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// An aligned table.
+    Table,
+    /// CSV with a header line.
+    Csv,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `verdict sql`.
+#[derive(Debug, Args)]
+pub struct SqlArgs {
+    /// The query (SELECT only). Leave it out with --report.
+    pub sql: Option<String>,
+    /// Run a named report instead: wrong-limits, shadow-impact, top-denied, overage,
+    /// policy-changes, degraded.
+    #[arg(long, conflicts_with = "sql")]
+    pub report: Option<String>,
+    /// A report parameter, name=value (repeatable), e.g. -p from=2026-11-30 -p tier=free.
+    #[arg(short = 'p', long = "param", value_parser = parse_param)]
+    pub params: Vec<(String, String)>,
+    /// How to print.
+    #[arg(long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+    /// Print the report's SQL instead of running it.
+    #[arg(long, requires = "report")]
+    pub show_sql: bool,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+fn parse_param(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .ok_or_else(|| format!("{text:?} is not name=value"))
+}
+
+/// Runs `verdict sql`.
+pub async fn sql(args: SqlArgs) -> anyhow::Result<()> {
+    let engine = args.engine.engine()?;
+    let text = match (&args.sql, &args.report) {
+        (Some(sql), _) => sql.clone(),
+        (None, Some(report)) => {
+            let params: BTreeMap<String, String> = args.params.iter().cloned().collect();
+            engine.report_sql(report, &params).await?
+        }
+        (None, None) => anyhow::bail!("give a query, or --report NAME (see --help)"),
+    };
+    if args.show_sql {
+        println!("{text}");
+        return Ok(());
+    }
+    let mut stream = engine.run(&text).await?;
+    // An empty answer still prints its columns.
+    let mut batches = vec![verdict_query::format::hex_keys(
+        &arrow::array::RecordBatch::new_empty(stream.schema()),
+    )?];
+    let mut csv_header = true;
+    while let Some(batch) = stream.next().await {
+        let batch = verdict_query::format::hex_keys(&batch?)?;
+        match args.output {
+            Output::Table => batches.push(batch),
+            Output::Csv => {
+                let mut out = Vec::new();
+                arrow::csv::WriterBuilder::new()
+                    .with_header(csv_header)
+                    .build(&mut out)
+                    .write(&batch)?;
+                csv_header = false;
+                print!("{}", String::from_utf8_lossy(&out));
+            }
+            Output::Json => {
+                let mut w = arrow::json::LineDelimitedWriter::new(Vec::new());
+                w.write(&batch)?;
+                w.finish()?;
+                print!("{}", String::from_utf8_lossy(&w.into_inner()));
+            }
+        }
+    }
+    if args.output == Output::Table {
+        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        println!(
+            "{}",
+            arrow::util::pretty::pretty_format_batches(&batches).context("formatting the rows")?
+        );
+        println!("({rows} rows)");
+    }
+    Ok(())
+}

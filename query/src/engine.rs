@@ -1,0 +1,448 @@
+//! Runs one read-only query under its limits.
+//!
+//! Every query gets a session of its own over the shared catalog: its own memory pool (a
+//! [`GreedyMemoryPool`] of [`Limits::memory_bytes`], so one greedy query fails alone and
+//! the others keep running), no spill files, and a deadline. Only `SELECT` (and `EXPLAIN` of
+//! one) passes: DDL, DML, `COPY`, `CREATE EXTERNAL TABLE`, `SET` and every other statement
+//! are refused before planning, and the plan is checked again by DataFusion's own
+//! [`SQLOptions`].
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use datafusion::error::DataFusionError;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
+use datafusion::execution::memory_pool::GreedyMemoryPool;
+use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
+use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
+use datafusion::sql::parser::Statement as DfStatement;
+use datafusion::sql::sqlparser::ast::Statement;
+use futures::{Stream, StreamExt};
+use object_store::ObjectStore;
+use tokio::time::Instant;
+
+use crate::tables::{LAKE_URL, PoliciesTable, register};
+use crate::view::ReaderView;
+
+/// What one query may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Memory for the query's operators (hash tables, sorts), bytes.
+    pub memory_bytes: usize,
+    /// Wall time from the request to the last row.
+    pub timeout: Duration,
+    /// Rows a JSON answer may carry (CSV, Arrow and Parquet are streamed, unbounded).
+    pub json_rows: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            memory_bytes: 1 << 30,
+            timeout: Duration::from_secs(60),
+            json_rows: 100_000,
+        }
+    }
+}
+
+/// Why a query did not run or did not finish. Messages never carry paths or stack traces.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    /// The statement is not a query (DDL, DML, COPY, …) or is several statements.
+    #[error("{0}")]
+    Refused(String),
+    /// The SQL does not parse or plan, or a parameter is wrong.
+    #[error("{0}")]
+    Invalid(String),
+    /// A named report or table that does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// The query needed more memory than its pool.
+    #[error(
+        "the query needs more than its memory limit of {limit_mib} MiB: narrow the time range, \
+         filter on date/hour, or aggregate before sorting"
+    )]
+    MemoryLimit {
+        /// The limit.
+        limit_mib: usize,
+    },
+    /// The query ran past its deadline and was cancelled.
+    #[error(
+        "the query ran past its time limit of {seconds} s and was cancelled: narrow the time range or filter on date/hour"
+    )]
+    TimeLimit {
+        /// The limit.
+        seconds: u64,
+    },
+    /// A JSON answer would carry more rows than allowed.
+    #[error(
+        "the answer has more than {limit} rows, the limit for JSON: add a LIMIT, aggregate, or \
+         ask for format=csv, arrow or parquet, which are streamed"
+    )]
+    RowLimit {
+        /// The limit.
+        limit: usize,
+    },
+    /// Reading the lake or executing failed; the detail is in the service's log.
+    #[error("the query failed while reading the data; the service log has the detail")]
+    Internal,
+}
+
+impl QueryError {
+    /// A short machine-readable name.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Refused(_) => "refused",
+            Self::Invalid(_) => "invalid_query",
+            Self::NotFound(_) => "not_found",
+            Self::MemoryLimit { .. } => "memory_limit",
+            Self::TimeLimit { .. } => "time_limit",
+            Self::RowLimit { .. } => "row_limit",
+            Self::Internal => "internal",
+        }
+    }
+
+    /// The error for a DataFusion error met while planning or running under `limits`.
+    pub fn from_datafusion(e: DataFusionError, limits: &Limits) -> Self {
+        let root = e.find_root();
+        match root {
+            DataFusionError::ResourcesExhausted(_) => Self::MemoryLimit {
+                limit_mib: limits.memory_bytes >> 20,
+            },
+            DataFusionError::SQL(..)
+            | DataFusionError::Plan(_)
+            | DataFusionError::SchemaError(..)
+            | DataFusionError::NotImplemented(_)
+            | DataFusionError::Configuration(_) => Self::Invalid(root.message().to_string()),
+            DataFusionError::Execution(m) if is_user_error(m) => Self::Invalid(m.clone()),
+            DataFusionError::ArrowError(a, _) if is_arrow_user_error(a) => {
+                Self::Invalid(a.to_string())
+            }
+            _ => {
+                tracing::warn!(error = %e, "query failed");
+                Self::Internal
+            }
+        }
+    }
+}
+
+fn is_user_error(message: &str) -> bool {
+    // Errors of the query's own making (a bad cast, a division by zero), not of the store.
+    !(message.contains('/') || message.contains("Object") || message.contains("object"))
+}
+
+fn is_arrow_user_error(e: &arrow::error::ArrowError) -> bool {
+    use arrow::error::ArrowError::*;
+    matches!(
+        e,
+        CastError(_)
+            | DivideByZero
+            | ArithmeticOverflow(_)
+            | ComputeError(_)
+            | InvalidArgumentError(_)
+    )
+}
+
+/// The query engine: the catalog over the lake, and the limits every query runs under.
+#[derive(Clone)]
+pub struct Engine {
+    base: SessionContext,
+    limits: Limits,
+    policies: Arc<PoliciesTable>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+impl Engine {
+    /// An engine over `store` (the lake: `raw/`, `rollup/`, `overage/`), with the `policies`
+    /// table from `policies`, using `threads` partitions per query.
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        policies: PoliciesTable,
+        threads: usize,
+        limits: Limits,
+    ) -> Result<Self, DataFusionError> {
+        let config = SessionConfig::new()
+            .with_target_partitions(threads.max(1))
+            .with_information_schema(true)
+            .with_collect_statistics(false);
+        let runtime = RuntimeEnvBuilder::new()
+            // No listing cache: every query sees the files there are now.
+            .with_object_list_cache_limit(0)
+            .with_disk_manager_builder(
+                DiskManagerBuilder::default().with_mode(DiskManagerMode::Disabled),
+            )
+            .build_arc()?;
+        let base = SessionContext::new_with_config_rt(config, runtime);
+        let url = ObjectStoreUrl::parse(LAKE_URL)?;
+        base.register_object_store(url.as_ref(), Arc::new(ReaderView::new(store)));
+        let policies = Arc::new(policies);
+        register(&base, Arc::clone(&policies))?;
+        Ok(Self {
+            base,
+            limits,
+            policies,
+        })
+    }
+
+    /// The limits every query runs under.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The `policies` table.
+    pub fn policies(&self) -> &Arc<PoliciesTable> {
+        &self.policies
+    }
+
+    /// A session sharing the catalog, with a memory pool of its own: for the PostgreSQL
+    /// front end, where one session serves one connection.
+    pub fn session(&self) -> SessionContext {
+        let base = self.base.runtime_env();
+        let runtime = RuntimeEnv {
+            memory_pool: Arc::new(GreedyMemoryPool::new(self.limits.memory_bytes)),
+            disk_manager: Arc::clone(&base.disk_manager),
+            cache_manager: Arc::clone(&base.cache_manager),
+            object_store_registry: Arc::clone(&base.object_store_registry),
+        };
+        let state = SessionStateBuilder::new_from_existing(self.base.state())
+            .with_runtime_env(Arc::new(runtime))
+            .build();
+        SessionContext::new_with_state(state)
+    }
+
+    /// The schema of each table, in [`crate::tables::TABLES`] order.
+    pub async fn table_schemas(&self) -> Result<Vec<(String, SchemaRef)>, QueryError> {
+        let mut out = Vec::new();
+        for name in crate::tables::TABLES {
+            let table = self
+                .base
+                .table_provider(name)
+                .await
+                .map_err(|e| QueryError::from_datafusion(e, &self.limits))?;
+            out.push((name.to_string(), table.schema()));
+        }
+        Ok(out)
+    }
+
+    /// Checks, plans and starts `sql`; the rows come from the returned stream, which ends
+    /// with [`QueryError::TimeLimit`] if the deadline passes.
+    pub async fn run(&self, sql: &str) -> Result<QueryStream, QueryError> {
+        let deadline = Instant::now() + self.limits.timeout;
+        let ctx = self.session();
+        let started = tokio::time::timeout_at(deadline, async {
+            let state = ctx.state();
+            let statement = check_read_only(&state, sql)?;
+            let plan = state
+                .statement_to_plan(statement)
+                .await
+                .map_err(|e| QueryError::from_datafusion(e, &self.limits))?;
+            read_only_options()
+                .verify_plan(&plan)
+                .map_err(|e| QueryError::Refused(e.message().to_string()))?;
+            let df = ctx
+                .execute_logical_plan(plan)
+                .await
+                .map_err(|e| QueryError::from_datafusion(e, &self.limits))?;
+            df.execute_stream()
+                .await
+                .map_err(|e| QueryError::from_datafusion(e, &self.limits))
+        })
+        .await
+        .map_err(|_| self.time_limit())??;
+        Ok(QueryStream {
+            schema: started.schema(),
+            inner: started,
+            deadline: Box::pin(tokio::time::sleep_until(deadline)),
+            limits: self.limits,
+            done: false,
+        })
+    }
+
+    /// Runs `sql` and collects at most `max_rows` rows ([`QueryError::RowLimit`] beyond).
+    pub async fn collect(
+        &self,
+        sql: &str,
+        max_rows: usize,
+    ) -> Result<(SchemaRef, Vec<RecordBatch>), QueryError> {
+        let mut stream = self.run(sql).await?;
+        let schema = stream.schema();
+        let mut batches = Vec::new();
+        let mut rows = 0;
+        while let Some(batch) = stream.next().await {
+            let batch = batch?;
+            rows += batch.num_rows();
+            if rows > max_rows {
+                return Err(QueryError::RowLimit { limit: max_rows });
+            }
+            batches.push(batch);
+        }
+        Ok((schema, batches))
+    }
+
+    /// Tier and route class names of the policy in force.
+    pub async fn names(&self) -> Result<crate::reports::Names, QueryError> {
+        use arrow::array::AsArray;
+        use arrow::datatypes::UInt8Type;
+        let batch = self
+            .policies
+            .batch()
+            .await
+            .map_err(|e| QueryError::from_datafusion(e, &self.limits))?;
+        let mut names = crate::reports::Names::default();
+        let kind = batch.column(0).as_string::<i32>();
+        let tier = batch.column(1).as_string::<i32>();
+        let tier_id = batch.column(2).as_primitive::<UInt8Type>();
+        let route = batch.column(3).as_string::<i32>();
+        let route_id = batch.column(4).as_primitive::<UInt8Type>();
+        for i in 0..batch.num_rows() {
+            if kind.value(i) == "limit" {
+                names
+                    .tiers
+                    .insert(tier.value(i).to_string(), tier_id.value(i));
+            }
+            names
+                .route_classes
+                .insert(route.value(i).to_string(), route_id.value(i));
+        }
+        Ok(names)
+    }
+
+    /// The SQL of report `name` with `params` (defaults relative to now).
+    pub async fn report_sql(
+        &self,
+        name: &str,
+        params: &std::collections::BTreeMap<String, String>,
+    ) -> Result<String, QueryError> {
+        let report = crate::reports::find(name)?;
+        let names = self.names().await?;
+        crate::reports::render(&report, params, &names, chrono::Utc::now())
+    }
+
+    fn time_limit(&self) -> QueryError {
+        QueryError::TimeLimit {
+            seconds: self.limits.timeout.as_secs(),
+        }
+    }
+}
+
+/// What DataFusion itself must refuse in a plan.
+pub fn read_only_options() -> SQLOptions {
+    SQLOptions::new()
+        .with_allow_ddl(false)
+        .with_allow_dml(false)
+        .with_allow_statements(false)
+}
+
+/// Parses `sql` and passes it only if it is one query (or `EXPLAIN` of one).
+pub fn check_read_only(
+    state: &datafusion::execution::SessionState,
+    sql: &str,
+) -> Result<DfStatement, QueryError> {
+    let dialect = state.config().options().sql_parser.dialect;
+    let statement = state
+        .sql_to_statement(sql, &dialect)
+        .map_err(|e| match e.find_root() {
+            DataFusionError::NotImplemented(m) if m.contains("single SQL statement") => {
+                QueryError::Refused(
+                    "one statement per request: send the queries one at a time".into(),
+                )
+            }
+            root => QueryError::Invalid(root.message().to_string()),
+        })?;
+    refuse_unless_query(&statement)?;
+    Ok(statement)
+}
+
+fn refuse_unless_query(statement: &DfStatement) -> Result<(), QueryError> {
+    let what = match statement {
+        DfStatement::Statement(s) => match s.as_ref() {
+            Statement::Query(_) => return Ok(()),
+            Statement::Explain { statement, .. } => match statement.as_ref() {
+                Statement::Query(_) => return Ok(()),
+                _ => "EXPLAIN of a statement that is not a query",
+            },
+            Statement::Insert(_)
+            | Statement::Update { .. }
+            | Statement::Delete(_)
+            | Statement::Merge { .. }
+            | Statement::Truncate { .. } => {
+                "a statement that changes data (INSERT, UPDATE, DELETE, MERGE, TRUNCATE)"
+            }
+            Statement::Copy { .. } => "COPY",
+            Statement::CreateTable(_)
+            | Statement::CreateView { .. }
+            | Statement::CreateSchema { .. }
+            | Statement::CreateDatabase { .. }
+            | Statement::CreateFunction(_)
+            | Statement::CreateIndex(_)
+            | Statement::Drop { .. }
+            | Statement::AlterTable { .. } => "a statement that defines or drops objects (DDL)",
+            _ => "a statement that is not a query",
+        },
+        DfStatement::CreateExternalTable(_) => "CREATE EXTERNAL TABLE (reading files by path)",
+        DfStatement::CopyTo(_) => "COPY (writing files)",
+        DfStatement::Explain(e) => return refuse_unless_query(&e.statement),
+        DfStatement::Reset(_) => "RESET",
+    };
+    Err(QueryError::Refused(format!(
+        "the query service is read-only and runs only SELECT queries: {what} is refused"
+    )))
+}
+
+/// The rows of a running query. Dropping it cancels the query.
+pub struct QueryStream {
+    schema: SchemaRef,
+    inner: SendableRecordBatchStream,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    limits: Limits,
+    done: bool,
+}
+
+impl QueryStream {
+    /// The schema of the rows.
+    pub fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+}
+
+impl Stream for QueryStream {
+    type Item = Result<RecordBatch, QueryError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        if self.deadline.as_mut().poll(cx).is_ready() {
+            self.done = true;
+            return Poll::Ready(Some(Err(QueryError::TimeLimit {
+                seconds: self.limits.timeout.as_secs(),
+            })));
+        }
+        match self.inner.poll_next_unpin(cx) {
+            Poll::Ready(Some(Err(e))) => {
+                self.done = true;
+                let limits = self.limits;
+                Poll::Ready(Some(Err(QueryError::from_datafusion(e, &limits))))
+            }
+            Poll::Ready(None) => {
+                self.done = true;
+                Poll::Ready(None)
+            }
+            other => other.map(|o| o.map(|r| r.map_err(|_| QueryError::Internal))),
+        }
+    }
+}

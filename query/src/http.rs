@@ -1,0 +1,588 @@
+//! The HTTP API (axum).
+//!
+//! | route | what |
+//! | --- | --- |
+//! | `POST /v1/sql` | body: one SQL query (text, or JSON `{"sql": "…"}`) |
+//! | `GET /v1/reports` | the named reports with their parameters |
+//! | `GET /v1/reports/{name}?…` | one report's rows |
+//! | `GET /v1/tables` | the tables and their columns |
+//! | `GET /v1/openapi.json` | the OpenAPI 3.1 document |
+//! | `GET /healthz`, `GET /metrics` | liveness, Prometheus metrics (no token needed) |
+//!
+//! Answers are JSON unless `?format=csv|arrow|parquet` or the `Accept` header asks
+//! otherwise; JSON is bounded by the row limit, the others stream. With tokens configured,
+//! every `/v1` route wants `Authorization: Bearer <token>`; with none, [`serve`] listens only
+//! on loopback.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures::StreamExt;
+use prometheus::{
+    HistogramVec, IntCounterVec, Registry, TextEncoder, register_histogram_vec_with_registry,
+    register_int_counter_vec_with_registry,
+};
+use serde_json::json;
+
+use crate::engine::{Engine, QueryError, QueryStream};
+use crate::format::{Encoder, Format, json};
+use crate::reports::catalog;
+
+/// The service's own metrics.
+#[derive(Debug, Clone)]
+pub struct QueryMetrics {
+    /// The registry holding them.
+    pub registry: Registry,
+    /// `verdict_query_requests_total{endpoint, outcome}`: outcome is `ok` or an error kind.
+    pub requests: IntCounterVec,
+    /// `verdict_query_seconds{endpoint}`: time to the answer's first byte.
+    pub seconds: HistogramVec,
+    /// `verdict_query_rows_total{endpoint}`: rows answered.
+    pub rows: IntCounterVec,
+}
+
+impl QueryMetrics {
+    /// A fresh registry.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let requests = register_int_counter_vec_with_registry!(
+            "verdict_query_requests_total",
+            "Queries answered, by endpoint and outcome (ok or the error kind)",
+            &["endpoint", "outcome"],
+            registry
+        )
+        .expect("a valid, unique metric");
+        let seconds = register_histogram_vec_with_registry!(
+            "verdict_query_seconds",
+            "Time from the request to the answer's first byte",
+            &["endpoint"],
+            vec![
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0
+            ],
+            registry
+        )
+        .expect("a valid, unique metric");
+        let rows = register_int_counter_vec_with_registry!(
+            "verdict_query_rows_total",
+            "Rows answered, by endpoint",
+            &["endpoint"],
+            registry
+        )
+        .expect("a valid, unique metric");
+        Self {
+            registry,
+            requests,
+            seconds,
+            rows,
+        }
+    }
+
+    /// The metrics in Prometheus's text format.
+    pub fn render(&self) -> String {
+        TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_default()
+    }
+}
+
+impl Default for QueryMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// What the handlers share.
+#[derive(Debug)]
+pub struct AppState {
+    /// The engine.
+    pub engine: Engine,
+    /// Accepted bearer tokens; empty: no authentication (loopback only).
+    pub tokens: Vec<String>,
+    /// Metrics.
+    pub metrics: QueryMetrics,
+}
+
+/// An error answer: `{"error": {"kind": …, "message": …}}`.
+struct ApiError(QueryError);
+
+impl From<QueryError> for ApiError {
+    fn from(e: QueryError) -> Self {
+        Self(e)
+    }
+}
+
+fn status_of(e: &QueryError) -> StatusCode {
+    match e {
+        QueryError::Refused(_) | QueryError::Invalid(_) => StatusCode::BAD_REQUEST,
+        QueryError::NotFound(_) => StatusCode::NOT_FOUND,
+        QueryError::MemoryLimit { .. } | QueryError::RowLimit { .. } => {
+            StatusCode::UNPROCESSABLE_ENTITY
+        }
+        QueryError::TimeLimit { .. } => StatusCode::REQUEST_TIMEOUT,
+        QueryError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        error_response(status_of(&self.0), self.0.kind(), &self.0.to_string())
+    }
+}
+
+fn error_response(status: StatusCode, kind: &str, message: &str) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        json!({"error": {"kind": kind, "message": message}}).to_string(),
+    )
+        .into_response()
+}
+
+/// The router over `state`.
+pub fn router(state: Arc<AppState>) -> Router {
+    let v1 = Router::new()
+        .route("/v1/sql", post(sql))
+        .route("/v1/reports", get(list_reports))
+        .route("/v1/reports/{name}", get(report))
+        .route("/v1/tables", get(tables))
+        .route("/v1/openapi.json", get(openapi))
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/metrics", get(metrics))
+        .merge(v1)
+        .fallback(|| async {
+            error_response(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such route; GET /v1/openapi.json lists them",
+            )
+        })
+        .with_state(state)
+}
+
+/// Binds `addr` and serves until `shutdown` resolves. Without tokens, only a loopback
+/// address is accepted.
+pub async fn serve(
+    state: Arc<AppState>,
+    addr: SocketAddr,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let listener = bind(&state, addr).await?;
+    tracing::info!(addr = %listener.local_addr()?, auth = !state.tokens.is_empty(), "query service listening");
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Binds `addr`, refusing a non-loopback address when no token is configured.
+pub async fn bind(state: &AppState, addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    check_exposure(&state.tokens, addr)?;
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("binding the query service to {addr}: {e}"),
+        )
+    })
+}
+
+/// No token, no listening beyond loopback.
+pub fn check_exposure(tokens: &[String], addr: SocketAddr) -> std::io::Result<()> {
+    if tokens.is_empty() && !addr.ip().is_loopback() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "no token is configured, so the service listens on loopback only, not {addr}: \
+                 configure tokens (--tokens-file) or listen on 127.0.0.1"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+async fn auth(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    if state.tokens.is_empty() {
+        return next.run(request).await;
+    }
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match given {
+        Some(token)
+            if state
+                .tokens
+                .iter()
+                .any(|t| constant_time_eq(t.as_bytes(), token.as_bytes())) =>
+        {
+            next.run(request).await
+        }
+        _ => {
+            let mut r = error_response(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "this service wants a bearer token: Authorization: Bearer <token>",
+            );
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            r
+        }
+    }
+}
+
+/// Compares two secrets in time independent of where they differ.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+fn pick_format(
+    params: &BTreeMap<String, String>,
+    headers: &HeaderMap,
+) -> Result<Format, QueryError> {
+    if let Some(name) = params.get("format") {
+        return Format::from_name(name).ok_or_else(|| {
+            QueryError::Invalid(format!(
+                "format {name:?} is not one of {}",
+                Format::NAMES.join(", ")
+            ))
+        });
+    }
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("*/*");
+    Format::from_accept(accept).ok_or_else(|| {
+        QueryError::Invalid(format!(
+            "Accept {accept:?} names no format this service writes: application/json, text/csv, \
+             application/vnd.apache.arrow.stream, application/vnd.apache.parquet"
+        ))
+    })
+}
+
+async fn sql(
+    State(state): State<Arc<AppState>>,
+    Query(params): Query<BTreeMap<String, String>>,
+    headers: HeaderMap,
+    body: String,
+) -> Response {
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    let text = if is_json {
+        match serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v.get("sql").and_then(|s| s.as_str()).map(str::to_string))
+        {
+            Some(s) => s,
+            None => {
+                return answer_error(
+                    &state,
+                    "sql",
+                    QueryError::Invalid(
+                        "a JSON body must be an object with a string field \"sql\"".into(),
+                    ),
+                );
+            }
+        }
+    } else {
+        body
+    };
+    if text.trim().is_empty() {
+        return answer_error(
+            &state,
+            "sql",
+            QueryError::Invalid("the body holds no SQL".into()),
+        );
+    }
+    answer(&state, "sql", &text, &params, &headers).await
+}
+
+async fn report(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    Query(params): Query<BTreeMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let sql = match state.engine.report_sql(&name, &params).await {
+        Ok(sql) => sql,
+        Err(e) => return answer_error(&state, "report", e),
+    };
+    tracing::debug!(report = %name, %sql, "report");
+    answer(&state, "report", &sql, &params, &headers).await
+}
+
+fn answer_error(state: &AppState, endpoint: &str, e: QueryError) -> Response {
+    state
+        .metrics
+        .requests
+        .with_label_values(&[endpoint, e.kind()])
+        .inc();
+    ApiError(e).into_response()
+}
+
+async fn answer(
+    state: &AppState,
+    endpoint: &str,
+    sql: &str,
+    params: &BTreeMap<String, String>,
+    headers: &HeaderMap,
+) -> Response {
+    let started = Instant::now();
+    let format = match pick_format(params, headers) {
+        Ok(f) => f,
+        Err(e) => return answer_error(state, endpoint, e),
+    };
+    let result = match format {
+        Format::Json => json_answer(state, sql).await,
+        other => streamed_answer(state, endpoint, sql, other).await,
+    };
+    state
+        .metrics
+        .seconds
+        .with_label_values(&[endpoint])
+        .observe(started.elapsed().as_secs_f64());
+    match result {
+        Ok((response, rows)) => {
+            state
+                .metrics
+                .requests
+                .with_label_values(&[endpoint, "ok"])
+                .inc();
+            if let Some(rows) = rows {
+                state
+                    .metrics
+                    .rows
+                    .with_label_values(&[endpoint])
+                    .inc_by(rows as u64);
+            }
+            response
+        }
+        Err(e) => {
+            tracing::info!(endpoint, kind = e.kind(), error = %e, "query refused or failed");
+            answer_error(state, endpoint, e)
+        }
+    }
+}
+
+async fn json_answer(state: &AppState, sql: &str) -> Result<(Response, Option<usize>), QueryError> {
+    let limit = state.engine.limits().json_rows;
+    let (schema, batches) = state.engine.collect(sql, limit).await?;
+    let rows = batches.iter().map(|b| b.num_rows()).sum();
+    let body = json(&schema, &batches).map_err(|e| {
+        tracing::warn!(error = %e, "encoding JSON failed");
+        QueryError::Internal
+    })?;
+    Ok((
+        ([(header::CONTENT_TYPE, Format::Json.content_type())], body).into_response(),
+        Some(rows),
+    ))
+}
+
+/// Starts the query and waits for its first batch, so that an error before any row is a
+/// clean error answer; the rest streams. An error later cuts the stream short (the client
+/// sees an incomplete body, never a complete-looking wrong one).
+async fn streamed_answer(
+    state: &AppState,
+    endpoint: &str,
+    sql: &str,
+    format: Format,
+) -> Result<(Response, Option<usize>), QueryError> {
+    let mut stream: QueryStream = state.engine.run(sql).await?;
+    let schema = stream.schema();
+    let first = stream.next().await.transpose()?;
+    let internal = |e: arrow::error::ArrowError| {
+        tracing::warn!(error = %e, "encoding the answer failed");
+        QueryError::Internal
+    };
+    let mut encoder = Encoder::new(format, &schema).map_err(internal)?;
+    let head = match &first {
+        Some(b) => encoder.batch(b).map_err(internal)?,
+        None => bytes::Bytes::new(),
+    };
+    let rows_metric = state.metrics.rows.with_label_values(&[endpoint]);
+    rows_metric.inc_by(first.as_ref().map_or(0, |b| b.num_rows() as u64));
+    let body = futures::stream::unfold(Some((stream, encoder, schema)), move |st| {
+        let rows_metric = rows_metric.clone();
+        async move {
+            let (mut stream, mut encoder, schema) = st?;
+            match stream.next().await {
+                Some(Ok(batch)) => {
+                    rows_metric.inc_by(batch.num_rows() as u64);
+                    match encoder.batch(&batch) {
+                        Ok(bytes) => Some((Ok(bytes), Some((stream, encoder, schema)))),
+                        Err(e) => Some((Err(std::io::Error::other(e.to_string())), None)),
+                    }
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "query failed while streaming; answer cut short");
+                    Some((Err(std::io::Error::other(e.to_string())), None))
+                }
+                None => match encoder.finish(&schema) {
+                    Ok(bytes) => Some((Ok(bytes), None)),
+                    Err(e) => Some((Err(std::io::Error::other(e.to_string())), None)),
+                },
+            }
+        }
+    });
+    let body = futures::stream::once(async move { Ok::<_, std::io::Error>(head) }).chain(body);
+    let response = Response::builder()
+        .header(header::CONTENT_TYPE, format.content_type())
+        .body(Body::from_stream(body))
+        .map_err(|_| QueryError::Internal)?;
+    Ok((response, None))
+}
+
+async fn list_reports() -> Response {
+    axum::Json(json!({"reports": catalog()})).into_response()
+}
+
+async fn tables(State(state): State<Arc<AppState>>) -> Response {
+    match state.engine.table_schemas().await {
+        Ok(tables) => {
+            let tables: Vec<serde_json::Value> = tables
+                .iter()
+                .map(|(name, schema)| {
+                    let columns: Vec<serde_json::Value> = schema
+                        .fields()
+                        .iter()
+                        .map(|f| json!({"name": f.name(), "type": f.data_type().to_string(), "nullable": f.is_nullable()}))
+                        .collect();
+                    json!({"name": name, "columns": columns})
+                })
+                .collect();
+            axum::Json(json!({"tables": tables})).into_response()
+        }
+        Err(e) => ApiError(e).into_response(),
+    }
+}
+
+async fn openapi() -> Response {
+    axum::Json(openapi_document()).into_response()
+}
+
+/// The OpenAPI 3.1 document of this API.
+pub fn openapi_document() -> serde_json::Value {
+    let formats = json!({
+        "name": "format", "in": "query", "required": false,
+        "description": "answer format (default: from Accept, else json); json is bounded by the row limit, the others stream",
+        "schema": {"type": "string", "enum": Format::NAMES}
+    });
+    let answer = json!({
+        "200": {"description": "the rows", "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/Rows"}},
+            "text/csv": {"schema": {"type": "string"}},
+            "application/vnd.apache.arrow.stream": {"schema": {"type": "string", "format": "binary"}},
+            "application/vnd.apache.parquet": {"schema": {"type": "string", "format": "binary"}}
+        }},
+        "400": {"$ref": "#/components/responses/Error"},
+        "401": {"$ref": "#/components/responses/Error"},
+        "404": {"$ref": "#/components/responses/Error"},
+        "408": {"$ref": "#/components/responses/Error"},
+        "422": {"$ref": "#/components/responses/Error"}
+    });
+    let mut report_params = vec![
+        json!({"name": "name", "in": "path", "required": true, "schema": {"type": "string", "enum": catalog().iter().map(|r| r.name).collect::<Vec<_>>()}}),
+        formats.clone(),
+    ];
+    let mut seen = std::collections::BTreeSet::new();
+    for r in catalog() {
+        for p in r.params {
+            if seen.insert(p.name) {
+                report_params.push(json!({"name": p.name, "in": "query", "required": false, "description": p.doc, "schema": {"type": "string"}}));
+            }
+        }
+    }
+    json!({
+        "openapi": "3.1.0",
+        "info": {"title": "verdict query service", "version": env!("CARGO_PKG_VERSION"),
+                 "description": "Read-only SQL and named reports over the rate limiter's decisions: decisions, denied_hourly, overage, policies."},
+        "security": [{"bearer": []}],
+        "paths": {
+            "/v1/sql": {"post": {
+                "summary": "Run one read-only SQL query (SELECT or EXPLAIN of one)",
+                "parameters": [formats],
+                "requestBody": {"required": true, "content": {
+                    "text/plain": {"schema": {"type": "string"}},
+                    "application/json": {"schema": {"type": "object", "required": ["sql"], "properties": {"sql": {"type": "string"}}}}
+                }},
+                "responses": answer.clone()
+            }},
+            "/v1/reports": {"get": {"summary": "The named reports and their parameters",
+                "responses": {"200": {"description": "reports", "content": {"application/json": {}}}}}},
+            "/v1/reports/{name}": {"get": {"summary": "Run a named report", "parameters": report_params, "responses": answer}},
+            "/v1/tables": {"get": {"summary": "The tables and their columns",
+                "responses": {"200": {"description": "tables", "content": {"application/json": {}}}}}},
+            "/v1/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3.1"}}}},
+            "/healthz": {"get": {"summary": "Liveness", "security": [], "responses": {"200": {"description": "ok"}}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics", "security": [], "responses": {"200": {"description": "text format 0.0.4"}}}}
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Rows": {"type": "object", "properties": {
+                    "columns": {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}, "type": {"type": "string"}}}},
+                    "rows": {"type": "array", "items": {"type": "object"}},
+                    "row_count": {"type": "integer"}
+                }},
+                "Error": {"type": "object", "properties": {"error": {"type": "object", "properties": {
+                    "kind": {"type": "string", "enum": ["refused", "invalid_query", "not_found", "memory_limit", "time_limit", "row_limit", "internal", "unauthorized"]},
+                    "message": {"type": "string"}
+                }}}}
+            },
+            "responses": {"Error": {"description": "an error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}}
+        }
+    })
+}
+
+/// Loads bearer tokens: one per line of `path` (blank lines and `#` comments skipped).
+pub fn load_tokens(path: &std::path::Path) -> std::io::Result<Vec<String>> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("reading tokens from {}: {e}", path.display()),
+        )
+    })?;
+    let tokens: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect();
+    if tokens.is_empty() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{} holds no token", path.display()),
+        ));
+    }
+    Ok(tokens)
+}
+
+/// The address a listener is bound to, for logs and tests.
+pub fn local_addr(listener: &tokio::net::TcpListener) -> SocketAddr {
+    listener
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)))
+}

@@ -1,0 +1,270 @@
+//! The same tables over the PostgreSQL wire protocol, so `psql` and BI tools connect
+//! (`datafusion-postgres` on `pgwire`).
+//!
+//! Read-only as over HTTP: a hook refuses every statement but queries (and the `SET`, `SHOW`,
+//! transaction and cursor statements clients send on their own), before DataFusion plans it.
+//! With tokens configured, the password must be one of them (any user name); with none, the
+//! listener must be on loopback. The session has the engine's memory limit.
+
+use std::fmt::Debug;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::common::ParamValues;
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::prelude::SessionContext;
+use datafusion::sql::sqlparser::ast::Statement;
+use datafusion_postgres::DfSessionService;
+use datafusion_postgres::auth::AuthManager;
+use datafusion_postgres::datafusion_pg_catalog::pg_catalog::setup_pg_catalog;
+use datafusion_postgres::hooks::cursor::CursorStatementHook;
+use datafusion_postgres::hooks::set_show::SetShowHook;
+use datafusion_postgres::hooks::transactions::TransactionStatementHook;
+use datafusion_postgres::hooks::{HookClient, QueryHook};
+use datafusion_postgres::pgwire::api::auth::{
+    DefaultServerParameterProvider, LoginInfo, StartupHandler, finish_authentication,
+    protocol_negotiation, save_startup_parameters_to_metadata,
+};
+use datafusion_postgres::pgwire::api::cancel::DefaultCancelHandler;
+use datafusion_postgres::pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
+use datafusion_postgres::pgwire::api::results::Response;
+use datafusion_postgres::pgwire::api::{
+    ClientInfo, ConnectionManager, PgWireConnectionState, PgWireServerHandlers,
+    PidSecretKeyGenerator, RandomPidSecretKeyGenerator,
+};
+use datafusion_postgres::pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+use datafusion_postgres::pgwire::messages::startup::Authentication;
+use datafusion_postgres::pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
+use datafusion_postgres::pgwire::tokio::process_socket;
+use futures::{Sink, SinkExt};
+
+use crate::engine::Engine;
+use crate::http::{check_exposure, constant_time_eq};
+
+/// Refuses every statement that is not a query or a client's session housekeeping.
+#[derive(Debug)]
+pub struct ReadOnlyHook;
+
+/// Why `statement` is refused, or `None` if it may run.
+pub fn refusal(statement: &Statement) -> Option<String> {
+    let allowed = match statement {
+        Statement::Query(_) => true,
+        Statement::Explain { statement, .. } => matches!(statement.as_ref(), Statement::Query(_)),
+        Statement::Set(_)
+        | Statement::ShowVariable { .. }
+        | Statement::ShowVariables { .. }
+        | Statement::ShowTables { .. }
+        | Statement::ShowColumns { .. }
+        | Statement::StartTransaction { .. }
+        | Statement::Commit { .. }
+        | Statement::Rollback { .. }
+        | Statement::Declare { .. }
+        | Statement::Fetch { .. }
+        | Statement::Close { .. }
+        | Statement::Discard { .. }
+        | Statement::Deallocate { .. } => true,
+        _ => false,
+    };
+    (!allowed).then(|| {
+        let text = statement.to_string();
+        let head: String = text
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ");
+        format!("the query service is read-only and runs only SELECT queries: {head} … is refused")
+    })
+}
+
+fn refused(message: String) -> PgWireError {
+    // 25006: read_only_sql_transaction.
+    PgWireError::UserError(Box::new(ErrorInfo::new(
+        "ERROR".to_owned(),
+        "25006".to_owned(),
+        message,
+    )))
+}
+
+#[async_trait]
+impl QueryHook for ReadOnlyHook {
+    async fn handle_simple_query(
+        &self,
+        statement: &Statement,
+        _: &SessionContext,
+        _: &mut dyn HookClient,
+    ) -> Option<PgWireResult<Response>> {
+        refusal(statement).map(|m| Err(refused(m)))
+    }
+
+    async fn handle_extended_parse_query(
+        &self,
+        statement: &Statement,
+        _: &SessionContext,
+        _: &(dyn ClientInfo + Send + Sync),
+    ) -> Option<PgWireResult<LogicalPlan>> {
+        refusal(statement).map(|m| Err(refused(m)))
+    }
+
+    async fn handle_extended_query(
+        &self,
+        statement: &Statement,
+        _: &LogicalPlan,
+        _: &ParamValues,
+        _: &SessionContext,
+        _: &mut dyn HookClient,
+    ) -> Option<PgWireResult<Response>> {
+        refusal(statement).map(|m| Err(refused(m)))
+    }
+}
+
+/// Asks for a password and accepts any configured token; with no tokens, asks nothing.
+#[derive(Debug)]
+struct TokenStartup {
+    tokens: Vec<String>,
+    parameters: DefaultServerParameterProvider,
+    pids: RandomPidSecretKeyGenerator,
+}
+
+#[async_trait]
+impl StartupHandler for TokenStartup {
+    async fn on_startup<C>(
+        &self,
+        client: &mut C,
+        message: PgWireFrontendMessage,
+    ) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        match message {
+            PgWireFrontendMessage::Startup(ref startup) => {
+                protocol_negotiation(client, startup).await?;
+                save_startup_parameters_to_metadata(client, startup);
+                if self.tokens.is_empty() {
+                    self.accept(client).await?;
+                } else {
+                    client.set_state(PgWireConnectionState::AuthenticationInProgress);
+                    client
+                        .send(PgWireBackendMessage::Authentication(
+                            Authentication::CleartextPassword,
+                        ))
+                        .await?;
+                }
+            }
+            PgWireFrontendMessage::PasswordMessageFamily(pwd) => {
+                let pwd = pwd.into_password()?;
+                let ok = self
+                    .tokens
+                    .iter()
+                    .any(|t| constant_time_eq(t.as_bytes(), pwd.password.as_bytes()));
+                if !ok {
+                    let login = LoginInfo::from_client_info(client);
+                    tracing::info!(user = ?login.user(), host = login.host(), "PostgreSQL login refused: wrong token");
+                    return Err(PgWireError::InvalidPassword(
+                        login.user().map(str::to_owned).unwrap_or_default(),
+                    ));
+                }
+                self.accept(client).await?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+impl TokenStartup {
+    async fn accept<C>(&self, client: &mut C) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let (pid, secret) = self.pids.generate(client);
+        client.set_pid_and_secret_key(pid, secret);
+        finish_authentication(client, &self.parameters).await
+    }
+}
+
+/// The handlers of one listener.
+struct Handlers {
+    session: Arc<DfSessionService>,
+    startup: Arc<TokenStartup>,
+    cancel: Arc<DefaultCancelHandler>,
+}
+
+impl PgWireServerHandlers for Handlers {
+    fn simple_query_handler(&self) -> Arc<impl SimpleQueryHandler> {
+        Arc::clone(&self.session)
+    }
+
+    fn extended_query_handler(&self) -> Arc<impl ExtendedQueryHandler> {
+        Arc::clone(&self.session)
+    }
+
+    fn startup_handler(&self) -> Arc<impl StartupHandler> {
+        Arc::clone(&self.startup)
+    }
+
+    fn cancel_handler(&self) -> Arc<impl datafusion_postgres::pgwire::api::cancel::CancelHandler> {
+        Arc::clone(&self.cancel)
+    }
+}
+
+/// Binds `addr` (refusing a non-loopback address without tokens) and serves the engine's
+/// tables over the PostgreSQL protocol until the task is dropped.
+pub async fn serve(
+    engine: &Engine,
+    tokens: Vec<String>,
+    addr: SocketAddr,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    check_exposure(&tokens, addr)?;
+    let ctx = engine.session();
+    setup_pg_catalog(&ctx, "datafusion", Arc::new(AuthManager::default()))
+        .map_err(|e| std::io::Error::other(format!("setting up pg_catalog: {e}")))?;
+    let hooks: Vec<Arc<dyn QueryHook>> = vec![
+        Arc::new(ReadOnlyHook),
+        Arc::new(CursorStatementHook),
+        Arc::new(SetShowHook),
+        Arc::new(TransactionStatementHook),
+    ];
+    let mut parameters = DefaultServerParameterProvider::default();
+    parameters.default_transaction_read_only = true;
+    parameters.is_superuser = false;
+    let handlers = Arc::new(Handlers {
+        session: Arc::new(DfSessionService::new_with_hooks(Arc::new(ctx), hooks)),
+        startup: Arc::new(TokenStartup {
+            tokens,
+            parameters,
+            pids: RandomPidSecretKeyGenerator::default(),
+        }),
+        cancel: Arc::new(DefaultCancelHandler::new(
+            Arc::new(ConnectionManager::new()),
+        )),
+    });
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("binding the PostgreSQL listener to {addr}: {e}"),
+        )
+    })?;
+    let bound = listener.local_addr()?;
+    tracing::info!(addr = %bound, "PostgreSQL wire protocol listening");
+    let task = tokio::spawn(async move {
+        loop {
+            match listener.accept().await {
+                Ok((socket, peer)) => {
+                    let handlers = Arc::clone(&handlers);
+                    tokio::spawn(async move {
+                        if let Err(e) = process_socket(socket, None, handlers).await {
+                            tracing::info!(%peer, error = %e, "PostgreSQL connection ended with an error");
+                        }
+                    });
+                }
+                Err(e) => tracing::warn!(error = %e, "accepting a PostgreSQL connection failed"),
+            }
+        }
+    });
+    Ok((bound, task))
+}

@@ -1,0 +1,225 @@
+//! The lake as a reader sees it: read-only, and with every listing cut down to the files a
+//! query may count.
+//!
+//! In a raw partition folder, a file whose offset range lies inside another file's range for
+//! the same topic partition is left out of listings (compaction writes the covering file
+//! before it deletes the covered ones; DESIGN.md, "Readers never double count"). Objects that
+//! are not Parquet are left out too. Writes, copies, renames and deletes are refused, so no
+//! statement can change the lake through the query service.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::TryStreamExt;
+use futures::stream::BoxStream;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions, Result,
+};
+use verdict_rollup::sources::{RawFile, effective};
+use verdict_schemas::layout::{PARQUET_EXT, RAW_PREFIX, RawFileName};
+
+/// `inner`, read-only, listing only what a reader counts.
+#[derive(Debug)]
+pub struct ReaderView {
+    inner: Arc<dyn ObjectStore>,
+}
+
+impl ReaderView {
+    /// A reader's view of `inner`.
+    pub fn new(inner: Arc<dyn ObjectStore>) -> Self {
+        Self { inner }
+    }
+}
+
+impl std::fmt::Display for ReaderView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ReaderView({})", self.inner)
+    }
+}
+
+fn refused(what: &str, path: &Path) -> object_store::Error {
+    object_store::Error::NotSupported {
+        source: format!("the query service is read-only: {what} {path} refused").into(),
+    }
+}
+
+fn is_parquet(meta: &ObjectMeta) -> bool {
+    meta.location.extension() == Some(PARQUET_EXT)
+}
+
+fn in_raw(meta: &ObjectMeta) -> bool {
+    meta.location
+        .parts()
+        .next()
+        .is_some_and(|p| p.as_ref() == RAW_PREFIX)
+}
+
+/// Keeps the Parquet objects a reader counts: outside `raw/` all of them; inside, per folder,
+/// the raw files no other file covers (a Parquet object in `raw/` whose name does not parse
+/// is kept: the query then reads what is there rather than hiding it).
+pub fn readable(listed: Vec<ObjectMeta>) -> Vec<ObjectMeta> {
+    let mut out = Vec::with_capacity(listed.len());
+    let mut folders: BTreeMap<String, Vec<RawFile>> = BTreeMap::new();
+    for meta in listed.into_iter().filter(is_parquet) {
+        if !in_raw(&meta) {
+            out.push(meta);
+            continue;
+        }
+        match meta.location.filename().map(str::parse::<RawFileName>) {
+            Some(Ok(name)) => {
+                let folder = meta
+                    .location
+                    .as_ref()
+                    .rsplit_once('/')
+                    .map_or(String::new(), |(dir, _)| dir.to_string());
+                folders
+                    .entry(folder)
+                    .or_default()
+                    .push(RawFile { meta, name });
+            }
+            _ => out.push(meta),
+        }
+    }
+    for files in folders.into_values() {
+        out.extend(effective(files).0.into_iter().map(|f| f.meta));
+    }
+    out.sort_by(|a, b| a.location.cmp(&b.location));
+    out
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for ReaderView {
+    async fn put_opts(&self, location: &Path, _: PutPayload, _: PutOptions) -> Result<PutResult> {
+        Err(refused("writing", location))
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        _: PutMultipartOptions,
+    ) -> Result<Box<dyn MultipartUpload>> {
+        Err(refused("writing", location))
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        self.inner.get_opts(location, options).await
+    }
+
+    async fn get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
+        self.inner.get_ranges(location, ranges).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, Result<Path>>,
+    ) -> BoxStream<'static, Result<Path>> {
+        locations
+            .map(|p| p.and_then(|p| Err(refused("deleting", &p))))
+            .boxed()
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
+        let listing = self.inner.list(prefix);
+        futures::stream::once(async move {
+            let listed: Vec<ObjectMeta> = listing.try_collect().await?;
+            Ok::<_, object_store::Error>(futures::stream::iter(
+                readable(listed).into_iter().map(Ok),
+            ))
+        })
+        .try_flatten()
+        .boxed()
+    }
+
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, Result<ObjectMeta>> {
+        let offset = offset.clone();
+        self.list(prefix)
+            .try_filter(move |m| futures::future::ready(m.location > offset))
+            .boxed()
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
+        let mut listed = self.inner.list_with_delimiter(prefix).await?;
+        listed.objects = readable(std::mem::take(&mut listed.objects));
+        Ok(listed)
+    }
+
+    async fn copy_opts(&self, _: &Path, to: &Path, _: CopyOptions) -> Result<()> {
+        Err(refused("copying to", to))
+    }
+
+    async fn rename_opts(&self, _: &Path, to: &Path, _: RenameOptions) -> Result<()> {
+        Err(refused("renaming to", to))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use object_store::ObjectStoreExt;
+    use object_store::memory::InMemory;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn listings_leave_out_covered_raw_files_and_non_parquet_objects() {
+        let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let dir = "raw/date=2026-11-30/hour=14";
+        let name = |first, last| RawFileName::new("t", 0, first, last).unwrap().to_string();
+        for key in [
+            format!("{dir}/{}", name(0, 9)),
+            format!("{dir}/{}", name(10, 19)),
+            format!("{dir}/{}", name(0, 19)),
+            format!("{dir}/{}", name(20, 29)),
+            format!("{dir}/notes.txt"),
+            "rollup/denied_hourly/date=2026-11-30/hour=14/denied_hourly.parquet".to_string(),
+        ] {
+            inner
+                .put(&Path::from(key), PutPayload::from_static(b"x"))
+                .await
+                .unwrap();
+        }
+        let view = ReaderView::new(inner);
+        let listed: Vec<String> = view
+            .list(None)
+            .map_ok(|m| m.location.to_string())
+            .try_collect()
+            .await
+            .unwrap();
+        assert_eq!(
+            listed,
+            [
+                format!("{dir}/{}", name(0, 19)),
+                format!("{dir}/{}", name(20, 29)),
+                "rollup/denied_hourly/date=2026-11-30/hour=14/denied_hourly.parquet".to_string(),
+            ]
+        );
+        let shallow = view
+            .list_with_delimiter(Some(&Path::from(dir)))
+            .await
+            .unwrap();
+        assert_eq!(shallow.objects.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn writes_and_deletes_are_refused() {
+        let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let view = ReaderView::new(Arc::clone(&inner));
+        let p = Path::from("raw/x.parquet");
+        let e = view
+            .put(&p, PutPayload::from_static(b"x"))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("read-only"), "{e}");
+        inner.put(&p, PutPayload::from_static(b"x")).await.unwrap();
+        assert!(view.delete(&p).await.is_err());
+        assert!(inner.head(&p).await.is_ok());
+    }
+}
