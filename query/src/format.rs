@@ -134,7 +134,9 @@ pub fn hex_keys(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
 
 /// The JSON answer of collected batches.
 pub fn json(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>, ArrowError> {
-    let mut rows = arrow::json::ArrayWriter::new(Vec::new());
+    let mut rows = arrow::json::WriterBuilder::new()
+        .with_explicit_nulls(true)
+        .build::<_, arrow::json::writer::JsonArray>(Vec::new());
     let refs: Vec<&RecordBatch> = batches.iter().collect();
     rows.write_batches(&refs)?;
     rows.finish()?;

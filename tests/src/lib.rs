@@ -4,6 +4,7 @@
 
 pub mod ingest_check;
 pub mod private;
+pub mod query_fixture;
 pub mod rollup_check;
 
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};

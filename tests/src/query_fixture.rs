@@ -1,0 +1,319 @@
+//! A lake with known answers for the query service's tests: four tiers whose limits are
+//! wrong in known ways, written as raw files, rolled up and turned into overage the way
+//! the pipeline does it.
+//!
+//! Hour 10:00 (policy version 1) and hour 11:00 (version 2) of 2026-11-30, route class
+//! `read`:
+//! - `tight` (enforce): 10 keys, each 10 allowed and 10 refused by the bucket: every key
+//!   refused, so its limit is **too low**. One of its keys has an override.
+//! - `roomy` (enforce): 5 keys, each 10 allowed out of a quota of 1000: nobody comes near,
+//!   so its limit is **too high**. Its first key's decisions in region 1 are 5 made by the
+//!   local fallback, and 3 by the kill switch in region 2: the only degraded decisions.
+//! - `trial` (shadow): 20 keys, each 15 allowed (quota 20); one key is refused 10 times by
+//!   the bucket, as would-deny: the only **shadow** impact.
+//! - `steady` (enforce): 20 keys, each 60 allowed (quota 100); one key spends its quota
+//!   and is refused 5 times by the window: the only key **over quota** (overage). In hour
+//!   11, under version 2, every key is refused half the time: the **policy change** that
+//!   jumped.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use object_store::ObjectStore;
+use verdict_jobs::overage;
+use verdict_rollup::Rollup;
+use verdict_schemas::layout::HourPartition;
+use verdict_schemas::{
+    DecisionEvent, DecisionSource, DeniedBy, KeyId, RegionId, RouteClassId, TierId, Verdict,
+};
+
+use crate::rollup_check::write_raw_hour;
+
+/// 2026-11-30T10:00:00Z.
+pub const HOUR_10_MS: i64 = 1_796_032_800_000;
+/// The known tiers' ids.
+pub const TIGHT: u8 = 0;
+/// See the module documentation.
+pub const ROOMY: u8 = 1;
+/// See the module documentation.
+pub const TRIAL: u8 = 2;
+/// See the module documentation.
+pub const STEADY: u8 = 3;
+
+/// The policy the lake was decided under (version 2; `tight`'s first key has an override).
+pub const POLICY_TOML: &str = r#"
+version = 2
+kill_switch = false
+
+[[tiers]]
+id = 0
+name = "tight"
+[[tiers]]
+id = 1
+name = "roomy"
+[[tiers]]
+id = 2
+name = "trial"
+[[tiers]]
+id = 3
+name = "steady"
+
+[[route_classes]]
+id = 0
+name = "read"
+prefixes = ["/v1/items"]
+[[route_classes]]
+id = 1
+name = "write"
+prefixes = ["/v1/orders"]
+
+[[limits]]
+tier = "tight"
+route_class = "*"
+capacity = 10
+refill_per_s = 0.01
+hourly_quota = 1000
+
+[[limits]]
+tier = "roomy"
+route_class = "*"
+capacity = 100
+refill_per_s = 10.0
+hourly_quota = 1000
+
+[[limits]]
+tier = "trial"
+route_class = "*"
+capacity = 15
+refill_per_s = 0.01
+hourly_quota = 20
+mode = "shadow"
+
+[[limits]]
+tier = "steady"
+route_class = "*"
+capacity = 200
+refill_per_s = 1.0
+hourly_quota = 100
+
+[[overrides]]
+key_id = "a0000000000000000000000000000000"
+route_class = "read"
+capacity = 12
+refill_per_s = 0.02
+hourly_quota = 1200
+"#;
+
+/// The key id of key `n` of tier `tier`: `a0`, 13 zero bytes, the tier, then `n`.
+pub fn key(tier: u8, n: u8) -> KeyId {
+    let mut k = [0u8; 16];
+    k[0] = 0xa0;
+    k[14] = tier;
+    k[15] = n;
+    KeyId(k)
+}
+
+/// `key` as the 32 hex digits the API takes and prints.
+pub fn key_hex(tier: u8, n: u8) -> String {
+    hex::encode(key(tier, n).0)
+}
+
+/// The steady key that goes over its quota.
+pub const STEADY_OVER: u8 = 7;
+/// The trial key that shadow mode would refuse.
+pub const TRIAL_REFUSED: u8 = 3;
+
+struct Gen {
+    events: Vec<DecisionEvent>,
+    hour_ms: i64,
+    version: u64,
+}
+
+impl Gen {
+    #[allow(clippy::too_many_arguments)]
+    fn push(
+        &mut self,
+        tier: u8,
+        n: u8,
+        verdict: Verdict,
+        denied_by: DeniedBy,
+        source: DecisionSource,
+        region: u16,
+        remaining_window: u32,
+        quota: u32,
+    ) {
+        let i = self.events.len() as i64;
+        self.events.push(DecisionEvent {
+            event_time_ms: self.hour_ms + (i * 997) % 3_600_000,
+            key_id: key(tier, n),
+            route_class: RouteClassId(0),
+            tier: TierId(tier),
+            region: RegionId(region),
+            gateway_instance: 1,
+            verdict,
+            denied_by,
+            source,
+            remaining_tokens: 0,
+            remaining_window,
+            retry_after_ms: if verdict == Verdict::Allowed { 0 } else { 1000 },
+            window_quota: quota,
+            policy_version: self.version,
+            sub_key: 0,
+            sub_keys: 1,
+        });
+    }
+
+    /// `count` allowed decisions of a key, the window going down from `quota - 1`.
+    fn allowed(&mut self, tier: u8, n: u8, count: u32, quota: u32) {
+        for i in 0..count {
+            self.push(tier, n, Verdict::Allowed, DeniedBy::NONE, DecisionSource::CounterStore, 0, quota - 1 - i, quota);
+        }
+    }
+
+    fn refused(&mut self, tier: u8, n: u8, count: u32, verdict: Verdict, by: DeniedBy, remaining: u32, quota: u32) {
+        for _ in 0..count {
+            self.push(tier, n, verdict, by, DecisionSource::CounterStore, 0, remaining, quota);
+        }
+    }
+}
+
+const BUCKET: DeniedBy = DeniedBy {
+    bucket: true,
+    window: false,
+};
+const WINDOW: DeniedBy = DeniedBy {
+    bucket: false,
+    window: true,
+};
+
+/// The decisions of hour 10 (version 1).
+pub fn hour_10() -> Vec<DecisionEvent> {
+    let mut g = Gen {
+        events: Vec::new(),
+        hour_ms: HOUR_10_MS,
+        version: 1,
+    };
+    for n in 0..10 {
+        g.allowed(TIGHT, n, 10, 1000);
+        g.refused(TIGHT, n, 10, Verdict::Denied, BUCKET, 990, 1000);
+    }
+    for n in 0..5 {
+        g.allowed(ROOMY, n, 10, 1000);
+    }
+    for _ in 0..5 {
+        g.push(ROOMY, 0, Verdict::Allowed, DeniedBy::NONE, DecisionSource::LocalFallback, 1, 995, 1000);
+    }
+    for _ in 0..3 {
+        g.push(ROOMY, 0, Verdict::Allowed, DeniedBy::NONE, DecisionSource::KillSwitch, 2, 0, 1000);
+    }
+    for n in 0..20 {
+        g.allowed(TRIAL, n, 15, 20);
+    }
+    g.refused(TRIAL, TRIAL_REFUSED, 10, Verdict::WouldDeny, BUCKET, 5, 20);
+    for n in 0..20 {
+        if n == STEADY_OVER {
+            g.allowed(STEADY, n, 100, 100);
+            g.refused(STEADY, n, 5, Verdict::Denied, WINDOW, 0, 100);
+        } else {
+            g.allowed(STEADY, n, 60, 100);
+        }
+    }
+    g.events
+}
+
+/// The decisions of hour 11 (version 2): as hour 10 for `tight`, `roomy` and `trial`, and
+/// `steady` refused half the time.
+pub fn hour_11() -> Vec<DecisionEvent> {
+    let mut g = Gen {
+        events: Vec::new(),
+        hour_ms: HOUR_10_MS + 3_600_000,
+        version: 2,
+    };
+    for n in 0..10 {
+        g.allowed(TIGHT, n, 10, 1000);
+        g.refused(TIGHT, n, 10, Verdict::Denied, BUCKET, 990, 1000);
+    }
+    for n in 0..5 {
+        g.allowed(ROOMY, n, 10, 1000);
+    }
+    for n in 0..20 {
+        g.allowed(TRIAL, n, 15, 20);
+    }
+    for n in 0..20 {
+        g.allowed(STEADY, n, 5, 100);
+        g.refused(STEADY, n, 5, Verdict::Denied, BUCKET, 95, 100);
+    }
+    g.events
+}
+
+/// Writes the two hours as raw files (3 partitions, 200 records a file), rolls them up and
+/// computes the day's overage, like the pipeline; returns the policy file's path (in `dir`).
+pub async fn write_known_lake(store: &Arc<dyn ObjectStore>, dir: &std::path::Path) -> PathBuf {
+    let rollup = Rollup::new(Arc::clone(store), 2);
+    for (start, events) in [(HOUR_10_MS, hour_10()), (HOUR_10_MS + 3_600_000, hour_11())] {
+        let hour = HourPartition::from_event_time_ms(start).expect("a valid hour");
+        write_raw_hour(store, "verdict.decisions.v1", hour, &events, 3, 200).await;
+        rollup.run_hour(hour).await.expect("rollup");
+    }
+    let date = HourPartition::from_event_time_ms(HOUR_10_MS).unwrap().date();
+    overage::run_day(&rollup, date).await.expect("overage");
+    let path = dir.join("policy.toml");
+    std::fs::write(&path, POLICY_TOML).expect("writing the policy file");
+    path
+}
+
+/// The known lake on the S3 server under a prefix of its own, and an engine over it with
+/// `limits`; the temporary folder holds the policy file.
+pub async fn known_engine(
+    name: &str,
+    limits: verdict_query::Limits,
+) -> (verdict_query::Engine, Arc<dyn ObjectStore>, tempfile::TempDir) {
+    let bucket = crate::s3_store("verdict-query").await;
+    let store: Arc<dyn ObjectStore> = Arc::new(verdict_ingest::Prefixed::new(
+        bucket,
+        &crate::unique_name(name),
+    ));
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let policy = write_known_lake(&store, dir.path()).await;
+    let source = verdict_limiter::PolicySource::File(verdict_limiter::FileSource::new(policy));
+    let engine = verdict_query::Engine::new(
+        Arc::clone(&store),
+        verdict_query::PoliciesTable::new(Some(source)),
+        2,
+        limits,
+    )
+    .expect("an engine");
+    (engine, store, dir)
+}
+
+/// Runs `sql` and returns the rows as JSON objects (key ids as hex), in order.
+pub async fn rows(engine: &verdict_query::Engine, sql: &str) -> Vec<serde_json::Value> {
+    let (schema, batches) = engine
+        .collect(sql, 1_000_000)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}\n-> {e}"));
+    let body = verdict_query::format::json(&schema, &batches).expect("JSON");
+    let v: serde_json::Value = serde_json::from_slice(&body).expect("valid JSON");
+    v["rows"].as_array().cloned().unwrap_or_default()
+}
+
+/// Runs report `name` with `params` over 2026-11-30 (unless they say otherwise).
+pub async fn report(
+    engine: &verdict_query::Engine,
+    name: &str,
+    params: &[(&str, &str)],
+) -> Vec<serde_json::Value> {
+    let mut given: std::collections::BTreeMap<String, String> = [
+        ("from".to_string(), "2026-11-30".to_string()),
+        ("to".to_string(), "2026-12-01".to_string()),
+    ]
+    .into();
+    for (k, v) in params {
+        given.insert((*k).to_string(), (*v).to_string());
+    }
+    let sql = engine
+        .report_sql(name, &given)
+        .await
+        .unwrap_or_else(|e| panic!("report {name}: {e}"));
+    rows(engine, &sql).await
+}
