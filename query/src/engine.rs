@@ -250,9 +250,12 @@ impl Engine {
                 .statement_to_plan(statement)
                 .await
                 .map_err(|e| QueryError::from_datafusion(e, &self.limits))?;
-            read_only_options()
-                .verify_plan(&plan)
-                .map_err(|e| QueryError::Refused(e.message().to_string()))?;
+            read_only_options().verify_plan(&plan).map_err(|e| {
+                QueryError::Refused(format!(
+                    "the query service is read-only and runs only SELECT queries: {}",
+                    e.message()
+                ))
+            })?;
             let df = ctx
                 .execute_logical_plan(plan)
                 .await

@@ -184,6 +184,21 @@ pub async fn serve(
         .await
 }
 
+/// Binds `addr` and serves in the background; returns the bound address (port 0 picks one).
+pub async fn spawn(
+    state: Arc<AppState>,
+    addr: SocketAddr,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = bind(&state, addr).await?;
+    let bound = local_addr(&listener);
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router(state)).await {
+            tracing::error!(error = %e, "the query service stopped");
+        }
+    });
+    Ok((bound, task))
+}
+
 /// Binds `addr`, refusing a non-loopback address when no token is configured.
 pub async fn bind(state: &AppState, addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     check_exposure(&state.tokens, addr)?;

@@ -123,6 +123,38 @@ pub const STEADY_OVER: u8 = 7;
 /// The trial key that shadow mode would refuse.
 pub const TRIAL_REFUSED: u8 = 3;
 
+/// How one decision went.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    verdict: Verdict,
+    denied_by: DeniedBy,
+    source: DecisionSource,
+    region: u16,
+    remaining_window: u32,
+    quota: u32,
+}
+
+impl Shape {
+    fn allowed(remaining_window: u32, quota: u32) -> Self {
+        Self {
+            verdict: Verdict::Allowed,
+            denied_by: DeniedBy::NONE,
+            source: DecisionSource::CounterStore,
+            region: 0,
+            remaining_window,
+            quota,
+        }
+    }
+
+    fn refused(verdict: Verdict, denied_by: DeniedBy, remaining_window: u32, quota: u32) -> Self {
+        Self {
+            verdict,
+            denied_by,
+            ..Self::allowed(remaining_window, quota)
+        }
+    }
+}
+
 struct Gen {
     events: Vec<DecisionEvent>,
     hour_ms: i64,
@@ -130,33 +162,26 @@ struct Gen {
 }
 
 impl Gen {
-    #[allow(clippy::too_many_arguments)]
-    fn push(
-        &mut self,
-        tier: u8,
-        n: u8,
-        verdict: Verdict,
-        denied_by: DeniedBy,
-        source: DecisionSource,
-        region: u16,
-        remaining_window: u32,
-        quota: u32,
-    ) {
+    fn push(&mut self, tier: u8, n: u8, s: Shape) {
         let i = self.events.len() as i64;
         self.events.push(DecisionEvent {
             event_time_ms: self.hour_ms + (i * 997) % 3_600_000,
             key_id: key(tier, n),
             route_class: RouteClassId(0),
             tier: TierId(tier),
-            region: RegionId(region),
+            region: RegionId(s.region),
             gateway_instance: 1,
-            verdict,
-            denied_by,
-            source,
+            verdict: s.verdict,
+            denied_by: s.denied_by,
+            source: s.source,
             remaining_tokens: 0,
-            remaining_window,
-            retry_after_ms: if verdict == Verdict::Allowed { 0 } else { 1000 },
-            window_quota: quota,
+            remaining_window: s.remaining_window,
+            retry_after_ms: if s.verdict == Verdict::Allowed {
+                0
+            } else {
+                1000
+            },
+            window_quota: s.quota,
             policy_version: self.version,
             sub_key: 0,
             sub_keys: 1,
@@ -166,13 +191,13 @@ impl Gen {
     /// `count` allowed decisions of a key, the window going down from `quota - 1`.
     fn allowed(&mut self, tier: u8, n: u8, count: u32, quota: u32) {
         for i in 0..count {
-            self.push(tier, n, Verdict::Allowed, DeniedBy::NONE, DecisionSource::CounterStore, 0, quota - 1 - i, quota);
+            self.push(tier, n, Shape::allowed(quota - 1 - i, quota));
         }
     }
 
-    fn refused(&mut self, tier: u8, n: u8, count: u32, verdict: Verdict, by: DeniedBy, remaining: u32, quota: u32) {
+    fn repeat(&mut self, tier: u8, n: u8, count: u32, shape: Shape) {
         for _ in 0..count {
-            self.push(tier, n, verdict, by, DecisionSource::CounterStore, 0, remaining, quota);
+            self.push(tier, n, shape);
         }
     }
 }
@@ -195,25 +220,46 @@ pub fn hour_10() -> Vec<DecisionEvent> {
     };
     for n in 0..10 {
         g.allowed(TIGHT, n, 10, 1000);
-        g.refused(TIGHT, n, 10, Verdict::Denied, BUCKET, 990, 1000);
+        g.repeat(
+            TIGHT,
+            n,
+            10,
+            Shape::refused(Verdict::Denied, BUCKET, 990, 1000),
+        );
     }
     for n in 0..5 {
         g.allowed(ROOMY, n, 10, 1000);
     }
-    for _ in 0..5 {
-        g.push(ROOMY, 0, Verdict::Allowed, DeniedBy::NONE, DecisionSource::LocalFallback, 1, 995, 1000);
-    }
-    for _ in 0..3 {
-        g.push(ROOMY, 0, Verdict::Allowed, DeniedBy::NONE, DecisionSource::KillSwitch, 2, 0, 1000);
-    }
+    let fallback = Shape {
+        source: DecisionSource::LocalFallback,
+        region: 1,
+        ..Shape::allowed(995, 1000)
+    };
+    g.repeat(ROOMY, 0, 5, fallback);
+    let killed = Shape {
+        source: DecisionSource::KillSwitch,
+        region: 2,
+        ..Shape::allowed(0, 1000)
+    };
+    g.repeat(ROOMY, 0, 3, killed);
     for n in 0..20 {
         g.allowed(TRIAL, n, 15, 20);
     }
-    g.refused(TRIAL, TRIAL_REFUSED, 10, Verdict::WouldDeny, BUCKET, 5, 20);
+    g.repeat(
+        TRIAL,
+        TRIAL_REFUSED,
+        10,
+        Shape::refused(Verdict::WouldDeny, BUCKET, 5, 20),
+    );
     for n in 0..20 {
         if n == STEADY_OVER {
             g.allowed(STEADY, n, 100, 100);
-            g.refused(STEADY, n, 5, Verdict::Denied, WINDOW, 0, 100);
+            g.repeat(
+                STEADY,
+                n,
+                5,
+                Shape::refused(Verdict::Denied, WINDOW, 0, 100),
+            );
         } else {
             g.allowed(STEADY, n, 60, 100);
         }
@@ -231,7 +277,12 @@ pub fn hour_11() -> Vec<DecisionEvent> {
     };
     for n in 0..10 {
         g.allowed(TIGHT, n, 10, 1000);
-        g.refused(TIGHT, n, 10, Verdict::Denied, BUCKET, 990, 1000);
+        g.repeat(
+            TIGHT,
+            n,
+            10,
+            Shape::refused(Verdict::Denied, BUCKET, 990, 1000),
+        );
     }
     for n in 0..5 {
         g.allowed(ROOMY, n, 10, 1000);
@@ -241,7 +292,12 @@ pub fn hour_11() -> Vec<DecisionEvent> {
     }
     for n in 0..20 {
         g.allowed(STEADY, n, 5, 100);
-        g.refused(STEADY, n, 5, Verdict::Denied, BUCKET, 95, 100);
+        g.repeat(
+            STEADY,
+            n,
+            5,
+            Shape::refused(Verdict::Denied, BUCKET, 95, 100),
+        );
     }
     g.events
 }
@@ -255,7 +311,9 @@ pub async fn write_known_lake(store: &Arc<dyn ObjectStore>, dir: &std::path::Pat
         write_raw_hour(store, "verdict.decisions.v1", hour, &events, 3, 200).await;
         rollup.run_hour(hour).await.expect("rollup");
     }
-    let date = HourPartition::from_event_time_ms(HOUR_10_MS).unwrap().date();
+    let date = HourPartition::from_event_time_ms(HOUR_10_MS)
+        .unwrap()
+        .date();
     overage::run_day(&rollup, date).await.expect("overage");
     let path = dir.join("policy.toml");
     std::fs::write(&path, POLICY_TOML).expect("writing the policy file");
@@ -267,7 +325,11 @@ pub async fn write_known_lake(store: &Arc<dyn ObjectStore>, dir: &std::path::Pat
 pub async fn known_engine(
     name: &str,
     limits: verdict_query::Limits,
-) -> (verdict_query::Engine, Arc<dyn ObjectStore>, tempfile::TempDir) {
+) -> (
+    verdict_query::Engine,
+    Arc<dyn ObjectStore>,
+    tempfile::TempDir,
+) {
     let bucket = crate::s3_store("verdict-query").await;
     let store: Arc<dyn ObjectStore> = Arc::new(verdict_ingest::Prefixed::new(
         bucket,

@@ -23,7 +23,10 @@ fn n(v: &Value, field: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_report_names_exactly_the_limits_and_keys_the_data_was_built_to_show() {
     let (engine, _store, _dir) = known_engine("reports", Limits::default()).await;
-    let hour_10 = [("from", "2026-11-30T10:00:00Z"), ("to", "2026-11-30T11:00:00Z")];
+    let hour_10 = [
+        ("from", "2026-11-30T10:00:00Z"),
+        ("to", "2026-11-30T11:00:00Z"),
+    ];
 
     // wrong-limits, hour 10: tight too low, roomy too high, the others fine.
     let wrong = report(&engine, "wrong-limits", &hour_10).await;
@@ -45,9 +48,23 @@ async fn every_report_names_exactly_the_limits_and_keys_the_data_was_built_to_sh
     assert_eq!(n(&wrong[0], "refusal_rate"), 0.5);
     assert_eq!(n(&wrong[3], "keys_refused"), 1.0);
     assert_eq!(n(&wrong[3], "busiest_use"), 1.0);
-    assert!((n(&wrong[1], "busiest_use") - 0.01).abs() < 1e-9, "{}", wrong[1]);
+    assert!(
+        (n(&wrong[1], "busiest_use") - 0.01).abs() < 1e-9,
+        "{}",
+        wrong[1]
+    );
     // The thresholds are parameters: at 2 % of keys refused, steady's 1 in 20 is too low.
-    let strict = report(&engine, "wrong-limits", &[hour_10[0], hour_10[1], ("too_low_share", "0.02"), ("tier", "steady")]).await;
+    let strict = report(
+        &engine,
+        "wrong-limits",
+        &[
+            hour_10[0],
+            hour_10[1],
+            ("too_low_share", "0.02"),
+            ("tier", "steady"),
+        ],
+    )
+    .await;
     assert_eq!(strict.len(), 1);
     assert_eq!(s(&strict[0], "verdict"), "too low");
 
@@ -70,7 +87,11 @@ async fn every_report_names_exactly_the_limits_and_keys_the_data_was_built_to_sh
         assert_eq!(n(r, "denied"), 20.0, "{r}");
     }
     assert_eq!(s(&top[0], "key_id"), key_hex(TIGHT, 0));
-    assert_eq!(n(&top[0], "override_quota"), 1200.0, "tight key 0 has an override");
+    assert_eq!(
+        n(&top[0], "override_quota"),
+        1200.0,
+        "tight key 0 has an override"
+    );
     assert!(top[1]["override_quota"].is_null(), "{}", top[1]);
     assert_eq!(s(&top[10], "key_id"), key_hex(TRIAL, TRIAL_REFUSED));
     assert_eq!(n(&top[10], "would_deny"), 10.0);
@@ -80,7 +101,12 @@ async fn every_report_names_exactly_the_limits_and_keys_the_data_was_built_to_sh
     assert_eq!(trial.len(), 1);
     assert_eq!(s(&trial[0], "key_id"), key_hex(TRIAL, TRIAL_REFUSED));
     assert_eq!(n(&trial[0], "would_deny"), 10.0);
-    let one = report(&engine, "top-denied", &[("key", &key_hex(STEADY, STEADY_OVER))]).await;
+    let one = report(
+        &engine,
+        "top-denied",
+        &[("key", &key_hex(STEADY, STEADY_OVER))],
+    )
+    .await;
     assert_eq!(one.len(), 1);
 
     // overage: the one key that spent its quota.
@@ -111,7 +137,14 @@ async fn every_report_names_exactly_the_limits_and_keys_the_data_was_built_to_sh
     let degraded = report(&engine, "degraded", &[]).await;
     let found: Vec<(String, f64, f64, f64)> = degraded
         .iter()
-        .map(|r| (s(r, "hour"), n(r, "region"), n(r, "local_fallback"), n(r, "kill_switch")))
+        .map(|r| {
+            (
+                s(r, "hour"),
+                n(r, "region"),
+                n(r, "local_fallback"),
+                n(r, "kill_switch"),
+            )
+        })
         .collect();
     assert_eq!(
         found,
@@ -131,16 +164,27 @@ async fn the_tables_read_the_lake_as_written_and_see_new_files_without_a_restart
         let engine = engine.clone();
         async move { n(&rows(&engine, sql).await[0], "n") }
     };
-    let raw = verdict_tests::query_fixture::hour_10().len() + verdict_tests::query_fixture::hour_11().len();
-    assert_eq!(count("SELECT COUNT(*) AS n FROM decisions").await, raw as f64);
+    let raw = verdict_tests::query_fixture::hour_10().len()
+        + verdict_tests::query_fixture::hour_11().len();
+    assert_eq!(
+        count("SELECT COUNT(*) AS n FROM decisions").await,
+        raw as f64
+    );
     // The partition columns prune: one hour's folder.
     let hour_10 = verdict_tests::query_fixture::hour_10().len();
     assert_eq!(
-        count("SELECT COUNT(*) AS n FROM decisions WHERE date = DATE '2026-11-30' AND hour = 10").await,
+        count("SELECT COUNT(*) AS n FROM decisions WHERE date = DATE '2026-11-30' AND hour = 10")
+            .await,
         hour_10 as f64
     );
-    assert_eq!(count("SELECT COUNT(*) AS n FROM policies WHERE kind = 'limit'").await, 8.0);
-    assert_eq!(count("SELECT COUNT(*) AS n FROM policies WHERE kind = 'override'").await, 1.0);
+    assert_eq!(
+        count("SELECT COUNT(*) AS n FROM policies WHERE kind = 'limit'").await,
+        8.0
+    );
+    assert_eq!(
+        count("SELECT COUNT(*) AS n FROM policies WHERE kind = 'override'").await,
+        1.0
+    );
     assert_eq!(count("SELECT COUNT(*) AS n FROM overage").await, 1.0);
     let rolled = count("SELECT COUNT(*) AS n FROM denied_hourly").await;
     assert!(rolled > 0.0);
@@ -152,9 +196,15 @@ async fn the_tables_read_the_lake_as_written_and_see_new_files_without_a_restart
         verdict_tests::query_fixture::HOUR_10_MS,
     )
     .unwrap();
-    let files = verdict_rollup::hour_files(store.as_ref(), &hour).await.unwrap();
+    let files = verdict_rollup::hour_files(store.as_ref(), &hour)
+        .await
+        .unwrap();
     let (a, b) = (&files.files[0], &files.files[1]);
-    assert_eq!(a.name.partition(), b.name.partition(), "two files of one partition");
+    assert_eq!(
+        a.name.partition(),
+        b.name.partition(),
+        "two files of one partition"
+    );
     let merged = verdict_schemas::layout::RawFileName::new(
         a.name.topic(),
         a.name.partition(),
@@ -178,7 +228,8 @@ async fn the_tables_read_the_lake_as_written_and_see_new_files_without_a_restart
     }
     let merged_batch = arrow::compute::concat_batches(&both[0].schema(), &both).unwrap();
     let mut buf = Vec::new();
-    let mut w = parquet::arrow::ArrowWriter::try_new(&mut buf, merged_batch.schema(), None).unwrap();
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(&mut buf, merged_batch.schema(), None).unwrap();
     w.write(&merged_batch).unwrap();
     w.close().unwrap();
     object_store::ObjectStoreExt::put(
@@ -188,7 +239,11 @@ async fn the_tables_read_the_lake_as_written_and_see_new_files_without_a_restart
     )
     .await
     .unwrap();
-    assert_eq!(count("SELECT COUNT(*) AS n FROM decisions").await, before, "covered files are not counted twice");
+    assert_eq!(
+        count("SELECT COUNT(*) AS n FROM decisions").await,
+        before,
+        "covered files are not counted twice"
+    );
 
     // A new hour appears: the same engine sees it.
     let later = verdict_tests::query_fixture::HOUR_10_MS + 5 * 3_600_000;
@@ -197,7 +252,15 @@ async fn the_tables_read_the_lake_as_written_and_see_new_files_without_a_restart
         e.event_time_ms = later + (e.event_time_ms - verdict_tests::query_fixture::HOUR_10_MS);
     }
     let new_hour = verdict_schemas::layout::HourPartition::from_event_time_ms(later).unwrap();
-    verdict_tests::rollup_check::write_raw_hour(&store, "verdict.decisions.v1", new_hour, &events, 1, 100_000).await;
+    verdict_tests::rollup_check::write_raw_hour(
+        &store,
+        "verdict.decisions.v1",
+        new_hour,
+        &events,
+        1,
+        100_000,
+    )
+    .await;
     assert_eq!(
         count("SELECT COUNT(*) AS n FROM decisions").await,
         before + events.len() as f64
