@@ -5,6 +5,9 @@
 # Usage: scripts/duckdb.sh <query-file> <parquet-glob> [threads]
 #   Creates the view `raw` over the glob, runs the query in <query-file> once to warm the
 #   OS cache, then times it and prints one JSON object: {"seconds": …, "rows": …}.
+# Usage: scripts/duckdb.sh --queries <spec.json>
+#   Creates the spec's views, times each of its queries and prints one JSON line per query
+#   (scripts/bench/duckdb_queries.py).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -21,5 +24,9 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import duckdb' 2>/dev
   "$venv/bin/pip" install -q "duckdb==$VERDICT_DUCKDB_VERSION" >&2
 fi
 
+if [ "${1:-}" = "--queries" ]; then
+  [ $# -eq 2 ] || { echo "usage: $0 --queries <spec.json>" >&2; exit 2; }
+  exec "$venv/bin/python" "$here/bench/duckdb_queries.py" "$2"
+fi
 [ $# -ge 2 ] || { echo "usage: $0 <query-file> <parquet-glob> [threads]" >&2; exit 2; }
 exec "$venv/bin/python" "$here/bench/duckdb_query.py" "$@"

@@ -3,6 +3,7 @@
 //! with an in-process queue standing where Kafka stands and a local folder as the object
 //! store.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -13,10 +14,14 @@ use object_store::ObjectStore;
 use object_store::local::LocalFileSystem;
 use serde::Serialize;
 use verdict_ingest::{ConsumedEvent, WrittenFile, split_by_hour, write_hour_file};
+use verdict_limiter::{FileSource, PolicySource};
+use verdict_query::{Engine, Limits, PoliciesTable};
 use verdict_rollup::Rollup;
 use verdict_schemas::layout::RAW_PREFIX;
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
 use verdict_schemas::{DecisionEvent, EVENT_V1_LEN, Verdict};
+
+use crate::synth_policy::policy_toml;
 
 /// The topic name the demo writes into file names, as production does.
 pub const DEMO_TOPIC: &str = "verdict.decisions.v1";
@@ -86,6 +91,10 @@ pub struct DemoReport {
     pub rollup_bytes: usize,
     /// Seconds spent rolling the hours up.
     pub rollup_s: f64,
+    /// The `wrong-limits` report over the hour.
+    pub wrong_limits: Vec<WrongLimit>,
+    /// Seconds the report took (writing the policy file included).
+    pub query_s: f64,
 }
 
 /// Runs the demo and prints its report.
@@ -120,7 +129,7 @@ pub async fn demo(args: &DemoArgs) -> anyhow::Result<DemoReport> {
         "generating one hour of decisions"
     );
     let queues = produce(
-        SynthTraffic::new(cfg).take(args.events as usize),
+        SynthTraffic::new(cfg.clone()).take(args.events as usize),
         args.partitions,
         &mut report,
     );
@@ -177,7 +186,83 @@ pub async fn demo(args: &DemoArgs) -> anyhow::Result<DemoReport> {
         report.rollup_bytes += r.bytes;
     }
     report.rollup_s = started.elapsed().as_secs_f64();
+
+    // The question the history answers: which limits were wrong?
+    let started = Instant::now();
+    let policy = args.out.join("policy.toml");
+    std::fs::write(&policy, policy_toml(&cfg, cfg.policy_version))
+        .with_context(|| format!("writing {}", policy.display()))?;
+    report.wrong_limits = wrong_limits(rollup.store(), &policy, &written, threads).await?;
+    report.query_s = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// One row of the `wrong-limits` report, as the demo prints it.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct WrongLimit {
+    /// Tier name.
+    pub tier: String,
+    /// Route class name.
+    pub route_class: String,
+    /// Share of the keys refused at least once.
+    pub share_keys_refused: f64,
+    /// Share of the hourly quota the busiest key used.
+    pub busiest_use: f64,
+    /// too low, too high or fine.
+    pub verdict: String,
+}
+
+/// Runs the `wrong-limits` report over the hours the demo wrote.
+async fn wrong_limits(
+    store: &Arc<dyn ObjectStore>,
+    policy: &Path,
+    written: &[WrittenFile],
+    threads: usize,
+) -> anyhow::Result<Vec<WrongLimit>> {
+    let (Some(first), Some(last)) = (
+        written.iter().map(|w| w.hour).min(),
+        written.iter().map(|w| w.hour).max(),
+    ) else {
+        return Ok(Vec::new());
+    };
+    let source = PolicySource::File(FileSource::new(policy));
+    let engine = Engine::new(
+        Arc::clone(store),
+        PoliciesTable::new(Some(source)),
+        threads,
+        Limits::default(),
+    )?;
+    let ts = |ms: i64| {
+        chrono::DateTime::from_timestamp_millis(ms)
+            .map(|t| t.to_rfc3339())
+            .unwrap_or_default()
+    };
+    let params: BTreeMap<String, String> = [
+        ("from".to_string(), ts(first.start_ms())),
+        ("to".to_string(), ts(last.end_ms())),
+    ]
+    .into();
+    let sql = engine.report_sql("wrong-limits", &params).await?;
+    let (_, batches) = engine.collect(&sql, 10_000).await?;
+    let mut rows = Vec::new();
+    for b in &batches {
+        let text = |name: &str, i: usize| {
+            b.column_by_name(name)
+                .and_then(|c| arrow::util::display::array_value_to_string(c, i).ok())
+                .unwrap_or_default()
+        };
+        let number = |name: &str, i: usize| text(name, i).parse::<f64>().unwrap_or(0.0);
+        for i in 0..b.num_rows() {
+            rows.push(WrongLimit {
+                tier: text("tier", i),
+                route_class: text("route_class", i),
+                share_keys_refused: number("share_keys_refused", i),
+                busiest_use: number("busiest_use", i),
+                verdict: text("verdict", i),
+            });
+        }
+    }
+    Ok(rows)
 }
 
 /// Refuses to mix a new raw table into an old one unless asked to replace it.
@@ -321,7 +406,32 @@ pub fn render(r: &DemoReport, args: &DemoArgs) -> String {
         rollup_kb = r.rollup_bytes as f64 / 1000.0,
         rollup_s = r.rollup_s,
         out = args.out.display(),
-    )
+    ) + &render_wrong_limits(r, args)
+}
+
+/// The `wrong-limits` part of the summary.
+fn render_wrong_limits(r: &DemoReport, args: &DemoArgs) -> String {
+    let mut t = format!(
+        "\nWhich limits were wrong? The wrong-limits report over the hour ({:.2} s):\n",
+        r.query_s
+    );
+    for w in &r.wrong_limits {
+        t += &format!(
+            "  {:<12} {:<8} {:<9} {:>5.1} % of keys refused, the busiest used {:>5.1} % of its hourly quota\n",
+            w.tier,
+            w.route_class,
+            w.verdict,
+            w.share_keys_refused * 100.0,
+            w.busiest_use * 100.0
+        );
+    }
+    let out = args.out.display();
+    t += &format!(
+        "Ask more in SQL, for example:\n  \
+         verdict sql --store {out} --policy-file {out}/policy.toml --report shadow-impact -p from=2026-11-30 -p to=2026-12-01\n  \
+         verdict query serve --store {out} --policy-file {out}/policy.toml   # HTTP on 127.0.0.1:8089\n"
+    );
+    t
 }
 
 #[cfg(test)]
@@ -378,6 +488,27 @@ mod tests {
             r.rollup_rows > 0 && (r.rollup_rows as u64) < r.denied + r.would_deny,
             "{r:?}"
         );
+        // The report reads the world the generator built: free's busiest route class is set
+        // too low, enterprise is generous everywhere.
+        let verdict = |tier: &str, route: &str| {
+            r.wrong_limits
+                .iter()
+                .find(|w| w.tier == tier && w.route_class == route)
+                .map(|w| w.verdict.clone())
+        };
+        assert_eq!(
+            verdict("free", "read").as_deref(),
+            Some("too low"),
+            "{:#?}",
+            r.wrong_limits
+        );
+        assert_eq!(
+            verdict("enterprise", "read").as_deref(),
+            Some("too high"),
+            "{:#?}",
+            r.wrong_limits
+        );
+        assert_eq!(r.wrong_limits.len(), 20, "4 tiers × 5 route classes");
         let rollups = std::fs::read_dir(dir.path().join("rollup/denied_hourly"))
             .unwrap()
             .flat_map(|d| std::fs::read_dir(d.unwrap().path()).unwrap())

@@ -11,6 +11,7 @@ pub mod rollup;
 pub mod serve;
 pub mod signals;
 pub mod store_args;
+pub mod synth_policy;
 
 use clap::{Parser, Subcommand};
 

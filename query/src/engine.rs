@@ -296,6 +296,23 @@ impl Engine {
         Ok((schema, batches))
     }
 
+    /// Runs `sql` to the end, for the benchmark: the rows, and the rows the scans read
+    /// (the output of every data source in the plan, after file, row group and page
+    /// pruning).
+    pub async fn collect_measured(&self, sql: &str) -> Result<(Vec<RecordBatch>, u64), QueryError> {
+        let ctx = self.session();
+        let state = ctx.state();
+        let df_err = |e| QueryError::from_datafusion(e, &self.limits);
+        let statement = check_read_only(&state, sql)?;
+        let plan = state.statement_to_plan(statement).await.map_err(df_err)?;
+        let df = ctx.execute_logical_plan(plan).await.map_err(df_err)?;
+        let physical = df.create_physical_plan().await.map_err(df_err)?;
+        let batches = datafusion::physical_plan::collect(Arc::clone(&physical), ctx.task_ctx())
+            .await
+            .map_err(df_err)?;
+        Ok((batches, scanned_rows(physical.as_ref())))
+    }
+
     /// Tier and route class names of the policy in force.
     pub async fn names(&self) -> Result<crate::reports::Names, QueryError> {
         use arrow::array::AsArray;
@@ -340,6 +357,20 @@ impl Engine {
             seconds: self.limits.timeout.as_secs(),
         }
     }
+}
+
+/// Rows read by the data sources of an executed plan.
+fn scanned_rows(plan: &dyn datafusion::physical_plan::ExecutionPlan) -> u64 {
+    let own = if plan.name() == "DataSourceExec" {
+        plan.metrics().and_then(|m| m.output_rows()).unwrap_or(0) as u64
+    } else {
+        0
+    };
+    own + plan
+        .children()
+        .into_iter()
+        .map(|c| scanned_rows(c.as_ref()))
+        .sum::<u64>()
 }
 
 /// What DataFusion itself must refuse in a plan.

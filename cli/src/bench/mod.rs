@@ -3,9 +3,15 @@
 
 pub mod ingest;
 pub mod limiter;
+pub mod query;
 pub mod rollup;
 
-use clap::Subcommand;
+use std::ffi::OsStr;
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
 
 /// What to measure.
 #[derive(Debug, Subcommand)]
@@ -23,6 +29,11 @@ pub enum BenchCommand {
     /// the same SQL over the same files in DuckDB (from PyPI) in the same run; prints
     /// events/s, rollup rows and bytes, and vs_duckdb (ours ÷ DuckDB's time).
     Rollup(rollup::RollupBenchArgs),
+    /// Days of raw decisions and a month of rollups and overage (scaled down; flags to
+    /// scale), then every named report and a few ad-hoc queries, each timed in DataFusion
+    /// and in DuckDB (from PyPI) on the same files with the same SQL; prints one JSON line
+    /// per query with p50_ms, rows_scanned, rows and vs_duckdb (ours ÷ DuckDB's time).
+    Query(query::QueryBenchArgs),
 }
 
 /// Runs one bench.
@@ -31,5 +42,62 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Limiter(args) => limiter::run(args).await,
         BenchCommand::Ingest(args) => ingest::run(args).await,
         BenchCommand::Rollup(args) => rollup::run(args).await,
+        BenchCommand::Query(args) => query::run(args).await,
+    }
+}
+
+/// Options of the benches that compare DataFusion with DuckDB on the same files.
+#[derive(Debug, Clone, Args)]
+pub struct DuckDbArgs {
+    /// Threads for both engines [default: the machine's cores].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Folder for the lake [default: a temporary folder, removed afterwards].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// The script that runs DuckDB (installed from PyPI on first use).
+    #[arg(long, default_value = "scripts/duckdb.sh")]
+    pub duckdb_script: PathBuf,
+    /// Skip the DuckDB comparison.
+    #[arg(long)]
+    pub no_duckdb: bool,
+}
+
+impl DuckDbArgs {
+    /// The threads to use.
+    pub fn threads(&self) -> usize {
+        self.threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, usize::from))
+    }
+
+    /// The lake's folder (absolute), and the temporary folder to keep alive when `--out`
+    /// is not given.
+    pub fn lake(&self) -> anyhow::Result<(PathBuf, Option<tempfile::TempDir>)> {
+        match &self.out {
+            Some(p) => {
+                std::fs::create_dir_all(p).with_context(|| format!("creating {}", p.display()))?;
+                Ok((p.canonicalize()?, None))
+            }
+            None => {
+                let tmp = tempfile::tempdir()?;
+                Ok((tmp.path().to_path_buf(), Some(tmp)))
+            }
+        }
+    }
+
+    /// Runs the DuckDB script with `args` and returns what it printed.
+    pub fn duckdb(&self, args: &[&OsStr]) -> anyhow::Result<String> {
+        let script = &self.duckdb_script;
+        let out = Command::new(script)
+            .args(args)
+            .output()
+            .with_context(|| format!("running {}", script.display()))?;
+        anyhow::ensure!(
+            out.status.success(),
+            "{} failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 }

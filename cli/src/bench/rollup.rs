@@ -2,8 +2,6 @@
 //! SQL over the same files in DuckDB, in the same run.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -32,18 +30,8 @@ pub struct RollupBenchArgs {
     /// Raw files per partition in the hour (ingest flushes every 60 s: 60).
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(1..))]
     pub files_per_partition: u32,
-    /// Threads for both engines [default: the machine's cores].
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// Folder for the lake [default: a temporary folder, removed afterwards].
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// The script that runs DuckDB (installed from PyPI on first use).
-    #[arg(long, default_value = "scripts/duckdb.sh")]
-    pub duckdb_script: PathBuf,
-    /// Skip the DuckDB comparison.
-    #[arg(long)]
-    pub no_duckdb: bool,
+    #[command(flatten)]
+    pub compare: super::DuckDbArgs,
 }
 
 #[derive(Debug, Serialize)]
@@ -72,20 +60,8 @@ struct DuckDbRun {
 
 /// Writes the hour, times both engines and prints one JSON line.
 pub async fn run(args: RollupBenchArgs) -> anyhow::Result<()> {
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, usize::from));
-    let tmp;
-    let root = match &args.out {
-        Some(p) => {
-            std::fs::create_dir_all(p)?;
-            p.clone()
-        }
-        None => {
-            tmp = tempfile::tempdir()?;
-            tmp.path().to_path_buf()
-        }
-    };
+    let threads = args.compare.threads();
+    let (root, _tmp) = args.compare.lake()?;
     let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(&root)?);
     let cfg = SynthConfig {
         late_share: 0.0,
@@ -93,7 +69,15 @@ pub async fn run(args: RollupBenchArgs) -> anyhow::Result<()> {
     };
     let hour = HourPartition::from_event_time_ms(cfg.start_ms)?;
     let started = Instant::now();
-    let files = write_hour(&store, hour, cfg, &args).await?;
+    let files = write_synth_hour(
+        &store,
+        hour,
+        cfg,
+        args.events,
+        args.partitions as usize,
+        args.files_per_partition as usize,
+    )
+    .await?;
     tracing::info!(
         files,
         seconds = started.elapsed().as_secs_f64(),
@@ -111,30 +95,18 @@ pub async fn run(args: RollupBenchArgs) -> anyhow::Result<()> {
         anyhow::ensure!(again == first, "a re-run gave a different rollup");
     }
 
-    let duck = if args.no_duckdb {
+    let duck = if args.compare.no_duckdb {
         None
     } else {
         let sql = root.join("rollup.sql");
         std::fs::write(&sql, ROLLUP_SQL)?;
         let glob = root.join(hour.raw_prefix()).join("*.parquet");
-        let out = Command::new(&args.duckdb_script)
-            .arg(&sql)
-            .arg(&glob)
-            .arg(threads.to_string())
-            .output()
-            .with_context(|| format!("running {}", args.duckdb_script.display()))?;
-        anyhow::ensure!(
-            out.status.success(),
-            "{} failed: {}",
-            args.duckdb_script.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let run: DuckDbRun = serde_json::from_slice(&out.stdout).with_context(|| {
-            format!(
-                "reading DuckDB's answer {:?}",
-                String::from_utf8_lossy(&out.stdout)
-            )
-        })?;
+        let threads = threads.to_string();
+        let out = args
+            .compare
+            .duckdb(&[sql.as_os_str(), glob.as_os_str(), threads.as_ref()])?;
+        let run: DuckDbRun = serde_json::from_str(out.trim())
+            .with_context(|| format!("reading DuckDB's answer {out:?}"))?;
         anyhow::ensure!(
             run.rows == first.rows,
             "DuckDB found {} rollup rows, DataFusion {}",
@@ -163,22 +135,25 @@ pub async fn run(args: RollupBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Generates the hour and writes it the way ingest does: round-robin over the partitions,
-/// each partition's events cut into `files_per_partition` files of consecutive offsets.
-async fn write_hour(
+/// Generates `events` decisions of `hour` and writes them the way ingest does: round-robin
+/// over `partitions`, each partition's events cut into `files_per_partition` files of
+/// consecutive offsets. Returns the number of files.
+pub async fn write_synth_hour(
     store: &Arc<dyn ObjectStore>,
     hour: HourPartition,
     cfg: SynthConfig,
-    args: &RollupBenchArgs,
+    events: u64,
+    partitions: usize,
+    files_per_partition: usize,
 ) -> anyhow::Result<usize> {
-    let partitions = args.partitions as usize;
-    let per_file = (args.events as usize)
-        .div_ceil(partitions * args.files_per_partition as usize)
+    let partitions = partitions.max(1);
+    let per_file = (events as usize)
+        .div_ceil(partitions * files_per_partition.max(1))
         .max(1);
     let mut open: BTreeMap<i32, (i64, Vec<ConsumedEvent>)> = BTreeMap::new();
     let mut files = 0;
     let events = SynthTraffic::new(cfg)
-        .take(args.events as usize)
+        .take(events as usize)
         .filter(|e| HourPartition::from_event_time_ms(e.event_time_ms).is_ok_and(|h| h == hour));
     for (i, event) in events.enumerate() {
         let partition = (i % partitions) as i32;

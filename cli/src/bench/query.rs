@@ -1,0 +1,368 @@
+//! `verdict bench query`: a realistic lake (days of raw decisions at a scaled-down rate,
+//! a month of hourly rollups and the daily overage), then every named report and a few
+//! ad-hoc queries timed in DataFusion and, on the same files with the same SQL, in DuckDB.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Args;
+use object_store::ObjectStore;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+use serde::{Deserialize, Serialize};
+use verdict_jobs::overage;
+use verdict_jobs::partitions::delete_under;
+use verdict_limiter::{FileSource, PolicySource};
+use verdict_query::{Engine, Limits, PoliciesTable};
+use verdict_rollup::Rollup;
+use verdict_schemas::layout::HourPartition;
+use verdict_schemas::synth::SynthConfig;
+
+use super::rollup::write_synth_hour;
+use crate::synth_policy::policy_toml;
+
+/// Options of `verdict bench query`.
+#[derive(Debug, Args)]
+pub struct QueryBenchArgs {
+    /// Days of raw decisions (the raw table keeps 7).
+    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u32).range(1..))]
+    pub raw_days: u32,
+    /// Days of hourly rollups and daily overage (at least --raw-days).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
+    pub rollup_days: u32,
+    /// Decisions per hour (the production peak is 62.5 M; this is the scaled-down rate).
+    #[arg(long, default_value_t = 50_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub events_per_hour: u64,
+    /// Distinct API keys.
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub keys: u32,
+    /// Kafka partitions the raw files are spread over (one file per partition and hour).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub partitions: u32,
+    /// A new policy version every this many hours (so policy-changes has changes).
+    #[arg(long, default_value_t = 48)]
+    pub policy_every_hours: u32,
+    /// Timed runs per query (after one warm-up); the median is reported.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub runs: u32,
+    #[command(flatten)]
+    pub compare: super::DuckDbArgs,
+}
+
+#[derive(Debug, Serialize)]
+struct QueryResult {
+    bench: &'static str,
+    query: String,
+    kind: &'static str,
+    p50_ms: f64,
+    min_ms: f64,
+    rows: usize,
+    rows_scanned: u64,
+    duckdb_p50_ms: Option<f64>,
+    duckdb_rows: Option<usize>,
+    vs_duckdb: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct DataSet {
+    bench: &'static str,
+    data_set: bool,
+    raw_days: u32,
+    rollup_days: u32,
+    events_per_hour: u64,
+    raw_events: u64,
+    raw_bytes: u64,
+    rollup_rows: u64,
+    overage_rows: u64,
+    generate_seconds: f64,
+    threads: usize,
+}
+
+#[derive(Debug, Deserialize)]
+struct DuckDbQuery {
+    query: String,
+    p50_seconds: f64,
+    rows: usize,
+}
+
+/// 2026-12-01T00:00:00Z: the data set ends at the start of this day.
+const END_MS: i64 = 1_796_083_200_000;
+
+fn hour_config(base: &SynthConfig, start_ms: i64, index: u32, every: u32) -> SynthConfig {
+    SynthConfig {
+        seed: base.seed + u64::from(index),
+        start_ms,
+        late_share: 0.0,
+        policy_version: 1 + u64::from(index / every.max(1)),
+        ..base.clone()
+    }
+}
+
+/// Writes the data set (or finds it written) and returns its summary.
+async fn write_data_set(
+    store: &Arc<dyn ObjectStore>,
+    root: &std::path::Path,
+    args: &QueryBenchArgs,
+    threads: usize,
+) -> anyhow::Result<DataSet> {
+    let rollup_days = args.rollup_days.max(args.raw_days);
+    let hours = rollup_days * 24;
+    let base = SynthConfig::hour(args.events_per_hour, args.keys);
+    let stamp = root.join("bench-query.json");
+    let shape = format!(
+        "{}/{}/{}/{}/{}/{}",
+        args.raw_days,
+        rollup_days,
+        args.events_per_hour,
+        args.keys,
+        args.partitions,
+        args.policy_every_hours
+    );
+    if let Ok(text) = std::fs::read_to_string(&stamp)
+        && let Ok(v) = serde_json::from_str::<serde_json::Value>(&text)
+        && v["shape"] == shape
+    {
+        tracing::info!(folder = %root.display(), "reusing the data set written earlier");
+        return Ok(DataSet {
+            bench: "query",
+            data_set: true,
+            raw_days: args.raw_days,
+            rollup_days,
+            events_per_hour: args.events_per_hour,
+            raw_events: v["raw_events"].as_u64().unwrap_or(0),
+            raw_bytes: v["raw_bytes"].as_u64().unwrap_or(0),
+            rollup_rows: v["rollup_rows"].as_u64().unwrap_or(0),
+            overage_rows: v["overage_rows"].as_u64().unwrap_or(0),
+            generate_seconds: 0.0,
+            threads,
+        });
+    }
+    let started = Instant::now();
+    let rollup = Rollup::new(Arc::clone(store), threads);
+    let first_ms = END_MS - i64::from(hours) * 3_600_000;
+    let raw_from_ms = END_MS - i64::from(args.raw_days) * 86_400_000;
+    let (mut raw_events, mut raw_bytes, mut rollup_rows) = (0u64, 0u64, 0u64);
+    for i in 0..hours {
+        let start = first_ms + i64::from(i) * 3_600_000;
+        let hour = HourPartition::from_event_time_ms(start)?;
+        let cfg = hour_config(&base, start, i, args.policy_every_hours);
+        write_synth_hour(
+            store,
+            hour,
+            cfg,
+            args.events_per_hour,
+            args.partitions as usize,
+            1,
+        )
+        .await?;
+        let report = rollup.run_hour(hour).await?;
+        rollup_rows += report.rows as u64;
+        if start < raw_from_ms {
+            delete_under(store.as_ref(), &Path::from(hour.raw_prefix())).await?;
+        } else {
+            raw_events += report.events;
+            raw_bytes += report.source_bytes;
+        }
+        if i % 24 == 23 {
+            let date = hour.date();
+            let o = overage::run_day(&rollup, date).await?;
+            tracing::info!(%date, hours = i + 1, of = hours, overage_rows = o.rows, "data set: day written");
+        }
+    }
+    let mut overage_rows = 0u64;
+    for d in 0..rollup_days {
+        let date = HourPartition::from_event_time_ms(first_ms + i64::from(d) * 86_400_000)?.date();
+        if let Some(f) =
+            verdict_rollup::read_footer(store.as_ref(), &overage::overage_path(date)).await?
+        {
+            overage_rows += f.rows as u64;
+        }
+    }
+    let set = DataSet {
+        bench: "query",
+        data_set: true,
+        raw_days: args.raw_days,
+        rollup_days,
+        events_per_hour: args.events_per_hour,
+        raw_events,
+        raw_bytes,
+        rollup_rows,
+        overage_rows,
+        generate_seconds: started.elapsed().as_secs_f64(),
+        threads,
+    };
+    let last_version = 1 + u64::from((hours - 1) / args.policy_every_hours.max(1));
+    std::fs::write(root.join("policy.toml"), policy_toml(&base, last_version))?;
+    std::fs::write(
+        &stamp,
+        serde_json::json!({"shape": shape, "raw_events": raw_events, "raw_bytes": raw_bytes,
+            "rollup_rows": rollup_rows, "overage_rows": overage_rows})
+        .to_string(),
+    )?;
+    Ok(set)
+}
+
+fn ts(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string())
+        .unwrap_or_default()
+}
+
+/// The queries: every named report over its table's whole window, and a few ad-hoc ones.
+async fn queries(
+    engine: &Engine,
+    args: &QueryBenchArgs,
+) -> anyhow::Result<Vec<(String, &'static str, String)>> {
+    let rollup_days = args.rollup_days.max(args.raw_days);
+    let raw_from = ts(END_MS - i64::from(args.raw_days) * 86_400_000);
+    let rollup_from = ts(END_MS - i64::from(rollup_days) * 86_400_000);
+    let to = ts(END_MS);
+    let mut out = Vec::new();
+    for report in verdict_query::reports::catalog() {
+        let from = if report.tables.contains(&"decisions") {
+            &raw_from
+        } else {
+            &rollup_from
+        };
+        let params: BTreeMap<String, String> = [
+            ("from".to_string(), from.clone()),
+            ("to".to_string(), to.clone()),
+        ]
+        .into();
+        out.push((
+            report.name.to_string(),
+            "report",
+            engine.report_sql(report.name, &params).await?,
+        ));
+    }
+    let last_day = ts(END_MS - 86_400_000)[..10].to_string();
+    out.push((
+        "adhoc-daily-verdicts".into(),
+        "adhoc",
+        "SELECT date, verdict, COUNT(*) AS decisions FROM decisions GROUP BY date, verdict ORDER BY date, verdict".into(),
+    ));
+    out.push((
+        "adhoc-last-day-hourly-refusals".into(),
+        "adhoc",
+        format!("SELECT hour, tier, SUM(CASE WHEN verdict <> 0 THEN 1 ELSE 0 END) AS refused, COUNT(*) AS decisions FROM decisions WHERE date = DATE '{last_day}' GROUP BY hour, tier ORDER BY hour, tier"),
+    ));
+    out.push((
+        "adhoc-month-refusals-by-limit".into(),
+        "adhoc",
+        "SELECT tier, route_class, SUM(denied) AS denied, SUM(would_deny) AS would_deny, COUNT(DISTINCT key_id) AS keys FROM denied_hourly GROUP BY tier, route_class ORDER BY tier, route_class".into(),
+    ));
+    Ok(out)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Writes the data set, times each query in both engines and prints one JSON line per query.
+pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
+    let threads = args.compare.threads();
+    let (root, _tmp) = args.compare.lake()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(&root)?);
+    let set = write_data_set(&store, &root, &args, threads).await?;
+    println!("{}", serde_json::to_string(&set)?);
+
+    let source = PolicySource::File(FileSource::new(root.join("policy.toml")));
+    let engine = Engine::new(
+        Arc::clone(&store),
+        PoliciesTable::new(Some(source)),
+        threads,
+        Limits::default(),
+    )?;
+    let queries = queries(&engine, &args).await?;
+
+    let mut ours = Vec::new();
+    for (name, kind, sql) in &queries {
+        let (batches, scanned) = engine
+            .collect_measured(sql)
+            .await
+            .with_context(|| format!("query {name}"))?;
+        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        let mut times = Vec::new();
+        for _ in 0..args.runs {
+            let t = Instant::now();
+            engine.collect_measured(sql).await?;
+            times.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        let min = times.iter().copied().fold(f64::INFINITY, f64::min);
+        ours.push((name.clone(), *kind, median(times), min, rows, scanned));
+    }
+
+    let duck: BTreeMap<String, DuckDbQuery> = if args.compare.no_duckdb {
+        BTreeMap::new()
+    } else {
+        run_duckdb(&engine, &root, &queries, &args, threads).await?
+    };
+    for (name, kind, p50, min, rows, scanned) in ours {
+        let d = duck.get(&name);
+        let result = QueryResult {
+            bench: "query",
+            query: name,
+            kind,
+            p50_ms: p50,
+            min_ms: min,
+            rows,
+            rows_scanned: scanned,
+            duckdb_p50_ms: d.map(|d| d.p50_seconds * 1000.0),
+            duckdb_rows: d.map(|d| d.rows),
+            vs_duckdb: d.map(|d| p50 / (d.p50_seconds * 1000.0)),
+        };
+        if let Some(d) = d
+            && d.rows != rows
+        {
+            tracing::warn!(query = %result.query, ours = rows, duckdb = d.rows, "DuckDB returned a different number of rows");
+        }
+        println!("{}", serde_json::to_string(&result)?);
+    }
+    Ok(())
+}
+
+/// Runs the same SQL in DuckDB over the same files: views named as our tables, the policy
+/// exported to one Parquet file.
+async fn run_duckdb(
+    engine: &Engine,
+    root: &std::path::Path,
+    queries: &[(String, &'static str, String)],
+    args: &QueryBenchArgs,
+    threads: usize,
+) -> anyhow::Result<BTreeMap<String, DuckDbQuery>> {
+    let policies = engine.policies().batch().await?;
+    let mut buf = Vec::new();
+    let mut w = parquet::arrow::ArrowWriter::try_new(&mut buf, policies.schema(), None)?;
+    w.write(&policies)?;
+    w.close()?;
+    let policies_path = root.join("bench-policies.parquet");
+    std::fs::write(&policies_path, buf)?;
+    let lake = root.display().to_string().replace('\'', "''");
+    let views = serde_json::json!({
+        "decisions": format!("SELECT * FROM read_parquet('{lake}/raw/*/*/*.parquet', hive_partitioning = true, hive_types = {{'date': DATE, 'hour': INTEGER}})"),
+        "denied_hourly": format!("SELECT *, CAST(hour AS DATE) AS date FROM read_parquet('{lake}/rollup/denied_hourly/*/*/*.parquet', hive_partitioning = false)"),
+        "overage": format!("SELECT * FROM read_parquet('{lake}/overage/*/*.parquet', hive_partitioning = false)"),
+        "policies": format!("SELECT * FROM read_parquet('{}')", policies_path.display().to_string().replace('\'', "''")),
+    });
+    let spec = serde_json::json!({
+        "threads": threads,
+        "runs": args.runs,
+        "views": views,
+        "queries": queries.iter().map(|(name, _, sql)| serde_json::json!({"name": name, "sql": sql})).collect::<Vec<_>>(),
+    });
+    let spec_path = root.join("bench-query-duckdb.json");
+    std::fs::write(&spec_path, serde_json::to_vec_pretty(&spec)?)?;
+    let out = args
+        .compare
+        .duckdb(&["--queries".as_ref(), spec_path.as_os_str()])?;
+    let mut found = BTreeMap::new();
+    for line in out.lines().filter(|l| l.starts_with('{')) {
+        let q: DuckDbQuery = serde_json::from_str(line)
+            .with_context(|| format!("reading DuckDB's answer {line:?}"))?;
+        found.insert(q.query.clone(), q);
+    }
+    Ok(found)
+}
