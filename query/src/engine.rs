@@ -175,7 +175,9 @@ impl Engine {
         threads: usize,
         limits: Limits,
     ) -> Result<Self, DataFusionError> {
-        let config = SessionConfig::new()
+        // DATAFUSION_* environment variables tune the engine (batch size, parquet options);
+        // the settings below are the service's own and win.
+        let config = SessionConfig::from_env()?
             .with_target_partitions(threads.max(1))
             .with_information_schema(true)
             .with_collect_statistics(false);

@@ -192,8 +192,8 @@ pub fn catalog() -> Vec<Report> {
         },
         Report {
             name: "degraded",
-            description: "Decisions not made by the shared counters, per region per hour: by the \
-                local fallback (Redis slow or gone) and by the kill switch, with their share of \
+            description: "Decisions not made by the shared counters, per region per hour (`date`, \
+                `hour` of event time, UTC): by the local fallback (Redis slow or gone) and by the kill switch, with their share of \
                 the hour's decisions. Hours without any are left out.",
             tables: &["decisions"],
             params: vec![
@@ -252,7 +252,29 @@ impl Range {
     }
 
     /// The SQL condition on a table with a `date` partition column and a time column.
-    fn sql(&self, time_column: &str) -> String {
+    ///
+    /// When the range falls on whole days (or, with an `hour` partition column, whole
+    /// hours), the partition columns say it all: the condition is on them only, so it
+    /// prunes folders and costs nothing per row. Otherwise the time column bounds it too.
+    fn sql(&self, time_column: &str, hour_partitions: bool) -> String {
+        let whole = |t: DateTime<Utc>| {
+            t.timestamp_subsec_nanos() == 0
+                && t.second() == 0
+                && t.minute() == 0
+                && (hour_partitions || t.hour() == 0)
+        };
+        if whole(self.from) && whole(self.to) {
+            let bound = |t: DateTime<Utc>, after: bool| {
+                let d = Self::date(t.date_naive());
+                match (t.hour(), after) {
+                    (0, true) => format!("date >= {d}"),
+                    (0, false) => format!("date < {d}"),
+                    (h, true) => format!("(date > {d} OR (date = {d} AND hour >= {h}))"),
+                    (h, false) => format!("(date < {d} OR (date = {d} AND hour < {h}))"),
+                }
+            };
+            return format!("{} AND {}", bound(self.from, true), bound(self.to, false));
+        }
         let last = self.to - Duration::milliseconds(1);
         format!(
             "date >= {} AND date <= {} AND {time_column} >= {} AND {time_column} < {}",
@@ -427,7 +449,7 @@ pub fn render(
     };
     let sql = match report.name {
         "wrong-limits" => {
-            let range = a.range(now, 7)?.sql("event_time");
+            let range = a.range(now, 7)?.sql("event_time", true);
             let filters = a.filters("")?;
             let too_low = a.number("too_low_share")?;
             let too_high = a.number("too_high_use")?;
@@ -462,18 +484,23 @@ ORDER BY l.tier, l.route_class",
             )
         }
         "shadow-impact" => {
-            let range = a.range(now, 7)?.sql("event_time");
+            let range = a.range(now, 7)?.sql("event_time", true);
             let filters = a.filters("")?;
             format!(
-                "WITH per_limit AS (
-  SELECT tier, route_class, COUNT(*) AS requests,
+                "WITH per_key AS (
+  SELECT tier, route_class, key_id, COUNT(*) AS requests,
     SUM(CASE WHEN verdict = 2 THEN 1 ELSE 0 END) AS would_deny,
     SUM(CASE WHEN verdict = 2 AND denied_by_bucket THEN 1 ELSE 0 END) AS would_deny_by_bucket,
-    SUM(CASE WHEN verdict = 2 AND denied_by_window THEN 1 ELSE 0 END) AS would_deny_by_window,
-    COUNT(DISTINCT key_id) AS keys,
-    COUNT(DISTINCT CASE WHEN verdict = 2 THEN key_id END) AS keys_would_deny
+    SUM(CASE WHEN verdict = 2 AND denied_by_window THEN 1 ELSE 0 END) AS would_deny_by_window
   FROM decisions
   WHERE {range}{filters}
+  GROUP BY tier, route_class, key_id
+), per_limit AS (
+  SELECT tier, route_class, SUM(requests) AS requests, SUM(would_deny) AS would_deny,
+    SUM(would_deny_by_bucket) AS would_deny_by_bucket,
+    SUM(would_deny_by_window) AS would_deny_by_window,
+    COUNT(*) AS keys, SUM(CASE WHEN would_deny > 0 THEN 1 ELSE 0 END) AS keys_would_deny
+  FROM per_key
   GROUP BY tier, route_class
 )
 SELECT l.tier AS tier_id, p.tier, l.route_class AS route_class_id, p.route_class,
@@ -487,7 +514,7 @@ ORDER BY l.tier, l.route_class"
             )
         }
         "top-denied" => {
-            let range = a.range(now, 7)?.sql("hour");
+            let range = a.range(now, 7)?.sql("hour", false);
             let filters = a.filters("")?;
             let limit = a.integer("limit")?.unwrap_or(20);
             if !(1..=100_000).contains(&limit) {
@@ -536,7 +563,7 @@ ORDER BY o.date, o.quota_denied + o.quota_would_deny DESC, o.key_id, o.route_cla
             )
         }
         "policy-changes" => {
-            let range = a.range(now, 7)?.sql("event_time");
+            let range = a.range(now, 7)?.sql("event_time", true);
             let filters = a.filters("")?;
             let jump = a.number("jump")?;
             let min_rise = a.number("min_rise")?;
@@ -566,21 +593,21 @@ ORDER BY r.tier, r.route_class, r.policy_version",
             )
         }
         "degraded" => {
-            let range = a.range(now, 7)?.sql("event_time");
+            let range = a.range(now, 7)?.sql("event_time", true);
             let region = a
                 .integer("region")?
                 .map(|r| format!(" AND region = {r}"))
                 .unwrap_or_default();
             format!(
-                "SELECT date_trunc('hour', event_time) AS hour, region, COUNT(*) AS decisions,
+                "SELECT date, hour, region, COUNT(*) AS decisions,
   SUM(CASE WHEN source = 1 THEN 1 ELSE 0 END) AS local_fallback,
   SUM(CASE WHEN source = 2 THEN 1 ELSE 0 END) AS kill_switch,
   CAST(SUM(CASE WHEN source IN (1, 2) THEN 1 ELSE 0 END) AS DOUBLE) / COUNT(*) AS degraded_share
 FROM decisions
 WHERE {range}{region}
-GROUP BY date_trunc('hour', event_time), region
+GROUP BY date, hour, region
 HAVING SUM(CASE WHEN source IN (1, 2) THEN 1 ELSE 0 END) > 0
-ORDER BY hour, region"
+ORDER BY date, hour, region"
             )
         }
         other => return Err(QueryError::NotFound(format!("no report named {other:?}"))),
@@ -627,16 +654,36 @@ mod tests {
             now(),
         )
         .unwrap();
+        // Whole hours: the partition columns alone bound it.
+        let expected = "(date > DATE '2026-11-23' OR (date = DATE '2026-11-23' AND hour >= 15)) \
+                        AND (date < DATE '2026-11-30' OR (date = DATE '2026-11-30' AND hour < 15))";
+        assert!(sql.contains(expected), "{sql}");
+        assert!(!sql.contains("event_time"), "{sql}");
+    }
+
+    #[test]
+    fn a_range_off_the_hour_bounds_the_time_column_too() {
+        let sql = render(
+            &find("degraded").unwrap(),
+            &args(&[("from", "2026-11-30T10:30:00Z"), ("to", "2026-12-01")]),
+            &names(),
+            now(),
+        )
+        .unwrap();
+        let expected = "date >= DATE '2026-11-30' AND date <= DATE '2026-11-30' \
+                        AND event_time >= TIMESTAMP '2026-11-30 10:30:00.000' \
+                        AND event_time < TIMESTAMP '2026-12-01 00:00:00.000'";
+        assert!(sql.contains(expected), "{sql}");
+        // The rollup has only a date partition column: whole days suffice there.
+        let sql = render(
+            &find("top-denied").unwrap(),
+            &args(&[("from", "2026-11-01"), ("to", "2026-12-01")]),
+            &names(),
+            now(),
+        )
+        .unwrap();
         assert!(
-            sql.contains("event_time >= TIMESTAMP '2026-11-23 15:00:00.000'"),
-            "{sql}"
-        );
-        assert!(
-            sql.contains("event_time < TIMESTAMP '2026-11-30 15:00:00.000'"),
-            "{sql}"
-        );
-        assert!(
-            sql.contains("date >= DATE '2026-11-23' AND date <= DATE '2026-11-30'"),
+            sql.contains("WHERE date >= DATE '2026-11-01' AND date < DATE '2026-12-01'"),
             "{sql}"
         );
     }

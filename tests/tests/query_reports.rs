@@ -135,11 +135,13 @@ async fn every_report_names_exactly_the_limits_and_keys_the_data_was_built_to_sh
 
     // degraded: region 1's fallback and region 2's kill switch, in hour 10 only.
     let degraded = report(&engine, "degraded", &[]).await;
-    let found: Vec<(String, f64, f64, f64)> = degraded
+    let found: Vec<(String, f64, f64, f64, f64)> = degraded
         .iter()
         .map(|r| {
+            let hour = n(r, "hour");
             (
-                s(r, "hour"),
+                s(r, "date"),
+                hour,
                 n(r, "region"),
                 n(r, "local_fallback"),
                 n(r, "kill_switch"),
@@ -149,12 +151,12 @@ async fn every_report_names_exactly_the_limits_and_keys_the_data_was_built_to_sh
     assert_eq!(
         found,
         [
-            ("2026-11-30T10:00:00Z".to_string(), 1.0, 5.0, 0.0),
-            ("2026-11-30T10:00:00Z".to_string(), 2.0, 0.0, 3.0),
+            ("2026-11-30".to_string(), 10.0, 1.0, 5.0, 0.0),
+            ("2026-11-30".to_string(), 10.0, 2.0, 0.0, 3.0),
         ],
         "{degraded:#?}"
     );
-    let _ = ROOMY;
+    assert_eq!(n(&wrong[1], "tier_id"), f64::from(ROOMY));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
