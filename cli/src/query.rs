@@ -120,15 +120,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tokens,
         metrics: QueryMetrics::new(),
     });
-    let listener = verdict_query::http::bind(&state, args.listen).await?;
-    tracing::info!(
-        addr = %listener.local_addr()?,
-        auth = !state.tokens.is_empty(),
-        "query service listening (HTTP)"
-    );
-    axum::serve(listener, verdict_query::http::router(state))
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    verdict_query::http::serve(state, args.listen, shutdown).await?;
     tracing::info!("query service stopped");
     Ok(())
 }

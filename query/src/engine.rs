@@ -240,29 +240,38 @@ impl Engine {
         Ok(out)
     }
 
+    /// Checks `sql` (one read-only query) and plans it in `ctx`.
+    async fn plan(
+        &self,
+        ctx: &SessionContext,
+        sql: &str,
+    ) -> Result<datafusion::dataframe::DataFrame, QueryError> {
+        let state = ctx.state();
+        let statement = check_read_only(&state, sql)?;
+        let plan = state
+            .statement_to_plan(statement)
+            .await
+            .map_err(|e| QueryError::from_datafusion(e, &self.limits))?;
+        read_only_options().verify_plan(&plan).map_err(|e| {
+            QueryError::Refused(format!(
+                "the query service is read-only and runs only SELECT queries: {}",
+                e.message()
+            ))
+        })?;
+        ctx.execute_logical_plan(plan)
+            .await
+            .map_err(|e| QueryError::from_datafusion(e, &self.limits))
+    }
+
     /// Checks, plans and starts `sql`; the rows come from the returned stream, which ends
     /// with [`QueryError::TimeLimit`] if the deadline passes.
     pub async fn run(&self, sql: &str) -> Result<QueryStream, QueryError> {
         let deadline = Instant::now() + self.limits.timeout;
         let ctx = self.session();
         let started = tokio::time::timeout_at(deadline, async {
-            let state = ctx.state();
-            let statement = check_read_only(&state, sql)?;
-            let plan = state
-                .statement_to_plan(statement)
-                .await
-                .map_err(|e| QueryError::from_datafusion(e, &self.limits))?;
-            read_only_options().verify_plan(&plan).map_err(|e| {
-                QueryError::Refused(format!(
-                    "the query service is read-only and runs only SELECT queries: {}",
-                    e.message()
-                ))
-            })?;
-            let df = ctx
-                .execute_logical_plan(plan)
-                .await
-                .map_err(|e| QueryError::from_datafusion(e, &self.limits))?;
-            df.execute_stream()
+            self.plan(&ctx, sql)
+                .await?
+                .execute_stream()
                 .await
                 .map_err(|e| QueryError::from_datafusion(e, &self.limits))
         })
@@ -303,11 +312,8 @@ impl Engine {
     /// pruning).
     pub async fn collect_measured(&self, sql: &str) -> Result<(Vec<RecordBatch>, u64), QueryError> {
         let ctx = self.session();
-        let state = ctx.state();
         let df_err = |e| QueryError::from_datafusion(e, &self.limits);
-        let statement = check_read_only(&state, sql)?;
-        let plan = state.statement_to_plan(statement).await.map_err(df_err)?;
-        let df = ctx.execute_logical_plan(plan).await.map_err(df_err)?;
+        let df = self.plan(&ctx, sql).await?;
         let physical = df.create_physical_plan().await.map_err(df_err)?;
         let batches = datafusion::physical_plan::collect(Arc::clone(&physical), ctx.task_ctx())
             .await
@@ -317,30 +323,14 @@ impl Engine {
 
     /// Tier and route class names of the policy in force.
     pub async fn names(&self) -> Result<crate::reports::Names, QueryError> {
-        use arrow::array::AsArray;
-        use arrow::datatypes::UInt8Type;
-        let batch = self
+        let snapshot = self
             .policies
-            .batch()
+            .snapshot()
             .await
             .map_err(|e| QueryError::from_datafusion(e, &self.limits))?;
-        let mut names = crate::reports::Names::default();
-        let kind = batch.column(0).as_string::<i32>();
-        let tier = batch.column(1).as_string::<i32>();
-        let tier_id = batch.column(2).as_primitive::<UInt8Type>();
-        let route = batch.column(3).as_string::<i32>();
-        let route_id = batch.column(4).as_primitive::<UInt8Type>();
-        for i in 0..batch.num_rows() {
-            if kind.value(i) == "limit" {
-                names
-                    .tiers
-                    .insert(tier.value(i).to_string(), tier_id.value(i));
-            }
-            names
-                .route_classes
-                .insert(route.value(i).to_string(), route_id.value(i));
-        }
-        Ok(names)
+        Ok(snapshot
+            .map(|s| crate::reports::Names::of(s.document()))
+            .unwrap_or_default())
     }
 
     /// The SQL of report `name` with `params` (defaults relative to now).
@@ -478,7 +468,8 @@ impl Stream for QueryStream {
                 self.done = true;
                 Poll::Ready(None)
             }
-            other => other.map(|o| o.map(|r| r.map_err(|_| QueryError::Internal))),
+            Poll::Ready(Some(Ok(batch))) => Poll::Ready(Some(Ok(batch))),
+            Poll::Pending => Poll::Pending,
         }
     }
 }

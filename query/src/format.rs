@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringBuilder};
+use arrow::array::{ArrayRef, AsArray, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::error::ArrowError;
 use bytes::Bytes;
@@ -75,43 +75,16 @@ impl Format {
 
 /// `batch` with its binary key ids as lowercase hex text (for CSV and the terminal).
 pub fn hex_keys(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
-    let schema = batch.schema();
-    if !schema.fields().iter().any(|f| {
-        matches!(
-            f.data_type(),
-            DataType::FixedSizeBinary(_) | DataType::Binary
-        )
-    }) {
-        return Ok(batch.clone());
+    fn hex_strings<'a>(values: impl Iterator<Item = Option<&'a [u8]>>) -> ArrayRef {
+        Arc::new(values.map(|v| v.map(hex::encode)).collect::<StringArray>())
     }
+    let schema = batch.schema();
     let mut fields = Vec::with_capacity(schema.fields().len());
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
     for (field, column) in schema.fields().iter().zip(batch.columns()) {
-        let hexed: Option<ArrayRef> = match field.data_type() {
-            DataType::FixedSizeBinary(_) => {
-                let a = column.as_fixed_size_binary();
-                let mut b = StringBuilder::with_capacity(a.len(), a.len() * 32);
-                for i in 0..a.len() {
-                    if a.is_null(i) {
-                        b.append_null();
-                    } else {
-                        b.append_value(hex::encode(a.value(i)));
-                    }
-                }
-                Some(Arc::new(b.finish()))
-            }
-            DataType::Binary => {
-                let a = column.as_binary::<i32>();
-                let mut b = StringBuilder::new();
-                for i in 0..a.len() {
-                    if a.is_null(i) {
-                        b.append_null();
-                    } else {
-                        b.append_value(hex::encode(a.value(i)));
-                    }
-                }
-                Some(Arc::new(b.finish()))
-            }
+        let hexed = match field.data_type() {
+            DataType::FixedSizeBinary(_) => Some(hex_strings(column.as_fixed_size_binary().iter())),
+            DataType::Binary => Some(hex_strings(column.as_binary::<i32>().iter())),
             _ => None,
         };
         match hexed {

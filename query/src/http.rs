@@ -190,7 +190,7 @@ pub async fn spawn(
     addr: SocketAddr,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = bind(&state, addr).await?;
-    let bound = local_addr(&listener);
+    let bound = listener.local_addr()?;
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, router(state)).await {
             tracing::error!(error = %e, "the query service stopped");
@@ -593,11 +593,4 @@ pub fn load_tokens(path: &std::path::Path) -> std::io::Result<Vec<String>> {
         ));
     }
     Ok(tokens)
-}
-
-/// The address a listener is bound to, for logs and tests.
-pub fn local_addr(listener: &tokio::net::TcpListener) -> SocketAddr {
-    listener
-        .local_addr()
-        .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)))
 }

@@ -233,6 +233,20 @@ pub struct Names {
     pub route_classes: BTreeMap<String, u8>,
 }
 
+impl Names {
+    /// The names of a policy document.
+    pub fn of(doc: &verdict_limiter::PolicyDocument) -> Self {
+        Self {
+            tiers: doc.tiers.iter().map(|t| (t.name.clone(), t.id)).collect(),
+            route_classes: doc
+                .route_classes
+                .iter()
+                .map(|r| (r.name.clone(), r.id))
+                .collect(),
+        }
+    }
+}
+
 /// A UTC time range `[from, to)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Range {
@@ -399,9 +413,9 @@ impl Args<'_> {
         if let Some(r) = self.name_id("route_class", &self.names.route_classes)? {
             sql.push_str(&format!(" AND {alias}route_class = {r}"));
         }
-        if self.report.params.iter().any(|p| p.name == "key")
-            && let Some(key) = self.raw("key")
-        {
+        // `render` refuses a parameter its report does not take, so a key is only ever
+        // given to the reports that filter on one.
+        if let Some(key) = self.raw("key") {
             let ok = key.len() == 32 && key.bytes().all(|b| b.is_ascii_hexdigit());
             if !ok {
                 return Err(QueryError::Invalid(format!(

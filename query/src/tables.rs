@@ -92,7 +92,7 @@ pub const POLICY_REFRESH: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub struct PoliciesTable {
     source: Option<PolicySource>,
-    cached: Mutex<Option<(Instant, RecordBatch)>>,
+    cached: Mutex<Option<(Instant, Arc<PolicySnapshot>)>>,
 }
 
 impl PoliciesTable {
@@ -122,33 +122,42 @@ impl PoliciesTable {
         ]))
     }
 
-    /// The rows now: re-read from the source when stale.
-    pub async fn batch(&self) -> DfResult<RecordBatch> {
+    /// The policy in force, re-read from the source when stale; `None` when no source is
+    /// configured.
+    pub async fn snapshot(&self) -> DfResult<Option<Arc<PolicySnapshot>>> {
         let mut cached = self.cached.lock().await;
-        if let Some((at, batch)) = cached.as_ref()
+        if let Some((at, snapshot)) = cached.as_ref()
             && at.elapsed() < POLICY_REFRESH
         {
-            return Ok(batch.clone());
+            return Ok(Some(Arc::clone(snapshot)));
         }
         let Some(source) = &self.source else {
-            return Ok(RecordBatch::new_empty(Self::table_schema()));
+            return Ok(None);
         };
         match source.load().await {
             Ok(snapshot) => {
-                let batch = policy_rows(&snapshot)?;
-                *cached = Some((Instant::now(), batch.clone()));
-                Ok(batch)
+                let snapshot = Arc::new(snapshot);
+                *cached = Some((Instant::now(), Arc::clone(&snapshot)));
+                Ok(Some(snapshot))
             }
             Err(e) => match cached.as_mut() {
-                Some((at, batch)) => {
+                Some((at, snapshot)) => {
                     tracing::warn!(error = %e, "policy source failed; the last policy read stays");
                     *at = Instant::now();
-                    Ok(batch.clone())
+                    Ok(Some(Arc::clone(snapshot)))
                 }
                 None => Err(DataFusionError::External(
                     format!("the policies table could not be read: {e}").into(),
                 )),
             },
+        }
+    }
+
+    /// The rows now (see [`policy_rows`]); none without a source.
+    pub async fn batch(&self) -> DfResult<RecordBatch> {
+        match self.snapshot().await? {
+            Some(snapshot) => policy_rows(&snapshot),
+            None => Ok(RecordBatch::new_empty(Self::table_schema())),
         }
     }
 }

@@ -162,6 +162,31 @@ struct Gen {
 }
 
 impl Gen {
+    fn new(hour_ms: i64, version: u64) -> Self {
+        Self {
+            events: Vec::new(),
+            hour_ms,
+            version,
+        }
+    }
+
+    /// What both hours share first: every `tight` key 10 allowed and 10 refused by the
+    /// bucket, every `roomy` key 10 allowed out of 1000.
+    fn tight_and_roomy(&mut self) {
+        for n in 0..10 {
+            self.allowed(TIGHT, n, 10, 1000);
+            self.repeat(
+                TIGHT,
+                n,
+                10,
+                Shape::refused(Verdict::Denied, BUCKET, 990, 1000),
+            );
+        }
+        for n in 0..5 {
+            self.allowed(ROOMY, n, 10, 1000);
+        }
+    }
+
     fn push(&mut self, tier: u8, n: u8, s: Shape) {
         let i = self.events.len() as i64;
         self.events.push(DecisionEvent {
@@ -213,23 +238,8 @@ const WINDOW: DeniedBy = DeniedBy {
 
 /// The decisions of hour 10 (version 1).
 pub fn hour_10() -> Vec<DecisionEvent> {
-    let mut g = Gen {
-        events: Vec::new(),
-        hour_ms: HOUR_10_MS,
-        version: 1,
-    };
-    for n in 0..10 {
-        g.allowed(TIGHT, n, 10, 1000);
-        g.repeat(
-            TIGHT,
-            n,
-            10,
-            Shape::refused(Verdict::Denied, BUCKET, 990, 1000),
-        );
-    }
-    for n in 0..5 {
-        g.allowed(ROOMY, n, 10, 1000);
-    }
+    let mut g = Gen::new(HOUR_10_MS, 1);
+    g.tight_and_roomy();
     let fallback = Shape {
         source: DecisionSource::LocalFallback,
         region: 1,
@@ -267,26 +277,12 @@ pub fn hour_10() -> Vec<DecisionEvent> {
     g.events
 }
 
-/// The decisions of hour 11 (version 2): as hour 10 for `tight`, `roomy` and `trial`, and
-/// `steady` refused half the time.
+/// The decisions of hour 11 (version 2): `tight`, `roomy` and `trial` as in hour 10 but
+/// without the degraded decisions and the would-deny key, and `steady` refused half the
+/// time.
 pub fn hour_11() -> Vec<DecisionEvent> {
-    let mut g = Gen {
-        events: Vec::new(),
-        hour_ms: HOUR_10_MS + 3_600_000,
-        version: 2,
-    };
-    for n in 0..10 {
-        g.allowed(TIGHT, n, 10, 1000);
-        g.repeat(
-            TIGHT,
-            n,
-            10,
-            Shape::refused(Verdict::Denied, BUCKET, 990, 1000),
-        );
-    }
-    for n in 0..5 {
-        g.allowed(ROOMY, n, 10, 1000);
-    }
+    let mut g = Gen::new(HOUR_10_MS + 3_600_000, 2);
+    g.tight_and_roomy();
     for n in 0..20 {
         g.allowed(TRIAL, n, 15, 20);
     }

@@ -143,7 +143,8 @@ async fn write_data_set(
     let rollup = Rollup::new(Arc::clone(store), threads);
     let first_ms = END_MS - i64::from(hours) * 3_600_000;
     let raw_from_ms = END_MS - i64::from(args.raw_days) * 86_400_000;
-    let (mut raw_events, mut raw_bytes, mut rollup_rows) = (0u64, 0u64, 0u64);
+    let (mut raw_events, mut raw_bytes, mut rollup_rows, mut overage_rows) =
+        (0u64, 0u64, 0u64, 0u64);
     for i in 0..hours {
         let start = first_ms + i64::from(i) * 3_600_000;
         let hour = HourPartition::from_event_time_ms(start)?;
@@ -165,19 +166,12 @@ async fn write_data_set(
             raw_events += report.events;
             raw_bytes += report.source_bytes;
         }
+        // The data set starts at midnight, so every day ends at an hour 23.
         if i % 24 == 23 {
             let date = hour.date();
             let o = overage::run_day(&rollup, date).await?;
+            overage_rows += o.rows as u64;
             tracing::info!(%date, hours = i + 1, of = hours, overage_rows = o.rows, "data set: day written");
-        }
-    }
-    let mut overage_rows = 0u64;
-    for d in 0..rollup_days {
-        let date = HourPartition::from_event_time_ms(first_ms + i64::from(d) * 86_400_000)?.date();
-        if let Some(f) =
-            verdict_rollup::read_footer(store.as_ref(), &overage::overage_path(date)).await?
-        {
-            overage_rows += f.rows as u64;
         }
     }
     let set = DataSet {
