@@ -3,12 +3,13 @@
 # 127.0.0.1 only:
 #
 #   redis     Redis, from Debian's redis-server package
+#   regions   three more Redis servers, one per region of the regional tests
 #   postgres  PostgreSQL, from Debian's postgresql package (a private cluster, trust auth)
 #   kafka     Apache Kafka, the real broker, KRaft single node, from Maven Central's
 #             artifacts, run on the machine's Java 17
 #   s3        moto's S3 server, from PyPI, in a virtualenv of its own
 #
-# Usage: scripts/services.sh up|down|status|restart [redis|postgres|kafka|s3 ...]
+# Usage: scripts/services.sh up|down|status|restart [redis|regions|postgres|kafka|s3 ...]
 #
 # `up` is idempotent: what already answers is left alone. It waits until each service
 # answers and prints one line per service with its address. Downloads are cached in
@@ -20,7 +21,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=env.sh
 . "$here/env.sh"
 
-ALL=(redis postgres kafka s3)
+ALL=(redis regions postgres kafka s3)
 
 say() { printf '%s\n' "$*"; }
 log() { printf 'services: %s\n' "$*" >&2; }
@@ -73,23 +74,49 @@ stop_pid() { # pidfile name
 }
 
 # ---------------------------------------------------------------- redis
-redis_dir() { echo "$VERDICT_STATE/redis"; }
-redis_ping() { [ "$(redis-cli -h 127.0.0.1 -p "$VERDICT_REDIS_PORT" ping 2>/dev/null)" = PONG ]; }
+redis_ping_port() { [ "$(redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" = PONG ]; }
+redis_ping() { redis_ping_port "$VERDICT_REDIS_PORT"; }
 
-redis_up() {
+# redis_start PORT DIR: a Redis on 127.0.0.1:PORT with its files in DIR, unless one answers.
+redis_start() {
+  local port=$1 dir=$2
   command -v redis-server >/dev/null && command -v redis-cli >/dev/null || apt_install redis-server redis-tools
-  local dir; dir=$(redis_dir); mkdir -p "$dir"
-  if ! redis_ping; then
-    port_open "$VERDICT_REDIS_PORT" && die "port $VERDICT_REDIS_PORT is taken by something that is not Redis"
-    redis-server --bind 127.0.0.1 --port "$VERDICT_REDIS_PORT" --daemonize yes \
+  mkdir -p "$dir"
+  if ! redis_ping_port "$port"; then
+    port_open "$port" && die "port $port is taken by something that is not Redis"
+    redis-server --bind 127.0.0.1 --port "$port" --daemonize yes \
       --pidfile "$dir/redis.pid" --dir "$dir" --logfile "$dir/redis.log" \
       --save '' --appendonly no --protected-mode yes >/dev/null
-    wait_until 20 redis redis_ping || { tail -20 "$dir/redis.log" >&2; die "redis did not answer PING within 20 s"; }
+    wait_until 20 redis redis_ping_port "$port" || { tail -20 "$dir/redis.log" >&2; die "redis on port $port did not answer PING within 20 s"; }
   fi
+}
+
+redis_up() {
+  redis_start "$VERDICT_REDIS_PORT" "$VERDICT_STATE/redis"
   say "redis     up  $VERDICT_REDIS_URL"
 }
-redis_down() { stop_pid "$(redis_dir)/redis.pid" redis; }
+redis_down() { stop_pid "$VERDICT_STATE/redis/redis.pid" redis; }
 redis_status() { if redis_ping; then say "redis     up    $VERDICT_REDIS_URL"; else say "redis     down  $VERDICT_REDIS_URL"; fi; }
+
+# ---------------------------------------------------------------- regions
+# One Redis per region, as three regions have in production (the regional tests stop one).
+regions_up() {
+  local port
+  for port in $VERDICT_REGION_REDIS_PORTS; do
+    redis_start "$port" "$VERDICT_STATE/redis-$port"
+  done
+  say "regions   up  redis on 127.0.0.1 ports $VERDICT_REGION_REDIS_PORTS"
+}
+regions_down() {
+  local port
+  for port in $VERDICT_REGION_REDIS_PORTS; do stop_pid "$VERDICT_STATE/redis-$port/redis.pid" "redis-$port"; done
+}
+regions_status() {
+  local port
+  for port in $VERDICT_REGION_REDIS_PORTS; do
+    if redis_ping_port "$port"; then say "regions   up    redis://127.0.0.1:$port"; else say "regions   down  redis://127.0.0.1:$port"; fi
+  done
+}
 
 # ---------------------------------------------------------------- postgres
 pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1; }
@@ -238,7 +265,7 @@ usage() {
 cmd=${1:-}; [ $# -gt 0 ] && shift
 services=("$@"); [ ${#services[@]} -gt 0 ] || services=("${ALL[@]}")
 for s in "${services[@]}"; do
-  case $s in redis|postgres|kafka|s3) ;; *) die "unknown service '$s' (known: ${ALL[*]})";; esac
+  case $s in redis|regions|postgres|kafka|s3) ;; *) die "unknown service '$s' (known: ${ALL[*]})";; esac
 done
 mkdir -p "$VERDICT_CACHE" "$VERDICT_STATE"
 

@@ -7,6 +7,8 @@
 //! - [`overage`]: the daily table pricing reads, recomputed when a day's rollups change;
 //! - [`retention`]: whole partitions deleted past their window (raw 7 days, rollups and
 //!   overage 5 years), with a dry run;
+//! - [`reconcile`]: every 30 s, each region's share of the global limits of the keys near
+//!   them, from every region's usage;
 //! - [`scheduler`]: running them once or on a schedule, with [`metrics`].
 //!
 //! Every job takes "now" as a parameter, so tests run them on a fake clock.
@@ -16,6 +18,7 @@ pub mod late;
 pub mod metrics;
 pub mod overage;
 pub mod partitions;
+pub mod reconcile;
 pub mod retention;
 pub mod scheduler;
 pub mod windows;

@@ -16,6 +16,9 @@ pub const HOUR_MS: i64 = 3_600_000;
 /// Largest capacity or quota the arithmetic accepts (keeps products below 2^53).
 pub const MAX_LIMIT: u32 = 1_000_000_000;
 
+/// Parts per million: the unit of a region's share of a limit.
+pub const PPM: u32 = 1_000_000;
+
 /// The limits of one limit key, in the core's units.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Limits {
@@ -62,6 +65,28 @@ impl Limits {
     }
 }
 
+impl Limits {
+    /// A region's part of these limits: capacity and refill × `bucket_ppm`, quota ×
+    /// `window_ppm` (parts per million), rounded down so that the parts of all regions never
+    /// add up to more than the whole. A refill is never rounded to nothing (it stays at
+    /// least 0.001 tokens/s), so a small share still recovers.
+    pub fn scaled(&self, bucket_ppm: u32, window_ppm: u32) -> Self {
+        let part =
+            |v: u32, ppm: u32| (u64::from(v) * u64::from(ppm.min(PPM)) / u64::from(PPM)) as u32;
+        let refill = if self.refill_units_per_ms == 0 || bucket_ppm == 0 {
+            0
+        } else {
+            (self.refill_units_per_ms * i64::from(bucket_ppm.min(PPM)) / i64::from(PPM)).max(1)
+        };
+        Self {
+            capacity: part(self.capacity, bucket_ppm),
+            refill_units_per_ms: refill,
+            quota: part(self.quota, window_ppm),
+            window_ms: self.window_ms,
+        }
+    }
+}
+
 /// Tokens per second as units per millisecond (0.001 tokens/s is the smallest non-zero).
 pub fn refill_units_per_ms(tokens_per_s: f64) -> i64 {
     if tokens_per_s.is_finite() && tokens_per_s > 0.0 {
@@ -84,6 +109,41 @@ pub struct CounterState {
     pub cur: u32,
     /// Requests counted in the window before it.
     pub prev: u32,
+}
+
+impl CounterState {
+    /// The 24 bytes the Redis script stores (`struct.pack('<ddII', …)`): tokens and time as
+    /// little-endian doubles, then the two counts as little-endian u32. None if the length
+    /// is not 24.
+    pub fn from_packed(b: &[u8]) -> Option<Self> {
+        let b: &[u8; 24] = b.try_into().ok()?;
+        let f = |i: usize| f64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+        let u = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or([0; 4]));
+        Some(Self {
+            tokens: f(0) as i64,
+            last_ms: f(8) as i64,
+            cur: u(16),
+            prev: u(20),
+        })
+    }
+
+    /// Requests in view of the sliding window at `now_ms` (the count the quota is checked
+    /// against): the current window's count plus the previous window's in proportion to how
+    /// much of it is still in view.
+    pub fn window_used(&self, now_ms: i64, window_ms: i64) -> f64 {
+        let w = window_ms.max(1);
+        let now = now_ms.max(self.last_ms);
+        let (i_last, i_now) = (self.last_ms.div_euclid(w), now.div_euclid(w));
+        let (p, c) = if i_now == i_last {
+            (f64::from(self.prev), f64::from(self.cur))
+        } else if i_now == i_last + 1 {
+            (f64::from(self.cur), 0.0)
+        } else {
+            (0.0, 0.0)
+        };
+        let e = (now - i_now * w) as f64;
+        p * (w as f64 - e) / w as f64 + c
+    }
 }
 
 /// The answer for one request.

@@ -9,6 +9,8 @@
 //!   snapshots swapped atomically, kept fresh from a file or PostgreSQL ([`sources`]).
 //! - [`limiter`]: `Limiter::check`, where the modes, the breaker ([`breaker`]) and the
 //!   local fallback meet, and one event per decision goes onto the queue ([`events`]).
+//! - [`regions`]: several regions, each enforcing its share of a global limit; the shares
+//!   the reconcile job computes, and the near-limit reports it computes them from.
 //! - [`http`]: a decision as 429, `Retry-After` and the rate-limit fields.
 //! - [`metrics`]: the Prometheus metrics.
 //! - [`clock`]: time through a trait, so tests move a fake clock.
@@ -26,6 +28,7 @@ pub mod memory;
 pub mod metrics;
 pub mod policy;
 pub mod redis_store;
+pub mod regions;
 pub mod sources;
 pub mod store;
 
@@ -36,10 +39,14 @@ pub use events::{
 };
 pub use http::{HttpAnswer, http_answer};
 pub use key::LimitKey;
-pub use limiter::{Decision, Limiter, LimiterConfig, Request};
+pub use limiter::{Decision, Limiter, LimiterConfig, Regional, Request};
 pub use memory::MemoryStore;
 pub use metrics::LimiterMetrics;
-pub use policy::{Mode, PolicyDocument, PolicyHandle, PolicySnapshot, Resolution};
+pub use policy::{Mode, PolicyDocument, PolicyHandle, PolicySnapshot, RegionRow, Resolution};
 pub use redis_store::{RedisStore, RedisStoreConfig};
+pub use regions::{
+    NearLimit, PgShares, RegionCounters, Share, ShareEntry, ShareHandle, ShareKey, ShareRow,
+    ShareSnapshot, spawn_near_limit_reporter, spawn_share_refresher,
+};
 pub use sources::{FileSource, PgSource, PolicySource, SourceError, spawn_refresher};
 pub use store::{CounterStore, StoreError};

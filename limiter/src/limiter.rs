@@ -19,6 +19,7 @@ use crate::key::LimitKey;
 use crate::memory::MemoryStore;
 use crate::metrics::LimiterMetrics;
 use crate::policy::{Mode, PolicyHandle, Resolution};
+use crate::regions::{NearLimit, Share, ShareHandle, is_near_limit};
 use crate::store::{CounterStore, StoreError};
 
 /// Where this limiter runs.
@@ -46,6 +47,17 @@ impl Default for LimiterConfig {
             fallback_max_keys: 1_000_000,
         }
     }
+}
+
+/// A gateway in one of several regions: the shares the reconcile job computed, and the
+/// notes of near-limit keys it reports back (see [`crate::regions`]). Without it, a limiter
+/// under a policy that lists regions enforces its region's static weight.
+#[derive(Debug, Clone)]
+pub struct Regional {
+    /// The shares in force (kept fresh by `spawn_share_refresher`).
+    pub shares: ShareHandle,
+    /// Near-limit notes (reported by `spawn_near_limit_reporter`).
+    pub near: Arc<NearLimit>,
 }
 
 /// One request, as the gateway identifies it.
@@ -106,6 +118,7 @@ pub struct Limiter<S> {
     metrics: Arc<LimiterMetrics>,
     clock: Arc<dyn Clock>,
     cfg: LimiterConfig,
+    regional: Option<Regional>,
 }
 
 impl<S> std::fmt::Debug for Limiter<S> {
@@ -148,7 +161,14 @@ impl<S: CounterStore> Limiter<S> {
             metrics,
             clock,
             cfg,
+            regional: None,
         }
+    }
+
+    /// The same limiter enforcing the shares in `regional` and reporting near-limit keys.
+    pub fn with_regional(mut self, regional: Regional) -> Self {
+        self.regional = Some(regional);
+        self
     }
 
     /// The metrics.
@@ -192,8 +212,35 @@ impl<S: CounterStore> Limiter<S> {
                 (limits, mode, key)
             }
         };
+        // The policy's limits are global; with several regions this one enforces its share.
+        let limits = if policy.is_multi_region() {
+            let static_ppm = policy.region_static_ppm(self.cfg.region);
+            let share = match &self.regional {
+                Some(r) => r.shares.share(
+                    &(req.key_id, req.route_class, req.tier),
+                    self.clock.now_ms(),
+                    static_ppm,
+                ),
+                None => Share::uniform(static_ppm),
+            };
+            limits.scaled(share.bucket_ppm, share.window_ppm)
+        } else {
+            limits
+        };
 
         let (outcome, source) = self.decide(&key, &limits).await;
+        if let Some(r) = &self.regional
+            && source == DecisionSource::CounterStore
+            && is_near_limit(
+                outcome.allowed,
+                outcome.remaining_tokens,
+                outcome.remaining_window,
+                &limits,
+            )
+            && !r.near.record((req.key_id, req.route_class, req.tier))
+        {
+            self.metrics.near_limit_dropped.inc();
+        }
         let denied_by = DeniedBy {
             bucket: outcome.denied_by_bucket,
             window: outcome.denied_by_window,

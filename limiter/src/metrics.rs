@@ -37,6 +37,16 @@ pub struct LimiterMetrics {
     pub policy_age_seconds: IntGauge,
     /// `verdict_policy_reload_errors_total`: source reads or documents that were refused.
     pub policy_reload_errors: IntCounter,
+    /// `verdict_share_version`: version of the regional shares in force.
+    pub share_version: IntGauge,
+    /// `verdict_share_reload_errors_total`: share reads that failed (the last stay).
+    pub share_reload_errors: IntCounter,
+    /// `verdict_near_limit_reported_total`: near-limit requests reported to the region's
+    /// Redis for the reconcile job.
+    pub near_limit_reported: IntCounter,
+    /// `verdict_near_limit_dropped_total`: near-limit requests not reported (the report
+    /// failed, or too many distinct keys in one interval).
+    pub near_limit_dropped: IntCounter,
 }
 
 impl Default for LimiterMetrics {
@@ -126,6 +136,22 @@ impl LimiterMetrics {
             policy_reload_errors: counter(
                 "verdict_policy_reload_errors_total",
                 "Policy reads or documents that were refused (the previous policy stays).",
+            ),
+            share_version: gauge(
+                "verdict_share_version",
+                "Version of the regional shares in force (0: static weights only).",
+            ),
+            share_reload_errors: counter(
+                "verdict_share_reload_errors_total",
+                "Regional share reads that failed (the last shares stay in force).",
+            ),
+            near_limit_reported: counter(
+                "verdict_near_limit_reported_total",
+                "Near-limit requests reported to the region's Redis for the reconcile job.",
+            ),
+            near_limit_dropped: counter(
+                "verdict_near_limit_dropped_total",
+                "Near-limit requests not reported (report failed or too many keys).",
             ),
             registry,
         }

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use serde::{Deserialize, Serialize};
-use verdict_schemas::{KeyId, RouteClassId, TierId};
+use verdict_schemas::{KeyId, RegionId, RouteClassId, TierId};
 
-use crate::algo::{Limits, MAX_LIMIT};
+use crate::algo::{Limits, MAX_LIMIT, PPM};
 
 /// How a tier × route class is limited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -81,6 +81,11 @@ pub struct PolicyDocument {
     /// Keys too busy for one counter: each is split into `sub_keys` counters of limit/N.
     #[serde(default)]
     pub hot_keys: Vec<HotKeyRow>,
+    /// The regions whose gateways share every limit, with their static weights. Limits are
+    /// global; each region enforces its share (the static weight's, or what the reconcile
+    /// job last wrote). Empty: one region enforcing the whole limit.
+    #[serde(default)]
+    pub regions: Vec<RegionRow>,
 }
 
 /// A tier.
@@ -162,6 +167,24 @@ pub struct HotKeyRow {
     pub sub_keys: i64,
 }
 
+/// A region: its gateways count in their own Redis and enforce its share of each limit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegionRow {
+    /// Stable id, carried by events (0–65535) and given to the region's gateways.
+    pub id: u16,
+    /// Name, e.g. `eu-central-1`.
+    pub name: String,
+    /// Static weight: the region's share of every limit is weight / sum of weights until
+    /// the reconcile job says otherwise (default 1: equal shares).
+    #[serde(default = "one")]
+    pub weight: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
 /// An invalid row, named with its field: the snapshot is refused and the previous one stays.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("policy {row}: {field}: {problem}")]
@@ -221,6 +244,8 @@ pub struct PolicySnapshot {
     tier_killed: [bool; 256],
     rules: HashMap<(TierId, RouteClassId), Rule>,
     keys: HashMap<KeyId, KeyEntry>,
+    /// Static share of each region, parts per million (empty: one region, the whole).
+    region_ppm: HashMap<RegionId, u32>,
 }
 
 struct Rows<'a> {
@@ -423,12 +448,15 @@ impl PolicySnapshot {
             entry.sub_keys = h.sub_keys as u8;
         }
 
+        let region_ppm = region_weights(&doc.regions)?;
+
         Ok(Self {
             version: doc.version,
             kill_switch: doc.kill_switch,
             tier_killed,
             rules,
             keys,
+            region_ppm,
             document: doc,
         })
     }
@@ -498,6 +526,25 @@ impl PolicySnapshot {
         }
     }
 
+    /// The static share of `region`, parts per million: its weight over the sum of the
+    /// weights. The whole when the policy lists no regions; an equal share when it lists
+    /// others but not this one (a gateway started with a region the policy does not know
+    /// yet neither takes the whole limit nor refuses everything).
+    pub fn region_static_ppm(&self, region: RegionId) -> u32 {
+        if self.region_ppm.is_empty() {
+            return PPM;
+        }
+        match self.region_ppm.get(&region) {
+            Some(ppm) => *ppm,
+            None => PPM / (self.region_ppm.len() as u32 + 1),
+        }
+    }
+
+    /// True when the policy lists more than one region (limits are then shared).
+    pub fn is_multi_region(&self) -> bool {
+        self.region_ppm.len() > 1
+    }
+
     /// The tier id of a tier name.
     pub fn tier_id(&self, name: &str) -> Option<TierId> {
         self.document
@@ -515,6 +562,40 @@ impl PolicySnapshot {
             .find(|r| r.name == name)
             .map(|r| RouteClassId(r.id))
     }
+}
+
+/// Each region's weight as parts per million of the sum, rounded down so the shares never
+/// add up to more than the whole.
+fn region_weights(regions: &[RegionRow]) -> Result<HashMap<RegionId, u32>, PolicyError> {
+    let mut names = std::collections::HashSet::new();
+    let mut out = HashMap::new();
+    for (i, r) in regions.iter().enumerate() {
+        let row = format!("regions[{i}] (name={})", r.name);
+        if r.name.trim().is_empty() {
+            return Err(err(row, "name", "must not be empty"));
+        }
+        if !names.insert(r.name.as_str()) {
+            return Err(err(row, "name", "region name is used twice"));
+        }
+        if !(r.weight.is_finite() && r.weight > 0.0 && r.weight <= 1e6) {
+            return Err(err(
+                row,
+                "weight",
+                format!("must be above 0 and at most 1000000, got {}", r.weight),
+            ));
+        }
+        if out.insert(RegionId(r.id), 0).is_some() {
+            return Err(err(row, "id", format!("region id {} is used twice", r.id)));
+        }
+    }
+    let total: f64 = regions.iter().map(|r| r.weight).sum();
+    for r in regions {
+        out.insert(
+            RegionId(r.id),
+            ((r.weight / total) * f64::from(PPM)).floor() as u32,
+        );
+    }
+    Ok(out)
 }
 
 /// Parses a TOML policy document; errors name the line and field.

@@ -16,7 +16,7 @@ use crate::clock::Clock;
 use crate::metrics::LimiterMetrics;
 use crate::policy::{
     HotKeyRow, LimitRow, OverrideRow, PolicyDocument, PolicyError, PolicyHandle, PolicySnapshot,
-    RouteClassRow, TierRow, parse_toml,
+    RegionRow, RouteClassRow, TierRow, parse_toml,
 };
 
 /// The schema of the PostgreSQL policy store.
@@ -70,11 +70,47 @@ impl FileSource {
     }
 }
 
+/// The schema of the regional shares (the regions' static weights, the shares the
+/// reconcile job writes).
+pub const MIGRATION_0002: &str = include_str!("../migrations/0002_regions.sql");
+
+/// One lazily opened connection to the policy store, opened again after it is lost.
+#[derive(Debug, Clone)]
+pub(crate) struct PgConn {
+    url: String,
+    client: Arc<Mutex<Option<Client>>>,
+}
+
+impl PgConn {
+    pub(crate) fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            client: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// The connection, opened if it is not.
+    pub(crate) async fn get(
+        &self,
+    ) -> Result<tokio::sync::MutexGuard<'_, Option<Client>>, SourceError> {
+        let mut guard = self.client.lock().await;
+        if guard.as_ref().is_none_or(Client::is_closed) {
+            let (client, connection) = tokio_postgres::connect(&self.url, NoTls).await?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::warn!(error = %e, "policy store connection closed");
+                }
+            });
+            *guard = Some(client);
+        }
+        Ok(guard)
+    }
+}
+
 /// The PostgreSQL policy store.
 #[derive(Debug, Clone)]
 pub struct PgSource {
-    url: String,
-    client: Arc<Mutex<Option<Client>>>,
+    conn: PgConn,
 }
 
 fn row_err(row: String, field: &'static str, problem: impl std::fmt::Display) -> PolicyError {
@@ -98,33 +134,31 @@ impl PgSource {
     /// lost connection).
     pub fn new(url: impl Into<String>) -> Self {
         Self {
-            url: url.into(),
-            client: Arc::new(Mutex::new(None)),
+            conn: PgConn::new(url),
         }
     }
 
     async fn client(&self) -> Result<tokio::sync::MutexGuard<'_, Option<Client>>, SourceError> {
-        let mut guard = self.client.lock().await;
-        if guard.as_ref().is_none_or(Client::is_closed) {
-            let (client, connection) = tokio_postgres::connect(&self.url, NoTls).await?;
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::warn!(error = %e, "policy store connection closed");
-                }
-            });
-            *guard = Some(client);
-        }
-        Ok(guard)
+        self.conn.get().await
     }
 
-    /// Creates the schema if it is not there (idempotent).
+    /// The URL it reads (for the regional shares, kept in the same database).
+    pub fn url(&self) -> &str {
+        &self.conn.url
+    }
+
+    /// Creates the schema if it is not there (idempotent): the policy, the regions and
+    /// their shares.
     pub async fn migrate(&self) -> Result<(), SourceError> {
         let guard = self.client().await?;
         let client = guard.as_ref().ok_or_else(closed)?;
         client
             .batch_execute("select pg_advisory_lock(7316)")
             .await?;
-        let result = client.batch_execute(MIGRATION_0001).await;
+        let mut result = client.batch_execute(MIGRATION_0001).await;
+        if result.is_ok() {
+            result = client.batch_execute(MIGRATION_0002).await;
+        }
         client
             .batch_execute("select pg_advisory_unlock(7316)")
             .await?;
@@ -235,12 +269,30 @@ impl PgSource {
                 sub_keys: i64::from(r.get::<_, i32>(1)),
             });
         }
+        for r in tx
+            .query(
+                "select id, name, weight from verdict_policy.regions order by id",
+                &[],
+            )
+            .await?
+        {
+            let name: String = r.get(1);
+            let row = format!("regions row (name={name})");
+            let id: i32 = r.get(0);
+            doc.regions.push(RegionRow {
+                id: u16::try_from(id).map_err(|_| {
+                    row_err(row.clone(), "id", format!("must be 0 to 65535, got {id}"))
+                })?,
+                name,
+                weight: r.get(2),
+            });
+        }
         tx.commit().await?;
         Ok(doc)
     }
 }
 
-fn closed() -> SourceError {
+pub(crate) fn closed() -> SourceError {
     SourceError::Invalid(row_err("connection".into(), "client", "not connected"))
 }
 

@@ -5,6 +5,7 @@
 pub mod ingest_check;
 pub mod private;
 pub mod query_fixture;
+pub mod regions;
 pub mod rollup_check;
 
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -25,6 +26,8 @@ pub enum Service {
     Kafka,
     /// The S3-API server (raw and rollup tables).
     S3,
+    /// The Redis servers of the regional tests, one per region.
+    Regions,
 }
 
 impl Service {
@@ -34,6 +37,7 @@ impl Service {
             Self::Postgres => "postgres",
             Self::Kafka => "kafka",
             Self::S3 => "s3",
+            Self::Regions => "regions",
         }
     }
 
@@ -48,6 +52,7 @@ impl Service {
                 .unwrap_or_default()
                 .to_owned(),
             Self::S3 => host_port(&s3_endpoint()),
+            Self::Regions => host_port(&region_redis_urls()[0]),
         }
     }
 }
@@ -77,6 +82,28 @@ pub fn kafka_brokers() -> String {
 /// `VERDICT_S3_ENDPOINT`, default `http://127.0.0.1:19000`.
 pub fn s3_endpoint() -> String {
     env_or("VERDICT_S3_ENDPOINT", "http://127.0.0.1:19000")
+}
+
+/// The Redis of each region of the regional tests: `redis://127.0.0.1:<port>` for each of
+/// `VERDICT_REGION_REDIS_PORTS` (default `16381 16382 16383`).
+pub fn region_redis_urls() -> Vec<String> {
+    env_or("VERDICT_REGION_REDIS_PORTS", "16381 16382 16383")
+        .split_whitespace()
+        .map(|p| format!("redis://127.0.0.1:{p}"))
+        .collect()
+}
+
+/// Fails the calling test, with how to start them, unless every region's Redis accepts
+/// connections.
+///
+/// # Panics
+/// When one does not answer.
+pub fn require_regions() {
+    for url in region_redis_urls() {
+        if let Some(message) = unreachable_message(Service::Regions, &host_port(&url)) {
+            panic!("{message}");
+        }
+    }
 }
 
 /// `host:port` out of `scheme://[user@]host:port[/path]`.
