@@ -18,6 +18,126 @@ pub enum JobsCommand {
     Run(JobsRunArgs),
     /// Run one job once and exit: rollup, compact, overage or retention.
     Once(JobsOnceArgs),
+    /// Every --interval-secs, recompute each region's share of the global limits of the
+    /// keys near them, from every region's Redis, into the policy store (until SIGTERM or
+    /// Ctrl-C; with --once, one round).
+    Reconcile(ReconcileArgs),
+}
+
+/// Options of `verdict jobs reconcile`.
+#[derive(Debug, Clone, Args)]
+pub struct ReconcileArgs {
+    /// A region and its Redis, as NAME=URL (the name as in the policy's regions), once per
+    /// region, e.g. --region eu-central-1=redis://10.1.0.5:6379.
+    #[arg(long = "region", value_name = "NAME=URL", required = true, value_parser = parse_region)]
+    pub regions: Vec<(String, String)>,
+    /// The PostgreSQL policy store: the global limits and regions are read from it, the
+    /// shares written to it.
+    #[arg(long, env = "VERDICT_POLICY_POSTGRES")]
+    pub policy_postgres: String,
+    /// Between rounds (also how far back a round looks for keys near their limit).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub interval_secs: u64,
+    /// A share that grows takes effect this long after its round (at least two of the
+    /// gateways' share polls, so that the shares that shrank are in force first).
+    #[arg(long, default_value_t = 12)]
+    pub increase_delay_secs: u64,
+    /// A region not read for this long starts returning to its static weight …
+    #[arg(long, default_value_t = 90)]
+    pub stale_after_secs: u64,
+    /// … over this long.
+    #[arg(long, default_value_t = 300)]
+    pub decay_secs: u64,
+    /// Part of the static weight every region keeps when shares follow demand (0 to 1).
+    #[arg(long, default_value_t = 0.1)]
+    pub floor: f64,
+    /// Run one round, print what it did, and exit.
+    #[arg(long)]
+    pub once: bool,
+}
+
+fn parse_region(s: &str) -> Result<(String, String), String> {
+    let (name, url) = s.split_once('=').ok_or_else(|| {
+        format!("{s:?}: expected NAME=URL, e.g. eu-central-1=redis://10.1.0.5:6379")
+    })?;
+    if name.is_empty() || !(url.starts_with("redis://") || url.starts_with("redis-cluster://")) {
+        return Err(format!(
+            "{s:?}: expected NAME=URL with a redis:// or redis-cluster:// URL"
+        ));
+    }
+    Ok((name.to_owned(), url.to_owned()))
+}
+
+async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
+    use verdict_jobs::reconcile::{ReconcileConfig, Reconciler, RegionEndpoint};
+    use verdict_limiter::regions::{PgShares, RegionCounters};
+    use verdict_limiter::{PgSource, PolicySource};
+
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&args.floor),
+        "--floor must be 0 to 1, got {}",
+        args.floor
+    );
+    let source = PgSource::new(&args.policy_postgres);
+    source.migrate().await?;
+    let policy = PolicySource::Postgres(source);
+    let snapshot = policy.load().await?;
+    let known: Vec<&str> = snapshot
+        .document()
+        .regions
+        .iter()
+        .map(|r| r.name.as_str())
+        .collect();
+    let cfg = ReconcileConfig {
+        interval: Duration::from_secs(args.interval_secs),
+        increase_delay: Duration::from_secs(args.increase_delay_secs),
+        stale_after: Duration::from_secs(args.stale_after_secs),
+        decay: Duration::from_secs(args.decay_secs),
+        floor: args.floor,
+        ..ReconcileConfig::default()
+    };
+    let mut endpoints = Vec::new();
+    for (name, url) in &args.regions {
+        let row = snapshot
+            .document()
+            .regions
+            .iter()
+            .find(|r| &r.name == name)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--region {name}: the policy has no such region (it has: {known:?})"
+                )
+            })?;
+        endpoints.push(RegionEndpoint {
+            id: verdict_schemas::RegionId(row.id),
+            counters: RegionCounters::new(url, cfg.redis_timeout)?,
+        });
+    }
+    let missing: Vec<&str> = known
+        .iter()
+        .filter(|k| !args.regions.iter().any(|(n, _)| n == *k))
+        .copied()
+        .collect();
+    anyhow::ensure!(
+        missing.is_empty(),
+        "the policy's regions {missing:?} were not given with --region: every region's Redis is needed (a region left out would keep its static weight on top of the shares the others get)"
+    );
+    let mut job = Reconciler::new(endpoints, policy, PgShares::new(&args.policy_postgres), cfg);
+    if args.once {
+        let o = job.run_once(chrono::Utc::now().timestamp_millis()).await?;
+        println!(
+            "reconcile: {} keys near their limit, {} share rows written, regions read {:?}, not reachable {:?}",
+            o.keys,
+            o.rows,
+            o.reachable.iter().map(|r| r.0).collect::<Vec<_>>(),
+            o.unreachable.iter().map(|r| r.0).collect::<Vec<_>>()
+        );
+        return Ok(());
+    }
+    let shutdown = crate::signals::shutdown_signal()?;
+    job.run(shutdown).await;
+    tracing::info!("reconcile stopped");
+    Ok(())
 }
 
 /// What every job needs.
@@ -96,6 +216,7 @@ pub struct JobsOnceArgs {
 /// Runs a jobs command.
 pub async fn run(cmd: JobsCommand) -> anyhow::Result<()> {
     match cmd {
+        JobsCommand::Reconcile(args) => reconcile(args).await,
         JobsCommand::Once(args) => {
             anyhow::ensure!(
                 !args.dry_run || args.job == Job::Retention,

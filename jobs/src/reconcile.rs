@@ -195,6 +195,9 @@ pub enum ReconcileError {
     /// The policy could not be read.
     #[error("reading the policy: {0}")]
     Policy(verdict_limiter::SourceError),
+    /// The policy lists regions the job was not given.
+    #[error("the policy lists regions {0:?} that the job has no Redis for; no shares written")]
+    UnknownRegions(Vec<u16>),
     /// The shares could not be read or written.
     #[error("policy store (shares): {0}")]
     Shares(verdict_limiter::SourceError),
@@ -211,8 +214,8 @@ pub struct Reconciler {
 }
 
 impl Reconciler {
-    /// A job over `regions`, reading the global limits from `policy` and writing the shares
-    /// to `shares`.
+    /// A job over `regions` (every region of the policy), reading the global limits from
+    /// `policy` and writing the shares to `shares`.
     pub fn new(
         regions: Vec<RegionEndpoint>,
         policy: PolicySource,
@@ -251,6 +254,18 @@ impl Reconciler {
         let Some(policy) = self.last_policy.as_ref() else {
             return Ok(RoundOutcome::default());
         };
+        // A region of the policy the job cannot reach at all would enforce its static weight
+        // on top of the shares computed for the others: no round until it is given.
+        let missing: Vec<u16> = policy
+            .document()
+            .regions
+            .iter()
+            .filter(|r| !self.regions.iter().any(|e| e.id.0 == r.id))
+            .map(|r| r.id)
+            .collect();
+        if !missing.is_empty() {
+            return Err(ReconcileError::UnknownRegions(missing));
+        }
         let from = now_ms - self.cfg.interval.as_millis() as i64;
 
         // 1. The keys near their limit, and each region's demand for them.

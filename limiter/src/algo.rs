@@ -291,6 +291,56 @@ fn window_wait(p: i64, c: i64, e: i64, q: i64, w: i64) -> i64 {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_share_scales_the_limits_down_never_to_more_than_the_whole() {
+        let l = Limits::per_hour(40, 40.0, 300);
+        let third = l.scaled(PPM / 3, PPM / 3);
+        assert_eq!((third.capacity, third.quota), (13, 99));
+        assert_eq!(third.refill_units_per_ms, 13_333);
+        assert_eq!(l.scaled(PPM, PPM), l);
+        // Three thirds never add up to more than the whole.
+        assert!(3 * third.capacity <= l.capacity && 3 * third.quota <= l.quota);
+        // A tiny share keeps a refill, so the region recovers.
+        let tiny = l.scaled(1, 0);
+        assert_eq!(
+            (tiny.capacity, tiny.quota, tiny.refill_units_per_ms),
+            (0, 0, 1)
+        );
+    }
+
+    #[test]
+    fn the_stored_state_reads_back_and_gives_the_count_in_view() {
+        let mut b = Vec::new();
+        b.extend_from_slice(&2_500_000f64.to_le_bytes());
+        b.extend_from_slice(&(7_200_000.0 + 1_800_000.0f64).to_le_bytes());
+        b.extend_from_slice(&30u32.to_le_bytes());
+        b.extend_from_slice(&100u32.to_le_bytes());
+        let s = CounterState::from_packed(&b).unwrap();
+        assert_eq!(
+            (s.tokens, s.last_ms, s.cur, s.prev),
+            (2_500_000, 9_000_000, 30, 100)
+        );
+        assert!(CounterState::from_packed(&b[..23]).is_none());
+        // Half-way through the window: all of this one, half of the one before.
+        assert_eq!(s.window_used(9_000_000, HOUR_MS), 30.0 + 50.0);
+        // A quarter into the next: three quarters of what is now the previous one.
+        assert_eq!(s.window_used(11_700_000, HOUR_MS), 22.5);
+        // Two windows on: nothing in view.
+        assert_eq!(s.window_used(15_000_000, HOUR_MS), 0.0);
+        // The same count the decision uses: with q = 80, the window is exactly full.
+        let (o, _) = decide(
+            Some(s),
+            9_000_000,
+            &Limits {
+                quota: 80,
+                ..Limits::per_hour(10, 1.0, 80)
+            },
+        );
+        assert!(o.denied_by_window);
+        let (o, _) = decide(Some(s), 9_000_000, &Limits::per_hour(10, 1.0, 81));
+        assert!(o.allowed);
+    }
+
     const T0: i64 = 1_796_047_200_000; // the start of an hour
 
     fn limits(capacity: u32, refill_per_s: f64, quota: u32) -> Limits {

@@ -784,6 +784,41 @@ sub_keys = 4
         );
     }
 
+    #[test]
+    fn regions_weigh_their_share_and_bad_rows_are_refused() {
+        let toml = format!(
+            "{EXAMPLE}\n[[regions]]\nid = 0\nname = \"us-east-1\"\nweight = 2.0\n\n[[regions]]\nid = 1\nname = \"eu-central-1\"\n\n[[regions]]\nid = 2\nname = \"ap-southeast-1\"\n"
+        );
+        let p = PolicySnapshot::build(parse_toml(&toml).unwrap()).unwrap();
+        assert!(p.is_multi_region());
+        assert_eq!(p.region_static_ppm(RegionId(0)), 500_000);
+        assert_eq!(p.region_static_ppm(RegionId(2)), 250_000);
+        // A region the policy does not list gets an equal share, not the whole.
+        assert_eq!(p.region_static_ppm(RegionId(9)), 250_000);
+        // No regions: one region, the whole limit.
+        let single = snapshot();
+        assert!(!single.is_multi_region());
+        assert_eq!(single.region_static_ppm(RegionId(9)), PPM);
+
+        let region = |id: u16, name: &str, weight: f64| RegionRow {
+            id,
+            name: name.into(),
+            weight,
+        };
+        assert_eq!(
+            refused(|d| d.regions = vec![region(0, "a", 1.0), region(0, "b", 1.0)]),
+            "policy regions[1] (name=b): id: region id 0 is used twice"
+        );
+        assert_eq!(
+            refused(|d| d.regions = vec![region(0, "a", 1.0), region(1, "a", 1.0)]),
+            "policy regions[1] (name=a): name: region name is used twice"
+        );
+        assert_eq!(
+            refused(|d| d.regions = vec![region(0, "a", 0.0)]),
+            "policy regions[0] (name=a): weight: must be above 0 and at most 1000000, got 0"
+        );
+    }
+
     fn refused(edit: impl FnOnce(&mut PolicyDocument)) -> String {
         let mut doc = parse_toml(EXAMPLE).unwrap();
         edit(&mut doc);

@@ -453,3 +453,83 @@ async fn the_http_answer_carries_retry_after_and_the_rate_limit_fields() {
     assert_eq!(body["retry_after_seconds"], 1);
     assert_eq!(body["remaining"]["hourly"], 97);
 }
+
+#[tokio::test]
+async fn with_several_regions_a_limiter_enforces_its_share() {
+    use verdict_limiter::regions::{NearLimit, Share, ShareEntry, ShareHandle, ShareSnapshot};
+    use verdict_limiter::{RegionRow, Regional};
+
+    // Region 2 (the rig's) weighs 3 of 4: three quarters of every limit. No refill to
+    // speak of, so the number allowed is the bucket's capacity.
+    let regional_policy = || {
+        policy(|d| {
+            d.limits[0].capacity = 100;
+            d.limits[0].refill_per_s = 0.001;
+            d.limits[0].hourly_quota = 1_000;
+            d.regions = vec![
+                RegionRow {
+                    id: 0,
+                    name: "us-east-1".into(),
+                    weight: 1.0,
+                },
+                RegionRow {
+                    id: 2,
+                    name: "eu-central-1".into(),
+                    weight: 3.0,
+                },
+            ];
+        })
+    };
+    async fn allowed<S: CounterStore>(r: &Rig<S>, k: u8) -> usize {
+        let mut n = 0;
+        for _ in 0..200 {
+            n += usize::from(r.limiter.check(&req(k, 0)).await.is_allowed());
+        }
+        n
+    }
+
+    // The static weight.
+    let r = rig(regional_policy());
+    assert_eq!(allowed(&r, 1).await, 75);
+
+    // The reconcile job's shares: a shrinking one at once, a growing one from its time.
+    let mut r = rig(regional_policy());
+    let shares = ShareHandle::new(Duration::from_secs(300));
+    let near = Arc::new(NearLimit::default());
+    let entry = |before: u32, after: u32| ShareEntry {
+        before: Share::uniform(before),
+        after: Share::uniform(after),
+        effective_ms: T0 + 1_000,
+        computed_ms: T0,
+    };
+    let route = RouteClassId(0);
+    shares.store(ShareSnapshot {
+        version: 1,
+        entries: [
+            ((key(2), route, TierId(0)), entry(750_000, 200_000)),
+            ((key(3), route, TierId(0)), entry(200_000, 900_000)),
+            ((key(4), route, TierId(0)), entry(200_000, 900_000)),
+        ]
+        .into_iter()
+        .collect(),
+    });
+    r.limiter = r.limiter.with_regional(Regional {
+        shares,
+        near: Arc::clone(&near),
+    });
+    assert_eq!(allowed(&r, 2).await, 20);
+    assert_eq!(allowed(&r, 3).await, 20);
+    r.clock.advance(1_000);
+    assert_eq!(allowed(&r, 4).await, 90);
+    // The decision and its event carry the regional limits.
+    let d = r.limiter.check(&req(4, 0)).await;
+    assert_eq!(d.limits.map(|l| (l.capacity, l.quota)), Some((90, 900)));
+
+    // Every request of a key near its regional limit was noted for the reconcile job: all
+    // of them past the first half of the bucket.
+    let mut notes = near.drain();
+    notes.sort();
+    let count = |k: u8| notes.iter().find(|(n, _)| n.0 == key(k)).map(|(_, c)| *c);
+    assert_eq!(count(2), Some(200 - 10));
+    assert_eq!(count(4), Some(201 - 45));
+}
