@@ -268,17 +268,19 @@ impl Reconciler {
         }
         let from = now_ms - self.cfg.interval.as_millis() as i64;
 
-        // 1. The keys near their limit, and each region's demand for them.
-        let mut near: Vec<Option<HashMap<ShareKey, u64>>> = Vec::new();
-        for r in &self.regions {
-            match r.counters.near_limit(from, now_ms).await {
-                Ok(m) => near.push(Some(m)),
-                Err(e) => {
-                    tracing::warn!(region = r.id.0, error = %e, "region not reachable; it keeps its last shares");
-                    near.push(None);
+        // 1. The keys near their limit, and each region's demand for them (every region at
+        //    once: a round costs the slowest region's round trips, not their sum).
+        let near: Vec<Option<HashMap<ShareKey, u64>>> =
+            futures::future::join_all(self.regions.iter().map(|r| async move {
+                match r.counters.near_limit(from, now_ms).await {
+                    Ok(m) => Some(m),
+                    Err(e) => {
+                        tracing::warn!(region = r.id.0, error = %e, "region not reachable; it keeps its last shares");
+                        None
+                    }
                 }
-            }
-        }
+            }))
+            .await;
         let mut keys: Vec<ShareKey> = near
             .iter()
             .flatten()
@@ -287,6 +289,21 @@ impl Reconciler {
             .into_iter()
             .collect();
         keys.sort();
+        // Keys the policy counts (a kill switch, mode off or an unknown tier: no share).
+        let checked: Vec<(ShareKey, u32, u8, i64)> = keys
+            .iter()
+            .filter_map(|key| match policy.resolve(&key.0, key.1, key.2) {
+                Resolution::Check {
+                    limits, sub_keys, ..
+                } => Some((
+                    *key,
+                    limits.quota.saturating_mul(u32::from(sub_keys)),
+                    sub_keys,
+                    limits.window_ms,
+                )),
+                _ => None,
+            })
+            .collect();
 
         // 2. What each region enforces now.
         let (prior, last_seen) = self
@@ -299,51 +316,50 @@ impl Reconciler {
             .map(|r| ((r.region, r.key), r.entry))
             .collect();
 
-        // 3. Usage, and the new shares.
-        let mut reachable: Vec<bool> = near.iter().map(Option::is_some).collect();
+        // 3. Usage in every region at once, and the new shares.
+        let wanted: Vec<(ShareKey, u8, i64)> =
+            checked.iter().map(|(k, _, s, w)| (*k, *s, *w)).collect();
+        let usage: Vec<Option<Vec<f64>>> =
+            futures::future::join_all(self.regions.iter().zip(&near).map(|(r, n)| {
+                let wanted = &wanted;
+                async move {
+                    n.as_ref()?;
+                    match r.counters.window_used(wanted, now_ms).await {
+                        Ok(u) => Some(u),
+                        Err(e) => {
+                            tracing::warn!(region = r.id.0, error = %e, "region stopped answering; it keeps its last shares");
+                            None
+                        }
+                    }
+                }
+            }))
+            .await;
+        let reachable: Vec<bool> = usage.iter().map(Option::is_some).collect();
+        let ttl_ms = self.cfg.share_ttl.as_millis() as i64;
         let mut rows = Vec::new();
-        for key in &keys {
-            let Resolution::Check {
-                limits, sub_keys, ..
-            } = policy.resolve(&key.0, key.1, key.2)
-            else {
-                continue;
-            };
-            let quota = limits.quota.saturating_mul(u32::from(sub_keys));
+        for (k, (key, quota, ..)) in checked.iter().enumerate() {
             let mut inputs = Vec::with_capacity(self.regions.len());
             for (i, r) in self.regions.iter().enumerate() {
                 let static_ppm = policy.region_static_ppm(r.id);
                 let last = prior
                     .get(&(r.id, *key))
-                    .filter(|e| now_ms - e.computed_ms < self.cfg.share_ttl.as_millis() as i64)
+                    .filter(|e| now_ms - e.computed_ms < ttl_ms)
                     .map_or(Share::uniform(static_ppm), |e| e.in_force(now_ms));
-                let mut reading = None;
-                if reachable[i] {
-                    match r
-                        .counters
-                        .window_used(key, sub_keys, now_ms, limits.window_ms)
-                        .await
-                    {
-                        Ok(used) => {
-                            let demand = near[i]
-                                .as_ref()
-                                .and_then(|m| m.get(key).copied())
-                                .unwrap_or(0);
-                            reading = Some(Reading { used, demand });
-                        }
-                        Err(e) => {
-                            tracing::warn!(region = r.id.0, error = %e, "region stopped answering; it keeps its last shares");
-                            reachable[i] = false;
-                        }
+                let reading = usage[i].as_ref().map(|u| Reading {
+                    used: u[k],
+                    demand: near[i]
+                        .as_ref()
+                        .and_then(|m| m.get(key).copied())
+                        .unwrap_or(0),
+                });
+                let last = match reading {
+                    Some(_) => last,
+                    None => {
+                        let unseen = last_seen.get(&r.id).map_or(Duration::MAX, |&t| {
+                            Duration::from_millis((now_ms - t).max(0) as u64)
+                        });
+                        decayed(last, static_ppm, unseen, &self.cfg)
                     }
-                }
-                let last = if reading.is_none() {
-                    let unseen = last_seen.get(&r.id).map_or(Duration::MAX, |&t| {
-                        Duration::from_millis((now_ms - t).max(0) as u64)
-                    });
-                    decayed(last, static_ppm, unseen, &self.cfg)
-                } else {
-                    last
                 };
                 inputs.push(RegionInput {
                     static_ppm,
@@ -351,7 +367,7 @@ impl Reconciler {
                     last,
                 });
             }
-            let shares = compute_shares(quota, &inputs, self.cfg.floor);
+            let shares = compute_shares(*quota, &inputs, self.cfg.floor);
             for ((r, input), share) in self.regions.iter().zip(&inputs).zip(shares) {
                 rows.push(ShareRow {
                     region: r.id,

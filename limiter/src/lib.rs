@@ -37,7 +37,7 @@ pub use clock::{Clock, FakeClock, SystemClock};
 pub use events::{
     EventQueue, EventReceiver, EventSink, KafkaSink, KafkaSinkConfig, event_queue, spawn_drain,
 };
-pub use http::{HttpAnswer, http_answer};
+pub use http::{HttpAnswer, PROBLEM_JSON, http_answer};
 pub use key::LimitKey;
 pub use limiter::{Decision, Limiter, LimiterConfig, Regional, Request};
 pub use memory::MemoryStore;

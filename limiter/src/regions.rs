@@ -361,30 +361,44 @@ impl RegionCounters {
         Ok(out)
     }
 
-    /// Requests in view of `key`'s sliding window at `now_ms`, summed over its `sub_keys`
-    /// sub-keys (1: not split).
+    /// For each `(key, sub_keys, window_ms)`, the requests in view of the key's sliding
+    /// window at `now_ms`, summed over its sub-keys (1: not split). Pipelined, a few
+    /// thousand `HGET`s per round trip, so a region across an ocean costs round trips per
+    /// thousands of keys, not per key.
     pub async fn window_used(
         &self,
-        key: &ShareKey,
-        sub_keys: u8,
+        keys: &[(ShareKey, u8, i64)],
         now_ms: i64,
-        window_ms: i64,
-    ) -> Result<f64, Error> {
-        let base = LimitKey::new(key.0, key.1, key.2);
-        let mut used = 0.0;
-        for i in 0..sub_keys.max(1) {
-            let k = if sub_keys > 1 {
-                LimitKey {
-                    sub_key: i,
-                    sub_keys,
-                    ..base
+    ) -> Result<Vec<f64>, Error> {
+        const PER_PIPELINE: usize = 4_096;
+        let mut fields = Vec::new();
+        for (i, (key, sub_keys, _)) in keys.iter().enumerate() {
+            let base = LimitKey::new(key.0, key.1, key.2);
+            for s in 0..(*sub_keys).max(1) {
+                let k = if *sub_keys > 1 {
+                    LimitKey {
+                        sub_key: s,
+                        sub_keys: *sub_keys,
+                        ..base
+                    }
+                } else {
+                    base
+                };
+                fields.push((i, k.redis_key(), k.redis_field()));
+            }
+        }
+        let mut used = vec![0.0; keys.len()];
+        for chunk in fields.chunks(PER_PIPELINE) {
+            let pipe = self.client.pipeline();
+            for (_, key, field) in chunk {
+                let _: () = pipe.hget(key.as_str(), field.as_str()).await?;
+            }
+            let replies: Vec<Value> = pipe.all().await?;
+            for ((i, ..), reply) in chunk.iter().zip(replies) {
+                let packed: Option<Vec<u8>> = reply.convert()?;
+                if let Some(state) = packed.as_deref().and_then(CounterState::from_packed) {
+                    used[*i] += state.window_used(now_ms, keys[*i].2);
                 }
-            } else {
-                base
-            };
-            let packed: Option<Vec<u8>> = self.client.hget(k.redis_key(), k.redis_field()).await?;
-            if let Some(state) = packed.as_deref().and_then(CounterState::from_packed) {
-                used += state.window_used(now_ms, window_ms);
             }
         }
         Ok(used)

@@ -106,6 +106,23 @@ pub fn require_regions() {
     }
 }
 
+/// A consumer of `topic` from its beginning, in a group of its own, committing nothing.
+///
+/// # Panics
+/// When the consumer cannot be created or subscribe.
+pub fn kafka_consumer(topic: &str) -> rdkafka::consumer::StreamConsumer {
+    use rdkafka::consumer::Consumer as _;
+    let consumer: rdkafka::consumer::StreamConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .set("group.id", unique_name("check"))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("Kafka consumer");
+    consumer.subscribe(&[topic]).expect("subscribe");
+    consumer
+}
+
 /// `host:port` out of `scheme://[user@]host:port[/path]`.
 fn host_port(url: &str) -> String {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);

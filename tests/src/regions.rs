@@ -2,21 +2,32 @@
 //! policy store, a limiter per region with its shares and near-limit reports, and the
 //! reconcile job between them, all on short intervals so a test sees several rounds in
 //! seconds.
+//!
+//! Events: one Kafka topic shared by the three regions. The ingest worker's exactly-once
+//! identity is (topic partition, offset), so one topic keeps it unique across regions; the
+//! event's `region` field says where it was decided. (In production each region produces
+//! to its own Kafka and the topics are mirrored into the one the ingest reads; here one
+//! broker stands for all three.)
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fred::interfaces::ClientLike as _;
+use rdkafka::message::Message;
 use verdict_jobs::reconcile::{ReconcileConfig, Reconciler, RegionEndpoint, RoundOutcome};
 use verdict_limiter::regions::{PgShares, RegionCounters, Share, ShareHandle};
 use verdict_limiter::{
-    Decision, EventReceiver, Limiter, LimiterConfig, LimiterMetrics, NearLimit, PgSource,
-    PolicyHandle, PolicySource, RedisStore, RedisStoreConfig, Regional, Request, SystemClock,
-    event_queue, spawn_near_limit_reporter, spawn_share_refresher,
+    Decision, EventSink, KafkaSink, KafkaSinkConfig, Limiter, LimiterConfig, LimiterMetrics,
+    NearLimit, PgSource, PolicyHandle, PolicySource, RedisStore, RedisStoreConfig, Regional,
+    Request, SystemClock, event_queue, spawn_drain, spawn_near_limit_reporter,
+    spawn_share_refresher,
 };
-use verdict_schemas::{KeyId, RegionId, RouteClassId, TierId};
+use verdict_schemas::{DecisionEvent, KeyId, RegionId, RouteClassId, TierId};
 
-use crate::{fresh_database, region_redis_urls, require_regions};
+use crate::{
+    Service, fresh_database, kafka_brokers, kafka_consumer, region_redis_urls, require,
+    require_regions, unique_name,
+};
 
 /// The regions, in order.
 pub const REGIONS: [&str; 3] = ["us-east-1", "eu-central-1", "ap-southeast-1"];
@@ -50,8 +61,8 @@ pub struct Gateway {
     pub limiter: Limiter<RedisStore>,
     /// Its shares in force.
     pub shares: ShareHandle,
-    /// The events it queued.
-    pub events: EventReceiver,
+    /// The task sending its events to Kafka (ends when the limiter is dropped).
+    pub drain: tokio::task::JoinHandle<()>,
     /// Its Redis.
     pub redis_url: String,
 }
@@ -64,6 +75,8 @@ pub struct World {
     pub gateways: Vec<Gateway>,
     /// The key under test.
     pub key: KeyId,
+    /// The one Kafka topic every region's events go to.
+    pub topic: String,
     /// Every round the job ran: when it started (ms), how long it took, what it did.
     pub rounds: Arc<Mutex<Vec<(i64, Duration, RoundOutcome)>>>,
 }
@@ -95,6 +108,8 @@ impl World {
     /// When a region's Redis or PostgreSQL is not running.
     pub async fn start(name: &str) -> World {
         require_regions();
+        require(Service::Kafka);
+        let topic = unique_name(&format!("{name}-decisions"));
         let pg_url = fresh_database(name).await;
         let source = PgSource::new(&pg_url);
         source.migrate().await.expect("migrate the policy store");
@@ -135,6 +150,16 @@ impl World {
             let _: () = store.client().flushall(false).await.expect("FLUSHALL");
             let metrics = Arc::new(LimiterMetrics::new());
             let (queue, events) = event_queue(1 << 20, Arc::clone(&metrics));
+            let sink = KafkaSink::new(
+                &KafkaSinkConfig {
+                    brokers: kafka_brokers(),
+                    topic: topic.clone(),
+                    linger_ms: 5,
+                },
+                Arc::clone(&metrics),
+            )
+            .expect("Kafka producer");
+            let drain = spawn_drain(events, EventSink::Kafka(sink), Arc::clone(&metrics));
             let shares = ShareHandle::new(Duration::from_secs(60));
             let near = Arc::new(NearLimit::default());
             let region = RegionId(i as u16);
@@ -175,7 +200,7 @@ impl World {
             gateways.push(Gateway {
                 limiter,
                 shares,
-                events,
+                drain,
                 redis_url: url.clone(),
             });
         }
@@ -208,8 +233,31 @@ impl World {
             pg_url,
             gateways,
             key: KeyId(key),
+            topic,
             rounds,
         }
+    }
+
+    /// Stops the gateways, waits until their events are in Kafka, and reads `expected`
+    /// events back from the topic.
+    pub async fn events(self, expected: usize) -> Vec<DecisionEvent> {
+        for g in self.gateways {
+            drop(g.limiter);
+            tokio::time::timeout(Duration::from_secs(60), g.drain)
+                .await
+                .expect("events delivered within 60 s")
+                .expect("the drain task");
+        }
+        let consumer = kafka_consumer(&self.topic);
+        let mut got = Vec::with_capacity(expected);
+        while got.len() < expected {
+            let m = tokio::time::timeout(Duration::from_secs(60), consumer.recv())
+                .await
+                .unwrap_or_else(|_| panic!("{} of {expected} events within 60 s", got.len()))
+                .expect("a record");
+            got.push(DecisionEvent::decode(m.payload().unwrap_or_default()).expect("a v1 event"));
+        }
+        got
     }
 
     /// One request of the key in `region`.

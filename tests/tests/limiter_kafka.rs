@@ -5,8 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::ClientConfig;
-use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
 use verdict_limiter::policy::parse_toml;
 use verdict_limiter::{
@@ -14,7 +12,7 @@ use verdict_limiter::{
     PolicyHandle, PolicySnapshot, Request, event_queue, spawn_drain,
 };
 use verdict_schemas::{DecisionEvent, KeyId, RouteClassId, TierId, Verdict};
-use verdict_tests::{Service, kafka_brokers, require, unique_name};
+use verdict_tests::{Service, kafka_brokers, kafka_consumer, require, unique_name};
 
 const POLICY: &str = r#"
 [[tiers]]
@@ -83,14 +81,7 @@ async fn every_decision_becomes_one_kafka_record_keyed_by_key_id() {
         .expect("drained within 60 s")
         .unwrap();
 
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", kafka_brokers())
-        .set("group.id", unique_name("sink-check"))
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    consumer.subscribe(&[&topic]).unwrap();
+    let consumer = kafka_consumer(&topic);
     let mut got = Vec::new();
     while got.len() < events.len() {
         let m = tokio::time::timeout(Duration::from_secs(60), consumer.recv())

@@ -42,7 +42,6 @@ fn sample_event() -> DecisionEvent {
 #[tokio::test]
 async fn kafka_smoke_produce_and_consume_a_decision_event() {
     use rdkafka::ClientConfig;
-    use rdkafka::consumer::{Consumer, StreamConsumer};
     use rdkafka::message::Message;
     use rdkafka::producer::{FutureProducer, FutureRecord};
 
@@ -70,14 +69,7 @@ async fn kafka_smoke_produce_and_consume_a_decision_event() {
         .map_err(|(e, _)| e)
         .expect("the broker acknowledges the record");
 
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .set("group.id", unique_name("smoke-group"))
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
-    consumer.subscribe(&[&topic]).expect("subscribe");
+    let consumer = verdict_tests::kafka_consumer(&topic);
     let message = tokio::time::timeout(Duration::from_secs(60), consumer.recv())
         .await
         .expect("a record within 60 s")
