@@ -4,8 +4,11 @@
 
 pub mod bench;
 pub mod demo;
+pub mod gateway;
 pub mod ingest;
 pub mod jobs;
+pub mod policy;
+pub mod policy_args;
 pub mod query;
 pub mod rollup;
 pub mod serve;
@@ -33,6 +36,14 @@ pub enum Command {
     /// wire form, and write the raw table as Parquet into a local folder with the production
     /// layout. Prints what was decided and what it costs on the wire and on disk.
     Demo(demo::DemoArgs),
+    /// Run the gateway: an HTTP reverse proxy that asks the limiter about every request
+    /// and proxies it to the upstream (with the rate-limit fields) or answers 429, until
+    /// SIGTERM or Ctrl-C.
+    Gateway(gateway::GatewayArgs),
+    /// The operator's commands on the policy store: show it, set a tier's mode, raise or
+    /// lower a limit, the kill switch.
+    #[command(subcommand)]
+    Policy(policy::PolicyCommand),
     /// Consume decision events from Kafka and write the raw table (one member of the
     /// ingest consumer group; stops cleanly on SIGTERM or Ctrl-C).
     Ingest(ingest::IngestArgs),
@@ -64,7 +75,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Demo(args) => runtime.block_on(demo::run(args)),
         Command::Bench(cmd) => runtime.block_on(bench::run(cmd)),
+        Command::Gateway(args) => runtime.block_on(gateway::run(args)),
         Command::Ingest(args) => runtime.block_on(ingest::run(args)),
+        Command::Policy(cmd) => runtime.block_on(policy::run(cmd)),
         Command::Rollup(args) => runtime.block_on(rollup::run(args)),
         Command::Jobs(cmd) => runtime.block_on(jobs::run(cmd)),
         Command::Query(cmd) => runtime.block_on(query::run(cmd)),

@@ -9,10 +9,10 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use futures::StreamExt;
-use verdict_limiter::{FileSource, PgSource, PolicySource};
 use verdict_query::http::{AppState, QueryMetrics, load_tokens};
 use verdict_query::{Engine, Limits, PoliciesTable};
 
+use crate::policy_args::PolicyArgs;
 use crate::store_args::StoreArgs;
 
 /// The engine's options, shared by `verdict query serve` and `verdict sql`.
@@ -20,14 +20,9 @@ use crate::store_args::StoreArgs;
 pub struct EngineArgs {
     #[command(flatten)]
     pub store: StoreArgs,
-    /// The policy in force, for the `policies` table and report names: a TOML file (the
-    /// limiter's embedded default format).
-    #[arg(long, env = "VERDICT_POLICY_FILE", conflicts_with = "policy_postgres")]
-    pub policy_file: Option<PathBuf>,
-    /// The policy in force, from PostgreSQL (the limiter's tables), e.g.
-    /// postgres://verdict@127.0.0.1:15432/verdict.
-    #[arg(long, env = "VERDICT_POLICY_POSTGRES")]
-    pub policy_postgres: Option<String>,
+    /// The policy in force, for the `policies` table and report names.
+    #[command(flatten)]
+    pub policy: PolicyArgs,
     /// Memory each query may use for its operators, MiB.
     #[arg(long, default_value_t = 1024)]
     pub memory_mib: usize,
@@ -45,11 +40,7 @@ pub struct EngineArgs {
 impl EngineArgs {
     /// The engine these options describe.
     pub fn engine(&self) -> anyhow::Result<Engine> {
-        let source = match (&self.policy_file, &self.policy_postgres) {
-            (Some(f), _) => Some(PolicySource::File(FileSource::new(f))),
-            (None, Some(url)) => Some(PolicySource::Postgres(PgSource::new(url.clone()))),
-            (None, None) => None,
-        };
+        let source = self.policy.source();
         if source.is_none() {
             tracing::warn!(
                 "no policy given (--policy-file or --policy-postgres): the policies table is empty and reports show ids, not names"

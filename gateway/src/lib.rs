@@ -1,3 +1,16 @@
-//! The gateway: an HTTP reverse proxy that identifies the caller, maps the path to a route
-//! class, asks the limiter, and either proxies the request with the rate-limit fields or
-//! answers 429 itself.
+//! The gateway: an HTTP reverse proxy that puts the limiter in front of an upstream.
+//!
+//! - [`keys`]: the key directory (API key → key id and tier); no key, no limiter: 401.
+//! - [`routes`]: path → route class, by the policy's prefixes.
+//! - [`proxy`]: the request path (decision, 429 or proxy with the rate-limit fields, 502/504
+//!   for the upstream's failures), `/metrics` and `/healthz`.
+//! - [`store`]: Redis or memory counters, chosen at start.
+
+pub mod keys;
+pub mod proxy;
+pub mod routes;
+pub mod store;
+
+pub use keys::{KeyDirectory, KeyEntry, spawn_key_refresher};
+pub use proxy::{Gateway, GatewayConfig, GatewayMetrics, serve};
+pub use store::GatewayStore;

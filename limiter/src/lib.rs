@@ -11,6 +11,7 @@
 //!   local fallback meet, and one event per decision goes onto the queue ([`events`]).
 //! - [`regions`]: several regions, each enforcing its share of a global limit; the shares
 //!   the reconcile job computes, and the near-limit reports it computes them from.
+//! - [`edits`]: the operator's changes to the PostgreSQL policy, validated before written.
 //! - [`http`]: a decision as 429, `Retry-After` and the rate-limit fields.
 //! - [`metrics`]: the Prometheus metrics.
 //! - [`clock`]: time through a trait, so tests move a fake clock.
@@ -20,6 +21,7 @@ pub mod breaker;
 pub mod clock;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
+pub mod edits;
 pub mod events;
 pub mod http;
 pub mod key;

@@ -138,7 +138,9 @@ impl PgSource {
         }
     }
 
-    async fn client(&self) -> Result<tokio::sync::MutexGuard<'_, Option<Client>>, SourceError> {
+    pub(crate) async fn client(
+        &self,
+    ) -> Result<tokio::sync::MutexGuard<'_, Option<Client>>, SourceError> {
         self.conn.get().await
     }
 

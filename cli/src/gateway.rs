@@ -1,0 +1,197 @@
+//! `verdict gateway`: the reverse proxy with the limiter in front of an upstream.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use verdict_gateway::{Gateway, GatewayConfig, GatewayStore, KeyDirectory, spawn_key_refresher};
+use verdict_limiter::regions::{NearLimit, PgShares, ShareHandle};
+use verdict_limiter::{
+    EventSink, KafkaSink, KafkaSinkConfig, Limiter, LimiterConfig, LimiterMetrics, MemoryStore,
+    PolicyHandle, PolicySource, RedisStore, RedisStoreConfig, Regional, SystemClock, event_queue,
+    spawn_drain, spawn_near_limit_reporter, spawn_refresher, spawn_share_refresher,
+};
+use verdict_schemas::RegionId;
+
+use crate::policy_args::PolicyArgs;
+
+/// Options of `verdict gateway`.
+#[derive(Debug, Clone, Args)]
+pub struct GatewayArgs {
+    /// Where to listen.
+    #[arg(long, default_value = "127.0.0.1:8088")]
+    pub listen: SocketAddr,
+    /// The upstream's base URL (http://host:port[/prefix]).
+    #[arg(long)]
+    pub upstream: String,
+    /// The key directory: CSV `api_key,key_id,tier` with that header (re-read when it
+    /// changes).
+    #[arg(long)]
+    pub keys_file: PathBuf,
+    /// The header carrying the API key.
+    #[arg(long, default_value = "x-api-key")]
+    pub key_header: String,
+    /// The policy (one of the two is needed).
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+    /// How often the policy is polled (a change is in force within this).
+    #[arg(long, default_value_t = 5)]
+    pub policy_refresh_secs: u64,
+    /// The counter store, redis://host:port (or redis-cluster://…). Without it the
+    /// counters are in this process's memory: right for one instance, wrong for several.
+    #[arg(long, env = "VERDICT_REDIS_URL")]
+    pub redis: Option<String>,
+    /// Deadline of one decision in Redis, ms; past it the local fallback decides.
+    #[arg(long, default_value_t = 5)]
+    pub redis_timeout_ms: u64,
+    /// Kafka brokers for the decision events. Without them the events are dropped (and
+    /// counted in verdict_events_dropped_total).
+    #[arg(long, env = "VERDICT_KAFKA_BROKERS")]
+    pub kafka_brokers: Option<String>,
+    /// The decisions topic.
+    #[arg(long, default_value = "verdict.decisions.v1")]
+    pub kafka_topic: String,
+    /// Events the queue holds before it drops.
+    #[arg(long, default_value_t = 65_536)]
+    pub event_queue: usize,
+    /// This gateway's region id (as in the policy's regions; stamped on events).
+    #[arg(long, default_value_t = 0)]
+    pub region: u16,
+    /// This instance's id (stamped on events).
+    #[arg(long, default_value_t = 0)]
+    pub instance: u32,
+    /// How many instances share the limits: the local fallback enforces limit / N.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub instance_count: u32,
+    /// How long the upstream has to send its response head, ms (then 504).
+    #[arg(long, default_value_t = 30_000)]
+    pub upstream_timeout_ms: u64,
+}
+
+/// Runs the gateway until SIGTERM or Ctrl-C.
+pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
+    let source = args.policy.source().context(
+        "the gateway needs a policy: --policy-file policy.toml or --policy-postgres URL",
+    )?;
+    let snapshot = source.load().await.context("loading the policy")?;
+    let now = chrono::Utc::now().timestamp_millis();
+    let handle = PolicyHandle::new(snapshot, now);
+    let metrics = Arc::new(LimiterMetrics::new());
+    let clock = Arc::new(SystemClock);
+    spawn_refresher(
+        source.clone(),
+        handle.clone(),
+        Arc::clone(&metrics),
+        clock.clone(),
+        Duration::from_secs(args.policy_refresh_secs.max(1)),
+    );
+
+    let keys = KeyDirectory::load(&args.keys_file)?;
+    tracing::info!(keys = keys.len(), file = %args.keys_file.display(), "key directory loaded");
+    spawn_key_refresher(args.keys_file.clone(), keys.clone(), Duration::from_secs(5));
+
+    let (queue, events) = event_queue(args.event_queue, Arc::clone(&metrics));
+    let drain = match &args.kafka_brokers {
+        Some(brokers) => {
+            let sink = KafkaSink::new(
+                &KafkaSinkConfig {
+                    brokers: brokers.clone(),
+                    topic: args.kafka_topic.clone(),
+                    ..KafkaSinkConfig::default()
+                },
+                Arc::clone(&metrics),
+            )?;
+            Some(spawn_drain(
+                events,
+                EventSink::Kafka(sink),
+                Arc::clone(&metrics),
+            ))
+        }
+        None => {
+            tracing::warn!(
+                "no --kafka-brokers: decision events are dropped (verdict_events_dropped_total counts them)"
+            );
+            drop(events);
+            None
+        }
+    };
+
+    let cfg = LimiterConfig {
+        region: RegionId(args.region),
+        instance: args.instance,
+        instance_count: args.instance_count,
+        ..LimiterConfig::default()
+    };
+    let (store, redis) = match &args.redis {
+        Some(url) => {
+            let r = RedisStore::connect(&RedisStoreConfig {
+                url: url.clone(),
+                timeout: Duration::from_millis(args.redis_timeout_ms.max(1)),
+                ..RedisStoreConfig::default()
+            })
+            .await
+            .with_context(|| format!("connecting to Redis at {url}"))?;
+            (GatewayStore::Redis(r.clone()), Some(r))
+        }
+        None => {
+            tracing::warn!("no --redis: counters are in this process's memory (one instance only)");
+            (
+                GatewayStore::Memory(Arc::new(MemoryStore::new(cfg.fallback_max_keys))),
+                None,
+            )
+        }
+    };
+    let mut limiter = Limiter::new(store, handle.clone(), queue, Arc::clone(&metrics), cfg);
+    // Several regions in a PostgreSQL policy: this region's shares, and the near-limit
+    // reports the reconcile job computes them from.
+    if let (Some(redis), PolicySource::Postgres(pg)) = (&redis, &source)
+        && handle.load().is_multi_region()
+    {
+        let shares = ShareHandle::new(verdict_limiter::regions::DEFAULT_SHARE_TTL);
+        let near = Arc::new(NearLimit::default());
+        spawn_share_refresher(
+            PgShares::new(pg.url()),
+            RegionId(args.region),
+            shares.clone(),
+            Arc::clone(&metrics),
+            Duration::from_secs(args.policy_refresh_secs.max(1)),
+        );
+        spawn_near_limit_reporter(
+            Arc::clone(&near),
+            redis.client().clone(),
+            Arc::clone(&metrics),
+            clock,
+            Duration::from_secs(1),
+        );
+        limiter = limiter.with_regional(Regional { shares, near });
+        tracing::info!(region = args.region, "enforcing this region's shares");
+    }
+
+    let mut gw_cfg = GatewayConfig::new(
+        args.upstream
+            .parse()
+            .with_context(|| format!("--upstream {}: not a URL", args.upstream))?,
+    );
+    gw_cfg.key_header = args
+        .key_header
+        .parse()
+        .with_context(|| format!("--key-header {}: not a header name", args.key_header))?;
+    gw_cfg.upstream_timeout = Duration::from_millis(args.upstream_timeout_ms.max(1));
+    let gateway = Arc::new(Gateway::new(limiter, keys, gw_cfg));
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    tracing::info!(listen = %listener.local_addr()?, upstream = %args.upstream, "gateway listening");
+    let shutdown = crate::signals::shutdown_signal()?;
+    verdict_gateway::serve(listener, Arc::clone(&gateway), shutdown).await?;
+    // Dropping the gateway closes the event queue; the drain flushes to Kafka.
+    drop(gateway);
+    if let Some(d) = drain {
+        let _ = tokio::time::timeout(Duration::from_secs(15), d).await;
+    }
+    tracing::info!("gateway stopped");
+    Ok(())
+}

@@ -1,0 +1,443 @@
+//! The reverse proxy: key → tier, path → route class, the limiter's decision, then either
+//! the upstream's answer with the rate-limit fields added, or the gateway's own 429.
+//!
+//! | what happens | status | who answers |
+//! | --- | --- | --- |
+//! | no API key header, or a key the directory does not know | 401 | gateway; the limiter never runs |
+//! | a path no route class covers | 404 | gateway; the limiter never runs |
+//! | refused by the limiter | 429 + `Retry-After` + rate-limit fields | gateway |
+//! | allowed (or would-deny in shadow mode) | the upstream's, + rate-limit fields | upstream |
+//! | upstream refused the connection or failed | 502 | gateway (the request was allowed and counted) |
+//! | upstream sent no response head within the timeout | 504 | gateway (likewise) |
+//!
+//! `/metrics` (the limiter's metrics and the gateway's) and `/healthz` are the gateway's own
+//! paths and never go upstream.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, State};
+use axum::http::{HeaderName, HeaderValue, Request, Response, StatusCode, Uri, header};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use prometheus::{
+    Encoder as _, Histogram, HistogramOpts, IntCounterVec, Opts, Registry, TextEncoder,
+};
+use verdict_limiter::{CounterStore, Limiter, PROBLEM_JSON, Request as LimitRequest, http_answer};
+use verdict_schemas::TierId;
+
+use crate::keys::KeyDirectory;
+use crate::routes::Routes;
+
+/// How the gateway runs.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// The upstream's base URL, e.g. `http://127.0.0.1:8080` (a path prefix is kept).
+    pub upstream: Uri,
+    /// The header carrying the API key.
+    pub key_header: HeaderName,
+    /// How long the upstream has to send its response head.
+    pub upstream_timeout: Duration,
+}
+
+impl GatewayConfig {
+    /// The defaults for `upstream`: header `x-api-key`, 30 s timeout.
+    pub fn new(upstream: Uri) -> Self {
+        Self {
+            upstream,
+            key_header: HeaderName::from_static("x-api-key"),
+            upstream_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The gateway's own metrics (the limiter's are rendered beside them).
+#[derive(Debug, Clone)]
+pub struct GatewayMetrics {
+    registry: Registry,
+    /// `verdict_gateway_requests_total{outcome}`: proxied, limited, unauthorized, no_route,
+    /// upstream_error, upstream_timeout.
+    pub requests: IntCounterVec,
+    /// `verdict_gateway_upstream_seconds`: from sending upstream to its response head.
+    pub upstream_seconds: Histogram,
+    /// `verdict_gateway_decision_seconds`: the limiter's part of a request.
+    pub decision_seconds: Histogram,
+}
+
+impl Default for GatewayMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl GatewayMetrics {
+    /// Creates and registers them.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "verdict_gateway_requests_total",
+                "Requests by outcome: proxied, limited, unauthorized, no_route, upstream_error, upstream_timeout.",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        let hist = |name: &str, help: &str| {
+            Histogram::with_opts(HistogramOpts::new(name, help).buckets(vec![
+                0.000_1, 0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                1.0, 2.5, 5.0, 10.0,
+            ]))
+            .expect("valid metric")
+        };
+        let upstream_seconds = hist(
+            "verdict_gateway_upstream_seconds",
+            "From sending a request upstream to its response head.",
+        );
+        let decision_seconds = hist(
+            "verdict_gateway_decision_seconds",
+            "The limiter's part of a request (key, route, decision).",
+        );
+        for c in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(upstream_seconds.clone()),
+            Box::new(decision_seconds.clone()),
+        ] {
+            registry.register(c).expect("unique metric");
+        }
+        Self {
+            registry,
+            requests,
+            upstream_seconds,
+            decision_seconds,
+        }
+    }
+
+    fn render(&self) -> String {
+        let mut out = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+/// Everything a request needs.
+pub struct Gateway<S> {
+    limiter: Limiter<S>,
+    keys: KeyDirectory,
+    routes: Routes,
+    client: Client<HttpConnector, Body>,
+    cfg: GatewayConfig,
+    metrics: GatewayMetrics,
+}
+
+impl<S> std::fmt::Debug for Gateway<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway").field("cfg", &self.cfg).finish()
+    }
+}
+
+impl<S: CounterStore> Gateway<S> {
+    /// A gateway deciding with `limiter` for the keys in `keys`.
+    pub fn new(limiter: Limiter<S>, keys: KeyDirectory, cfg: GatewayConfig) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(cfg.upstream_timeout));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Self {
+            limiter,
+            keys,
+            routes: Routes::default(),
+            client,
+            cfg,
+            metrics: GatewayMetrics::new(),
+        }
+    }
+
+    /// The limiter.
+    pub fn limiter(&self) -> &Limiter<S> {
+        &self.limiter
+    }
+
+    /// The gateway's metrics.
+    pub fn metrics(&self) -> &GatewayMetrics {
+        &self.metrics
+    }
+
+    /// The router: every path, every method.
+    pub fn router(self: Arc<Self>) -> Router {
+        Router::new().fallback(handle::<S>).with_state(self)
+    }
+
+    fn count(&self, outcome: &str) {
+        self.metrics.requests.with_label_values(&[outcome]).inc();
+    }
+
+    async fn serve(&self, peer: SocketAddr, req: Request<Body>) -> Response<Body> {
+        match req.uri().path() {
+            "/metrics" => {
+                let text = format!(
+                    "{}{}",
+                    self.limiter.metrics().render(),
+                    self.metrics.render()
+                );
+                return plain(StatusCode::OK, "text/plain; version=0.0.4", text);
+            }
+            "/healthz" => return plain(StatusCode::OK, "text/plain", "ok\n".into()),
+            _ => {}
+        }
+        let started = Instant::now();
+        let Some(api_key) = req
+            .headers()
+            .get(&self.cfg.key_header)
+            .and_then(|v| v.to_str().ok())
+        else {
+            self.count("unauthorized");
+            return problem(
+                StatusCode::UNAUTHORIZED,
+                &format!("no API key: send it in the {} header", self.cfg.key_header),
+            );
+        };
+        let Some(entry) = self.keys.get(api_key) else {
+            self.count("unauthorized");
+            return problem(StatusCode::UNAUTHORIZED, "unknown API key");
+        };
+        let policy = self.limiter.policy().load();
+        let Some(route_class) = self.routes.route(&policy, req.uri().path()) else {
+            self.count("no_route");
+            return problem(
+                StatusCode::NOT_FOUND,
+                &format!("no route class covers {}", req.uri().path()),
+            );
+        };
+        // A tier the policy does not know is the limiter's to report (allowed, counted as
+        // unconfigured), not a reason to refuse a known key.
+        let tier = policy.tier_id(&entry.tier).unwrap_or(TierId(u8::MAX));
+        drop(policy);
+        let ip = peer.ip().to_string();
+        let decision = self
+            .limiter
+            .check(&LimitRequest {
+                key_id: entry.key_id,
+                route_class,
+                tier,
+                caller: ip.as_bytes(),
+            })
+            .await;
+        self.metrics
+            .decision_seconds
+            .observe(started.elapsed().as_secs_f64());
+        let answer = http_answer(&decision);
+        if let Some(status) = answer.status {
+            self.count("limited");
+            let mut resp = Response::new(Body::from(answer.body.unwrap_or_default()));
+            *resp.status_mut() =
+                StatusCode::from_u16(status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+            resp.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+            add_headers(&mut resp, &answer.headers);
+            return resp;
+        }
+
+        let mut resp = self.forward(peer, req).await;
+        add_headers(&mut resp, &answer.headers);
+        resp
+    }
+
+    async fn forward(&self, peer: SocketAddr, req: Request<Body>) -> Response<Body> {
+        let (mut parts, body) = req.into_parts();
+        let uri = match upstream_uri(&self.cfg.upstream, &parts.uri) {
+            Ok(u) => u,
+            Err(e) => {
+                self.count("upstream_error");
+                return problem(StatusCode::BAD_GATEWAY, &format!("upstream URL: {e}"));
+            }
+        };
+        parts.uri = uri;
+        strip_hop_by_hop(&mut parts.headers);
+        parts.headers.remove(header::HOST);
+        let forwarded = match parts
+            .headers
+            .get("x-forwarded-for")
+            .and_then(|v| v.to_str().ok())
+        {
+            Some(prior) => format!("{prior}, {}", peer.ip()),
+            None => peer.ip().to_string(),
+        };
+        if let Ok(v) = HeaderValue::from_str(&forwarded) {
+            parts.headers.insert("x-forwarded-for", v);
+        }
+        let sent = Instant::now();
+        let result = tokio::time::timeout(
+            self.cfg.upstream_timeout,
+            self.client.request(Request::from_parts(parts, body)),
+        )
+        .await;
+        self.metrics
+            .upstream_seconds
+            .observe(sent.elapsed().as_secs_f64());
+        match result {
+            Ok(Ok(resp)) => {
+                self.count("proxied");
+                let (mut parts, body) = resp.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                Response::from_parts(parts, Body::new(body))
+            }
+            Ok(Err(e)) => {
+                self.count("upstream_error");
+                tracing::warn!(error = %e, "upstream failed");
+                problem(
+                    StatusCode::BAD_GATEWAY,
+                    &format!("the upstream failed: {e}"),
+                )
+            }
+            Err(_) => {
+                self.count("upstream_timeout");
+                problem(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    &format!(
+                        "the upstream did not answer within {:?}",
+                        self.cfg.upstream_timeout
+                    ),
+                )
+            }
+        }
+    }
+}
+
+async fn handle<S: CounterStore>(
+    State(gw): State<Arc<Gateway<S>>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    req: Request<Body>,
+) -> Response<Body> {
+    gw.serve(peer, req).await
+}
+
+/// Serves `gateway` on `listener` until `stop` resolves.
+///
+/// # Errors
+/// When the server fails.
+pub async fn serve<S: CounterStore>(
+    listener: tokio::net::TcpListener,
+    gateway: Arc<Gateway<S>>,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = gateway.router();
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(stop)
+    .await
+}
+
+/// The upstream's URI for a request to `original`: the base's scheme and authority, the
+/// base's path prefix followed by the request's path and query.
+fn upstream_uri(base: &Uri, original: &Uri) -> Result<Uri, axum::http::Error> {
+    let prefix = base.path().trim_end_matches('/');
+    let pq = original
+        .path_and_query()
+        .map_or("/", axum::http::uri::PathAndQuery::as_str);
+    let mut b = Uri::builder().path_and_query(format!("{prefix}{pq}"));
+    if let Some(s) = base.scheme() {
+        b = b.scheme(s.clone());
+    }
+    if let Some(a) = base.authority() {
+        b = b.authority(a.clone());
+    }
+    b.build()
+}
+
+/// Headers that describe one connection, not the message (RFC 9110 §7.6.1).
+fn strip_hop_by_hop(h: &mut axum::http::HeaderMap) {
+    let named: Vec<HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        h.remove(n);
+    }
+    for n in [
+        header::CONNECTION,
+        HeaderName::from_static("keep-alive"),
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ] {
+        h.remove(n);
+    }
+}
+
+fn add_headers(resp: &mut Response<Body>, fields: &[(&'static str, String)]) {
+    for (name, value) in fields {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            resp.headers_mut().insert(*name, v);
+        }
+    }
+}
+
+fn plain(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
+    let mut resp = Response::new(Body::from(body));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
+
+/// An RFC 9457 problem answered by the gateway itself.
+fn problem(status: StatusCode, detail: &str) -> Response<Body> {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or(""),
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    plain(status, PROBLEM_JSON, body.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_upstream_uri_keeps_the_base_prefix_and_the_query() {
+        let base: Uri = "http://127.0.0.1:8080/api/".parse().unwrap();
+        let u = upstream_uri(&base, &"/v1/items?x=1".parse().unwrap()).unwrap();
+        assert_eq!(u.to_string(), "http://127.0.0.1:8080/api/v1/items?x=1");
+        let base: Uri = "http://up:9".parse().unwrap();
+        assert_eq!(
+            upstream_uri(&base, &"/".parse().unwrap())
+                .unwrap()
+                .to_string(),
+            "http://up:9/"
+        );
+    }
+
+    #[test]
+    fn connection_headers_are_not_forwarded() {
+        let mut h = axum::http::HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("close, x-private"),
+        );
+        h.insert("x-private", HeaderValue::from_static("1"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert("x-api-key", HeaderValue::from_static("k"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-api-key"));
+    }
+}
