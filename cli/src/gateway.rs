@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use verdict_gateway::{Gateway, GatewayConfig, GatewayStore, KeyDirectory, spawn_key_refresher};
+use verdict_limiter::moving::MovingStore;
 use verdict_limiter::regions::{NearLimit, PgShares, ShareHandle};
 use verdict_limiter::{
     EventSink, KafkaSink, KafkaSinkConfig, Limiter, LimiterConfig, LimiterMetrics, MemoryStore,
@@ -44,6 +45,15 @@ pub struct GatewayArgs {
     /// counters are in this process's memory: right for one instance, wrong for several.
     #[arg(long, env = "VERDICT_REDIS_URL")]
     pub redis: Option<String>,
+    /// Moving the counters to another Redis: the new one. With --store-phase dual-write
+    /// the gateway decides on --redis and applies every allowed request to this one too;
+    /// after two window lengths (two hours) of dual writes on every gateway, cut-over
+    /// decides here, and no key's count resets.
+    #[arg(long, requires = "redis")]
+    pub redis_next: Option<String>,
+    /// Where a move stands: old, dual-write or cut-over.
+    #[arg(long, default_value = "dual-write", requires = "redis_next")]
+    pub store_phase: verdict_limiter::moving::Phase,
     /// Deadline of one decision in Redis, ms; past it the local fallback decides.
     #[arg(long, default_value_t = 5)]
     pub redis_timeout_ms: u64,
@@ -125,18 +135,32 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
         instance_count: args.instance_count,
         ..LimiterConfig::default()
     };
-    let (store, redis) = match &args.redis {
-        Some(url) => {
-            let r = RedisStore::connect(&RedisStoreConfig {
-                url: url.clone(),
-                timeout: Duration::from_millis(args.redis_timeout_ms.max(1)),
-                ..RedisStoreConfig::default()
-            })
-            .await
-            .with_context(|| format!("connecting to Redis at {url}"))?;
+    let connect = |url: String| async move {
+        RedisStore::connect(&RedisStoreConfig {
+            url: url.clone(),
+            timeout: Duration::from_millis(args.redis_timeout_ms.max(1)),
+            ..RedisStoreConfig::default()
+        })
+        .await
+        .with_context(|| format!("connecting to Redis at {url}"))
+    };
+    let (store, redis) = match (&args.redis, &args.redis_next) {
+        (Some(url), Some(next)) => {
+            let (old, new) = (connect(url.clone()).await?, connect(next.clone()).await?);
+            tracing::info!(phase = ?args.store_phase, from = %url, to = %next, "moving the counters");
+            let reports_to = if args.store_phase == verdict_limiter::moving::Phase::CutOver {
+                new.clone()
+            } else {
+                old.clone()
+            };
+            let moving = MovingStore::new(old, new, args.store_phase);
+            (GatewayStore::Moving(Arc::new(moving)), Some(reports_to))
+        }
+        (Some(url), None) => {
+            let r = connect(url.clone()).await?;
             (GatewayStore::Redis(r.clone()), Some(r))
         }
-        None => {
+        (None, _) => {
             tracing::warn!("no --redis: counters are in this process's memory (one instance only)");
             (
                 GatewayStore::Memory(Arc::new(MemoryStore::new(cfg.fallback_max_keys))),

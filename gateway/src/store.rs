@@ -1,17 +1,22 @@
 //! The counter store a gateway decides with: Redis in production, memory for the embedded
-//! default (one process, no services).
+//! default (one process, no services), or two Redis during a move.
 
+use std::sync::Arc;
+
+use verdict_limiter::moving::MovingStore;
 use verdict_limiter::{
     CounterStore, LimitKey, Limits, MemoryStore, Outcome, RedisStore, StoreError,
 };
 
-/// Either store, chosen at start.
+/// The store, chosen at start.
 #[derive(Debug, Clone)]
 pub enum GatewayStore {
     /// Redis (or Redis Cluster): shared by every gateway instance.
     Redis(RedisStore),
     /// In-process memory: this instance only.
-    Memory(std::sync::Arc<MemoryStore>),
+    Memory(Arc<MemoryStore>),
+    /// Redis, moving to another Redis (dual-write, then cut over).
+    Moving(Arc<MovingStore<RedisStore, RedisStore>>),
 }
 
 impl CounterStore for GatewayStore {
@@ -19,6 +24,7 @@ impl CounterStore for GatewayStore {
         match self {
             Self::Redis(r) => r.check(key, limits).await,
             Self::Memory(m) => m.check(key, limits).await,
+            Self::Moving(m) => m.check(key, limits).await,
         }
     }
 }

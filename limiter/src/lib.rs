@@ -5,6 +5,7 @@
 //! - [`key`]: the limit key and its names in Redis.
 //! - [`store`]: the counter-store trait; [`memory`] and [`redis_store`] implement it, the
 //!   latter with one Lua script per decision on the store's clock.
+//! - [`moving`]: moving the counters to a new store (dual-write, then cut over).
 //! - [`policy`]: tiers × route classes, overrides, hot keys, kill switches; validated
 //!   snapshots swapped atomically, kept fresh from a file or PostgreSQL ([`sources`]).
 //! - [`limiter`]: `Limiter::check`, where the modes, the breaker ([`breaker`]) and the
@@ -28,6 +29,7 @@ pub mod key;
 pub mod limiter;
 pub mod memory;
 pub mod metrics;
+pub mod moving;
 pub mod policy;
 pub mod redis_store;
 pub mod regions;
