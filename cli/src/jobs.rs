@@ -54,6 +54,9 @@ pub struct ReconcileArgs {
     /// Run one round, print what it did, and exit.
     #[arg(long)]
     pub once: bool,
+    /// Serve `/metrics` (Prometheus) and `/healthz` on this address.
+    #[arg(long, env = "VERDICT_METRICS_ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 fn parse_region(s: &str) -> Result<(String, String), String> {
@@ -133,6 +136,10 @@ async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
             o.unreachable.iter().map(|r| r.0).collect::<Vec<_>>()
         );
         return Ok(());
+    }
+    if let Some(addr) = args.metrics_addr {
+        let metrics = job.metrics().clone();
+        crate::serve::serve_metrics(addr, move || metrics.render()).await?;
     }
     let shutdown = crate::signals::shutdown_signal()?;
     job.run(shutdown).await;

@@ -26,6 +26,11 @@ pub struct JobMetrics {
     pub bytes_written: IntCounterVec,
     /// `verdict_job_bytes_deleted_total{job}`.
     pub bytes_deleted: IntCounterVec,
+    /// `verdict_reconcile_keys`: keys near their limit in the last reconcile round.
+    pub reconcile_keys: prometheus::IntGauge,
+    /// `verdict_reconcile_unreachable_regions`: regions the last round could not read
+    /// (they keep their last share).
+    pub reconcile_unreachable: prometheus::IntGauge,
 }
 
 impl Default for JobMetrics {
@@ -76,7 +81,35 @@ impl JobMetrics {
             ),
             bytes_written: by_job("verdict_job_bytes_written_total", "Bytes the job wrote."),
             bytes_deleted: by_job("verdict_job_bytes_deleted_total", "Bytes the job deleted."),
+            reconcile_keys: prometheus::register_int_gauge_with_registry!(
+                "verdict_reconcile_keys",
+                "Keys near their limit in the last reconcile round.",
+                r
+            )
+            .expect(VALID),
+            reconcile_unreachable: prometheus::register_int_gauge_with_registry!(
+                "verdict_reconcile_unreachable_regions",
+                "Regions the last reconcile round could not read (they keep their last share).",
+                r
+            )
+            .expect(VALID),
             registry: r,
+        }
+    }
+
+    /// Records one run of `job`: its duration, its outcome and, when it succeeded, the
+    /// time.
+    pub fn record_run(&self, job: &str, took: std::time::Duration, ok: bool) {
+        self.duration
+            .with_label_values(&[job])
+            .observe(took.as_secs_f64());
+        self.runs
+            .with_label_values(&[job, if ok { "ok" } else { "failed" }])
+            .inc();
+        if ok {
+            self.last_success
+                .with_label_values(&[job])
+                .set(chrono::Utc::now().timestamp());
         }
     }
 

@@ -35,6 +35,8 @@ use verdict_limiter::regions::{PgShares, RegionCounters, Share, ShareEntry, Shar
 use verdict_limiter::{PolicySnapshot, PolicySource, Resolution};
 use verdict_schemas::RegionId;
 
+use crate::metrics::JobMetrics;
+
 const PPM: u32 = verdict_limiter::algo::PPM;
 
 /// How the reconcile runs.
@@ -211,6 +213,7 @@ pub struct Reconciler {
     shares: PgShares,
     cfg: ReconcileConfig,
     last_policy: Option<PolicySnapshot>,
+    metrics: JobMetrics,
 }
 
 impl Reconciler {
@@ -228,7 +231,13 @@ impl Reconciler {
             shares,
             cfg,
             last_policy: None,
+            metrics: JobMetrics::new(),
         }
+    }
+
+    /// The job's metrics (`verdict_job_*{job="reconcile"}`, `verdict_reconcile_*`).
+    pub fn metrics(&self) -> &JobMetrics {
+        &self.metrics
     }
 
     /// The configuration.
@@ -412,14 +421,23 @@ impl Reconciler {
             }
             let started = Instant::now();
             let now = chrono::Utc::now().timestamp_millis();
-            match self.run_once(now).await {
-                Ok(o) => tracing::info!(
+            let result = self.run_once(now).await;
+            self.metrics
+                .record_run("reconcile", started.elapsed(), result.is_ok());
+            match result {
+                Ok(o) => {
+                    self.metrics.reconcile_keys.set(o.keys as i64);
+                    self.metrics
+                        .reconcile_unreachable
+                        .set(o.unreachable.len() as i64);
+                    tracing::info!(
                     keys = o.keys,
                     rows = o.rows,
                     unreachable = ?o.unreachable.iter().map(|r| r.0).collect::<Vec<_>>(),
                     seconds = started.elapsed().as_secs_f64(),
                     "reconcile round"
-                ),
+                    );
+                }
                 Err(e) => {
                     tracing::error!(error = %e, "reconcile round failed; the shares in force stay")
                 }

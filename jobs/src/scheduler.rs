@@ -156,17 +156,9 @@ impl Jobs {
         let result = self.dispatch(job, now_ms, dry_run).await;
         let took = started.elapsed();
         let name = job.name();
-        self.metrics
-            .duration
-            .with_label_values(&[name])
-            .observe(took.as_secs_f64());
+        self.metrics.record_run(name, took, result.is_ok());
         match &result {
             Ok(o) => {
-                self.metrics.runs.with_label_values(&[name, "ok"]).inc();
-                self.metrics
-                    .last_success
-                    .with_label_values(&[name])
-                    .set(chrono::Utc::now().timestamp());
                 if !dry_run {
                     let m = &self.metrics;
                     m.partitions_written
@@ -194,7 +186,6 @@ impl Jobs {
                 );
             }
             Err(e) => {
-                self.metrics.runs.with_label_values(&[name, "failed"]).inc();
                 tracing::error!(job = name, error = %e, seconds = took.as_secs_f64(), "job failed");
             }
         }
