@@ -9,11 +9,11 @@ use anyhow::Context;
 use clap::Args;
 use verdict_gateway::{Gateway, GatewayConfig, GatewayStore, KeyDirectory, spawn_key_refresher};
 use verdict_limiter::moving::MovingStore;
-use verdict_limiter::regions::{NearLimit, PgShares, ShareHandle};
+use verdict_limiter::regions::PgShares;
 use verdict_limiter::{
     EventSink, KafkaSink, KafkaSinkConfig, Limiter, LimiterConfig, LimiterMetrics, MemoryStore,
-    PolicyHandle, PolicySource, RedisStore, RedisStoreConfig, Regional, SystemClock, event_queue,
-    spawn_drain, spawn_near_limit_reporter, spawn_refresher, spawn_share_refresher,
+    PolicyHandle, PolicySource, RedisStore, RedisStoreConfig, Regional, RegionalTimings,
+    SystemClock, event_queue, spawn_drain, spawn_refresher,
 };
 use verdict_schemas::RegionId;
 
@@ -174,23 +174,18 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     if let (Some(redis), PolicySource::Postgres(pg)) = (&redis, &source)
         && handle.load().is_multi_region()
     {
-        let shares = ShareHandle::new(verdict_limiter::regions::DEFAULT_SHARE_TTL);
-        let near = Arc::new(NearLimit::default());
-        spawn_share_refresher(
+        let regional = Regional::start(
             PgShares::new(pg.url()),
             RegionId(args.region),
-            shares.clone(),
-            Arc::clone(&metrics),
-            Duration::from_secs(args.policy_refresh_secs.max(1)),
-        );
-        spawn_near_limit_reporter(
-            Arc::clone(&near),
             redis.client().clone(),
             Arc::clone(&metrics),
             clock,
-            Duration::from_secs(1),
+            RegionalTimings {
+                share_poll: Duration::from_secs(args.policy_refresh_secs.max(1)),
+                ..RegionalTimings::default()
+            },
         );
-        limiter = limiter.with_regional(Regional { shares, near });
+        limiter = limiter.with_regional(regional);
         tracing::info!(region = args.region, "enforcing this region's shares");
     }
 

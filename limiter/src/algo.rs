@@ -132,17 +132,22 @@ impl CounterState {
     /// much of it is still in view.
     pub fn window_used(&self, now_ms: i64, window_ms: i64) -> f64 {
         let w = window_ms.max(1);
-        let now = now_ms.max(self.last_ms);
+        let (p, c, e) = self.rolled(now_ms.max(self.last_ms), w);
+        (p as f64) * (w - e) as f64 / w as f64 + c as f64
+    }
+
+    /// The window rolled to `now` (not before `last_ms`): the previous window's count, the
+    /// current window's count, and how far `now` is into the current window, ms.
+    fn rolled(&self, now: i64, w: i64) -> (i64, i64, i64) {
         let (i_last, i_now) = (self.last_ms.div_euclid(w), now.div_euclid(w));
         let (p, c) = if i_now == i_last {
-            (f64::from(self.prev), f64::from(self.cur))
+            (i64::from(self.prev), i64::from(self.cur))
         } else if i_now == i_last + 1 {
-            (f64::from(self.cur), 0.0)
+            (i64::from(self.cur), 0)
         } else {
-            (0.0, 0.0)
+            (0, 0)
         };
-        let e = (now - i_now * w) as f64;
-        p * (w as f64 - e) / w as f64 + c
+        (p, c, now - i_now * w)
     }
 }
 
@@ -203,15 +208,7 @@ pub fn decide(
     };
 
     // Roll the window.
-    let (i_last, i_now) = (s.last_ms.div_euclid(w), now.div_euclid(w));
-    let (p, c) = if i_now == i_last {
-        (i64::from(s.prev), i64::from(s.cur))
-    } else if i_now == i_last + 1 {
-        (i64::from(s.cur), 0)
-    } else {
-        (0, 0)
-    };
-    let e = now - i_now * w;
+    let (p, c, e) = s.rolled(now, w);
     // In window units × w: used = p × (w − e) + c × w; the request fits if used + w ≤ q × w.
     let used = p * (w - e) + c * w;
 

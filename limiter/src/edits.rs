@@ -94,13 +94,13 @@ fn change_row(c: &LimitChange, capacity: &mut i64, refill: &mut f64, quota: &mut
     }
 }
 
-/// The row of `tier` × `route_class`: its own, or a copy of the tier's `*` row added to
-/// the document.
-fn limit_row<'a>(
-    doc: &'a mut PolicyDocument,
+/// The row that limits `tier` on `route_class` now: the class's own row, else the tier's
+/// `*` row (its index, and whether it is the class's own).
+fn row_in_force(
+    doc: &PolicyDocument,
     tier: &str,
     route_class: &str,
-) -> Result<&'a mut LimitRow, PolicyError> {
+) -> Result<(usize, bool), PolicyError> {
     if !doc.tiers.iter().any(|t| t.name == tier) {
         return Err(refused(
             format!("tier {tier}"),
@@ -127,21 +127,33 @@ fn limit_row<'a>(
             ),
         ));
     }
-    let at = |doc: &PolicyDocument, rc: &str| {
+    let at = |rc: &str| {
         doc.limits
             .iter()
             .position(|l| l.tier == tier && l.route_class == rc)
     };
-    let i = match at(doc, route_class) {
-        Some(i) => i,
-        None => {
-            let base = at(doc, ALL_ROUTES).ok_or_else(|| {
-                refused(
-                    format!("limits (tier={tier}, route_class={route_class})"),
-                    "route_class",
-                    "the tier has no row for this route class and no \"*\" row to start from",
-                )
-            })?;
+    if let Some(i) = at(route_class) {
+        return Ok((i, true));
+    }
+    at(ALL_ROUTES).map(|i| (i, false)).ok_or_else(|| {
+        refused(
+            format!("limits (tier={tier}, route_class={route_class})"),
+            "route_class",
+            "the tier has no row for this route class and no \"*\" row to start from",
+        )
+    })
+}
+
+/// The row of `tier` × `route_class`: its own, or a copy of the tier's `*` row added to
+/// the document.
+fn limit_row<'a>(
+    doc: &'a mut PolicyDocument,
+    tier: &str,
+    route_class: &str,
+) -> Result<&'a mut LimitRow, PolicyError> {
+    let i = match row_in_force(doc, tier, route_class)? {
+        (i, true) => i,
+        (base, false) => {
             let row = LimitRow {
                 route_class: route_class.to_owned(),
                 ..doc.limits[base].clone()
@@ -232,8 +244,7 @@ pub fn apply(doc: &mut PolicyDocument, edit: &Edit) -> Result<(), PolicyError> {
                     let base = match from_key {
                         Some(b) => b,
                         None => {
-                            let mut probe = doc.clone();
-                            let r = limit_row(&mut probe, tier, route_class)?;
+                            let r = &doc.limits[row_in_force(doc, tier, route_class)?.0];
                             (r.capacity, r.refill_per_s, r.hourly_quota)
                         }
                     };

@@ -43,7 +43,7 @@ pub use events::{
 };
 pub use http::{HttpAnswer, PROBLEM_JSON, http_answer};
 pub use key::LimitKey;
-pub use limiter::{Decision, Limiter, LimiterConfig, Regional, Request};
+pub use limiter::{Decision, Limiter, LimiterConfig, Regional, RegionalTimings, Request};
 pub use memory::MemoryStore;
 pub use metrics::LimiterMetrics;
 pub use policy::{Mode, PolicyDocument, PolicyHandle, PolicySnapshot, RegionRow, Resolution};

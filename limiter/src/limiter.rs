@@ -5,7 +5,7 @@
 //! nothing).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use verdict_schemas::{
     DecisionEvent, DecisionSource, DeniedBy, KeyId, RegionId, RouteClassId, TierId, Verdict,
@@ -19,7 +19,10 @@ use crate::key::LimitKey;
 use crate::memory::MemoryStore;
 use crate::metrics::LimiterMetrics;
 use crate::policy::{Mode, PolicyHandle, Resolution};
-use crate::regions::{NearLimit, Share, ShareHandle, is_near_limit};
+use crate::regions::{
+    DEFAULT_SHARE_TTL, NearLimit, PgShares, Share, ShareHandle, is_near_limit,
+    spawn_near_limit_reporter, spawn_share_refresher,
+};
 use crate::store::{CounterStore, StoreError};
 
 /// Where this limiter runs.
@@ -58,6 +61,61 @@ pub struct Regional {
     pub shares: ShareHandle,
     /// Near-limit notes (reported by `spawn_near_limit_reporter`).
     pub near: Arc<NearLimit>,
+}
+
+/// How often a regional limiter's background tasks run, and how long a share lives.
+#[derive(Debug, Clone, Copy)]
+pub struct RegionalTimings {
+    /// Between polls of the region's share version.
+    pub share_poll: Duration,
+    /// Between near-limit reports to the region's Redis.
+    pub report_every: Duration,
+    /// A share not rewritten for this long gives way to the static weight.
+    pub share_ttl: Duration,
+}
+
+impl Default for RegionalTimings {
+    fn default() -> Self {
+        Self {
+            share_poll: Duration::from_secs(5),
+            report_every: Duration::from_secs(1),
+            share_ttl: DEFAULT_SHARE_TTL,
+        }
+    }
+}
+
+impl Regional {
+    /// `region`'s shares and near-limit notes, with the two tasks that keep them: the
+    /// shares polled from `shares`, the notes reported to the region's Redis `redis`.
+    pub fn start(
+        shares: PgShares,
+        region: RegionId,
+        redis: fred::prelude::Client,
+        metrics: Arc<LimiterMetrics>,
+        clock: Arc<dyn Clock>,
+        timings: RegionalTimings,
+    ) -> Self {
+        let handle = ShareHandle::new(timings.share_ttl);
+        let near = Arc::new(NearLimit::default());
+        spawn_share_refresher(
+            shares,
+            region,
+            handle.clone(),
+            Arc::clone(&metrics),
+            timings.share_poll,
+        );
+        spawn_near_limit_reporter(
+            Arc::clone(&near),
+            redis,
+            metrics,
+            clock,
+            timings.report_every,
+        );
+        Self {
+            shares: handle,
+            near,
+        }
+    }
 }
 
 /// One request, as the gateway identifies it.

@@ -30,7 +30,7 @@ use crate::algo::{CounterState, PPM};
 use crate::clock::Clock;
 use crate::key::LimitKey;
 use crate::metrics::LimiterMetrics;
-use crate::sources::{PgConn, SourceError, closed};
+use crate::sources::{PgConn, SourceError, closed, snapshot};
 
 /// One limit key's identity across regions: who, on what, at which tier (sub-keys of a
 /// split key share one share).
@@ -438,33 +438,16 @@ impl PgShares {
     pub async fn version(&self, region: RegionId) -> Result<u64, SourceError> {
         let guard = self.conn.get().await?;
         let client = guard.as_ref().ok_or_else(closed)?;
-        let row = client
-            .query_opt(
-                "select version from verdict_policy.share_rounds where region = $1",
-                &[&i32::from(region.0)],
-            )
-            .await?;
-        Ok(row.map_or(0, |r| r.get::<_, i64>(0).max(0) as u64))
+        Ok(round_version(client, region).await?)
     }
 
     /// `region`'s shares, in one consistent read.
     pub async fn read(&self, region: RegionId) -> Result<ShareSnapshot, SourceError> {
         let mut guard = self.conn.get().await?;
         let client = guard.as_mut().ok_or_else(closed)?;
-        let tx = client
-            .build_transaction()
-            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
+        let tx = snapshot(client).await?;
+        let version = round_version(&tx, region).await?;
         let r = i32::from(region.0);
-        let version = tx
-            .query_opt(
-                "select version from verdict_policy.share_rounds where region = $1",
-                &[&r],
-            )
-            .await?
-            .map_or(0, |row| row.get::<_, i64>(0).max(0) as u64);
         let mut entries = HashMap::new();
         for row in tx
             .query(
@@ -590,6 +573,20 @@ impl PgShares {
         tx.commit().await?;
         Ok(())
     }
+}
+
+/// The version of `region`'s shares in `client` (0: none written yet).
+async fn round_version(
+    client: &impl tokio_postgres::GenericClient,
+    region: RegionId,
+) -> Result<u64, tokio_postgres::Error> {
+    let row = client
+        .query_opt(
+            "select version from verdict_policy.share_rounds where region = $1",
+            &[&i32::from(region.0)],
+        )
+        .await?;
+    Ok(row.map_or(0, |r| r.get::<_, i64>(0).max(0) as u64))
 }
 
 fn share_row(region: RegionId, row: &tokio_postgres::Row) -> Option<ShareRow> {

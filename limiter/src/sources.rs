@@ -181,12 +181,7 @@ impl PgSource {
     pub async fn read(&self) -> Result<PolicyDocument, SourceError> {
         let mut guard = self.client().await?;
         let client = guard.as_mut().ok_or_else(closed)?;
-        let tx = client
-            .build_transaction()
-            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
+        let tx = snapshot(client).await?;
         let meta = tx
             .query_one("select version, kill_switch from verdict_policy.meta", &[])
             .await?;
@@ -292,6 +287,18 @@ impl PgSource {
         tx.commit().await?;
         Ok(doc)
     }
+}
+
+/// A read-only transaction at repeatable read: one consistent snapshot of the store.
+pub(crate) async fn snapshot(
+    client: &mut Client,
+) -> Result<tokio_postgres::Transaction<'_>, tokio_postgres::Error> {
+    client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await
 }
 
 pub(crate) fn closed() -> SourceError {

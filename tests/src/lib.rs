@@ -106,6 +106,32 @@ pub fn require_regions() {
     }
 }
 
+/// Drains a limiter's event queue to `topic` on the test broker (the limiter's own Kafka
+/// sink, lingering 5 ms); the task ends, flushed, when the queue's last handle is dropped.
+///
+/// # Panics
+/// When the producer cannot be created.
+pub fn drain_to_kafka(
+    events: verdict_limiter::EventReceiver,
+    topic: &str,
+    metrics: &Arc<verdict_limiter::LimiterMetrics>,
+) -> tokio::task::JoinHandle<()> {
+    let sink = verdict_limiter::KafkaSink::new(
+        &verdict_limiter::KafkaSinkConfig {
+            brokers: kafka_brokers(),
+            topic: topic.to_owned(),
+            linger_ms: 5,
+        },
+        Arc::clone(metrics),
+    )
+    .expect("Kafka producer");
+    verdict_limiter::spawn_drain(
+        events,
+        verdict_limiter::EventSink::Kafka(sink),
+        Arc::clone(metrics),
+    )
+}
+
 /// A consumer of `topic` from its beginning, in a group of its own, committing nothing.
 ///
 /// # Panics

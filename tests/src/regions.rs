@@ -17,15 +17,13 @@ use rdkafka::message::Message;
 use verdict_jobs::reconcile::{ReconcileConfig, Reconciler, RegionEndpoint, RoundOutcome};
 use verdict_limiter::regions::{PgShares, RegionCounters, Share, ShareHandle};
 use verdict_limiter::{
-    Decision, EventSink, KafkaSink, KafkaSinkConfig, Limiter, LimiterConfig, LimiterMetrics,
-    NearLimit, PgSource, PolicyHandle, PolicySource, RedisStore, RedisStoreConfig, Regional,
-    Request, SystemClock, event_queue, spawn_drain, spawn_near_limit_reporter,
-    spawn_share_refresher,
+    Decision, Limiter, LimiterConfig, LimiterMetrics, PgSource, PolicyHandle, PolicySource,
+    RedisStore, RedisStoreConfig, Regional, RegionalTimings, Request, SystemClock, event_queue,
 };
 use verdict_schemas::{DecisionEvent, KeyId, RegionId, RouteClassId, TierId};
 
 use crate::{
-    Service, fresh_database, kafka_brokers, kafka_consumer, region_redis_urls, require,
+    Service, drain_to_kafka, fresh_database, kafka_consumer, region_redis_urls, require,
     require_regions, unique_name,
 };
 
@@ -150,33 +148,21 @@ impl World {
             let _: () = store.client().flushall(false).await.expect("FLUSHALL");
             let metrics = Arc::new(LimiterMetrics::new());
             let (queue, events) = event_queue(1 << 20, Arc::clone(&metrics));
-            let sink = KafkaSink::new(
-                &KafkaSinkConfig {
-                    brokers: kafka_brokers(),
-                    topic: topic.clone(),
-                    linger_ms: 5,
-                },
-                Arc::clone(&metrics),
-            )
-            .expect("Kafka producer");
-            let drain = spawn_drain(events, EventSink::Kafka(sink), Arc::clone(&metrics));
-            let shares = ShareHandle::new(Duration::from_secs(60));
-            let near = Arc::new(NearLimit::default());
+            let drain = drain_to_kafka(events, &topic, &metrics);
             let region = RegionId(i as u16);
-            spawn_share_refresher(
+            let regional = Regional::start(
                 PgShares::new(&pg_url),
                 region,
-                shares.clone(),
-                Arc::clone(&metrics),
-                POLL,
-            );
-            spawn_near_limit_reporter(
-                Arc::clone(&near),
                 store.client().clone(),
                 Arc::clone(&metrics),
                 Arc::new(SystemClock),
-                POLL,
+                RegionalTimings {
+                    share_poll: POLL,
+                    report_every: POLL,
+                    share_ttl: Duration::from_secs(60),
+                },
             );
+            let shares = regional.shares.clone();
             let limiter = Limiter::new(
                 store,
                 PolicyHandle::new(snapshot.clone(), now_ms()),
@@ -188,10 +174,7 @@ impl World {
                     ..LimiterConfig::default()
                 },
             )
-            .with_regional(Regional {
-                shares: shares.clone(),
-                near,
-            });
+            .with_regional(regional);
             endpoints.push(RegionEndpoint {
                 id: region,
                 counters: RegionCounters::new(url, reconcile_config().redis_timeout)

@@ -8,11 +8,11 @@ use std::time::Duration;
 use rdkafka::message::Message;
 use verdict_limiter::policy::parse_toml;
 use verdict_limiter::{
-    EventSink, KafkaSink, KafkaSinkConfig, Limiter, LimiterConfig, LimiterMetrics, MemoryStore,
-    PolicyHandle, PolicySnapshot, Request, event_queue, spawn_drain,
+    Limiter, LimiterConfig, LimiterMetrics, MemoryStore, PolicyHandle, PolicySnapshot, Request,
+    event_queue,
 };
 use verdict_schemas::{DecisionEvent, KeyId, RouteClassId, TierId, Verdict};
-use verdict_tests::{Service, kafka_brokers, kafka_consumer, require, unique_name};
+use verdict_tests::{Service, drain_to_kafka, kafka_consumer, require, unique_name};
 
 const POLICY: &str = r#"
 [[tiers]]
@@ -35,16 +35,7 @@ async fn every_decision_becomes_one_kafka_record_keyed_by_key_id() {
     let topic = unique_name("decisions");
     let metrics = Arc::new(LimiterMetrics::new());
     let (queue, rx) = event_queue(1_000, Arc::clone(&metrics));
-    let sink = KafkaSink::new(
-        &KafkaSinkConfig {
-            brokers: kafka_brokers(),
-            topic: topic.clone(),
-            linger_ms: 5,
-        },
-        Arc::clone(&metrics),
-    )
-    .expect("producer");
-    let drain = spawn_drain(rx, EventSink::Kafka(sink), Arc::clone(&metrics));
+    let drain = drain_to_kafka(rx, &topic, &metrics);
     let policy = PolicySnapshot::build(parse_toml(POLICY).unwrap()).unwrap();
     let limiter = Limiter::new(
         MemoryStore::new(1_000),
