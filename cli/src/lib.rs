@@ -7,6 +7,7 @@ pub mod demo;
 pub mod gateway;
 pub mod ingest;
 pub mod jobs;
+pub mod local_gateway;
 pub mod policy;
 pub mod policy_args;
 pub mod query;
@@ -31,10 +32,12 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the embedded default on this machine, no services needed: generate an hour of
-    /// realistic decision traffic, put every decision on an in-process queue in its 64-byte
-    /// wire form, and write the raw table as Parquet into a local folder with the production
-    /// layout. Prints what was decided and what it costs on the wire and on disk.
+    /// Run the embedded default on this machine, no services needed: the gateway with memory
+    /// counters and a file policy in front of a built-in upstream, an hour of realistic API
+    /// traffic sent through it over HTTP in a minute (the limiter's clock runs 60x faster),
+    /// every decision on an in-process queue in its 64-byte wire form and into the raw table
+    /// (Parquet, production layout) in a local folder; then the hourly rollup and the
+    /// `wrong-limits` and `shadow-impact` reports. Shows progress; about a minute.
     Demo(demo::DemoArgs),
     /// Run the gateway: an HTTP reverse proxy that asks the limiter about every request
     /// and proxies it to the upstream (with the rate-limit fields) or answers 429, until

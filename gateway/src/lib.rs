@@ -5,8 +5,10 @@
 //! - [`proxy`]: the request path (decision, 429 or proxy with the rate-limit fields, 502/504
 //!   for the upstream's failures), `/metrics` and `/healthz`.
 //! - [`store`]: Redis or memory counters, chosen at start.
+//! - [`load`]: an HTTP load generator (the demo's traffic, the bench's load).
 
 pub mod keys;
+pub mod load;
 pub mod proxy;
 pub mod routes;
 pub mod store;

@@ -241,3 +241,50 @@ async fn an_upstream_that_is_down_is_a_502_not_a_limit() {
     assert!(r.headers().contains_key("ratelimit"));
     assert!(r.text().await.unwrap().contains("the upstream failed"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_load_generator_counts_what_the_gateway_answers() {
+    use verdict_gateway::load::{self, LoadProgress, LoadSpec};
+    let up = upstream().await;
+    let (gw, _seen) = gateway(up).await;
+    // 40 requests of one free key, 8 at a time: its bucket of 3 lets 3 through whatever
+    // the order, and every refusal carries Retry-After and the fields; a few requests
+    // without a key are answered 401 and carry no fields.
+    let make: load::MakeRequest = Arc::new(move |i| {
+        let mut r = axum::http::Request::get(format!("http://{gw}/v1/items/{i}"));
+        if i % 10 != 9 {
+            r = r.header("x-api-key", "k-free");
+        }
+        r.body(axum::body::Body::empty()).unwrap()
+    });
+    let progress = Arc::new(LoadProgress::default());
+    let r = load::run(&LoadSpec::count(40, 8), make, Arc::clone(&progress)).await;
+    assert_eq!(r.sent, 40);
+    assert_eq!(r.failed, 0);
+    assert_eq!(r.count(axum::http::StatusCode::OK), 3);
+    assert_eq!(r.count(axum::http::StatusCode::TOO_MANY_REQUESTS), 33);
+    assert_eq!(r.count(axum::http::StatusCode::UNAUTHORIZED), 4);
+    assert_eq!(r.limited_without_retry_after, 0);
+    assert_eq!(r.without_ratelimit_fields, 0);
+    assert_eq!(progress.done.load(std::sync::atomic::Ordering::Relaxed), 40);
+    assert_eq!(
+        progress.limited.load(std::sync::atomic::Ordering::Relaxed),
+        33
+    );
+    assert!(r.latency_ms(0.5) > 0.0 && r.latency_ms(0.99) >= r.latency_ms(0.5));
+
+    // Against a server that answers without the fields, the generator says so.
+    let make: load::MakeRequest = Arc::new(move |i| {
+        axum::http::Request::get(format!("http://{up}/v1/items/{i}"))
+            .body(axum::body::Body::empty())
+            .unwrap()
+    });
+    let r = load::run(&LoadSpec::count(5, 2), make, Arc::default()).await;
+    assert_eq!(
+        (
+            r.count(axum::http::StatusCode::OK),
+            r.without_ratelimit_fields
+        ),
+        (5, 5)
+    );
+}

@@ -50,3 +50,45 @@ impl Clock for FakeClock {
         self.0.load(Ordering::SeqCst)
     }
 }
+
+/// A clock that starts at `start_ms` and runs `speed` times faster than real time: the
+/// demo compresses an hour of traffic into a minute with `speed` 60, so the hourly quota
+/// and the hourly rollup have whole hours to work on.
+#[derive(Debug, Clone, Copy)]
+pub struct ScaledClock {
+    start_ms: i64,
+    real_start: std::time::Instant,
+    speed: f64,
+}
+
+impl ScaledClock {
+    /// A clock reading `start_ms` now and advancing `speed` ms per real ms.
+    pub fn starting_at(start_ms: i64, speed: f64) -> Self {
+        Self {
+            start_ms,
+            real_start: std::time::Instant::now(),
+            speed: speed.max(0.0),
+        }
+    }
+}
+
+impl Clock for ScaledClock {
+    fn now_ms(&self) -> i64 {
+        self.start_ms + (self.real_start.elapsed().as_secs_f64() * 1000.0 * self.speed) as i64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scaled_clock_runs_speed_times_faster_from_its_start() {
+        let c = ScaledClock::starting_at(1_000_000, 60.0);
+        let first = c.now_ms();
+        assert!(first >= 1_000_000, "{first}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        // 50 real ms are at least 3 s on the clock.
+        assert!(c.now_ms() - first >= 3_000, "{}", c.now_ms() - first);
+    }
+}

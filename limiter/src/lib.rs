@@ -37,7 +37,7 @@ pub mod sources;
 pub mod store;
 
 pub use algo::{CounterState, Limits, Outcome, decide};
-pub use clock::{Clock, FakeClock, SystemClock};
+pub use clock::{Clock, FakeClock, ScaledClock, SystemClock};
 pub use events::{
     EventQueue, EventReceiver, EventSink, KafkaSink, KafkaSinkConfig, event_queue, spawn_drain,
 };

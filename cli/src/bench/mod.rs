@@ -1,6 +1,7 @@
 //! `verdict bench …`: measurements that print JSON, against the real services where the
 //! measured path uses them. Speed is measured here, never in tests.
 
+pub mod gateway;
 pub mod ingest;
 pub mod limiter;
 pub mod query;
@@ -34,6 +35,11 @@ pub enum BenchCommand {
     /// and in DuckDB (from PyPI) on the same files with the same SQL; prints one JSON line
     /// per query with p50_ms, rows_scanned, rows and vs_duckdb (ours ÷ DuckDB's time).
     Query(query::QueryBenchArgs),
+    /// HTTP load through the gateway (memory counters, or --redis) to a trivial upstream,
+    /// and the same load straight to the upstream in the same run, alternating round by
+    /// round: requests/s closed loop, then the p50/p99 the gateway adds at a paced rate;
+    /// prints one JSON object.
+    Gateway(gateway::GatewayBenchArgs),
 }
 
 /// Runs one bench.
@@ -43,6 +49,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Ingest(args) => ingest::run(args).await,
         BenchCommand::Rollup(args) => rollup::run(args).await,
         BenchCommand::Query(args) => query::run(args).await,
+        BenchCommand::Gateway(args) => gateway::run(args).await,
     }
 }
 

@@ -1,0 +1,463 @@
+//! The whole flow on the real services: three `verdict gateway` processes sharing one Redis
+//! and the PostgreSQL policy in front of one upstream, their events on the real Kafka, two
+//! `verdict ingest` workers writing the raw table on the S3 server, `verdict rollup`, and
+//! `verdict query serve` answering over HTTP. Known traffic from the load generator: the
+//! limit holds across the three gateways, every 429 carries Retry-After and the rate-limit
+//! fields; the raw table holds one event per decision (less the drops the gateways counted),
+//! the rollup's denials are the 429s the client saw, and `wrong-limits` names the tier set
+//! too low. `verdict policy` changes a limit and then puts the tier in shadow: every gateway
+//! follows within 30 s, the 429s stop and the would-deny events go on.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use verdict_gateway::load::{self, LoadReport, LoadSpec, MakeRequest};
+use verdict_schemas::KeyId;
+use verdict_tests::private::spare_port;
+use verdict_tests::{
+    Service, eventually, fresh_database, kafka_brokers, redis_url, require, s3_endpoint, s3_store,
+    unique_name,
+};
+
+/// Kills the child processes when the test ends, however it ends.
+struct Children(Vec<Child>);
+
+impl Children {
+    /// SIGTERM to each, and waits: each stops cleanly (a gateway stops listening and
+    /// flushes its events; an ingest worker flushes and commits).
+    fn stop(&mut self) {
+        for c in &mut self.0 {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+        }
+        for c in &mut self.0 {
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Runs a `verdict` command to its end (with the S3 server's credentials).
+fn verdict_ok(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_verdict"))
+        .args(args)
+        .env("AWS_ACCESS_KEY_ID", "verdict")
+        .env("AWS_SECRET_ACCESS_KEY", "verdict")
+        .env("AWS_REGION", "us-east-1")
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run verdict");
+    assert!(
+        out.status.success(),
+        "verdict {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+async fn upstream() -> u16 {
+    let app = axum::Router::new().fallback(|| async { "upstream says hello" });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    port
+}
+
+/// Sends `n` requests of `keys[i % keys.len()]` spread over the gateways, `concurrency` at
+/// a time, with the load generator; every answer is checked for the rate-limit fields and
+/// every 429 for Retry-After.
+async fn drive(ports: &[u16], keys: &[&str], n: u64, concurrency: usize) -> LoadReport {
+    let (ports, keys): (Vec<u16>, Vec<String>) =
+        (ports.to_vec(), keys.iter().map(|k| k.to_string()).collect());
+    let make: MakeRequest = Arc::new(move |i| {
+        let port = ports[i as usize % ports.len()];
+        let key = &keys[i as usize % keys.len()];
+        axum::http::Request::get(format!("http://127.0.0.1:{port}/v1/items/{i}"))
+            .header("x-api-key", key)
+            .body(axum::body::Body::empty())
+            .unwrap()
+    });
+    let r = load::run(&LoadSpec::count(n, concurrency), make, Arc::default()).await;
+    assert_eq!(r.failed, 0, "{r:?}");
+    assert_eq!(
+        r.count(StatusCode::OK) + r.count(StatusCode::TOO_MANY_REQUESTS),
+        n,
+        "{r:?}"
+    );
+    assert_eq!(
+        r.limited_without_retry_after, 0,
+        "every 429 carries Retry-After"
+    );
+    assert_eq!(
+        r.without_ratelimit_fields, 0,
+        "every answer carries the fields"
+    );
+    r
+}
+
+async fn metric(http: &reqwest::Client, port: u16, name: &str) -> Option<u64> {
+    let m = http
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    m.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The version `verdict policy` says the change made ("policy version 4 -> 6: …").
+fn new_version(out: &str) -> u64 {
+    out.split("-> ")
+        .nth(1)
+        .and_then(|v| v.split(':').next())
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no version in {out:?}"))
+}
+
+/// Waits (at most 30 s, the design's bound) until every gateway has policy `version`.
+async fn wait_for_version(http: &reqwest::Client, ports: &[u16], version: u64) {
+    for port in ports {
+        eventually(
+            Duration::from_secs(30),
+            "the new policy on every gateway",
+            || async { metric(http, *port, "verdict_policy_version").await == Some(version) },
+        )
+        .await;
+    }
+}
+
+/// `verdict ingest`, `verdict query serve`: a child with the S3 server's credentials.
+fn verdict_child(args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_verdict"))
+        .args(args)
+        .env("AWS_ACCESS_KEY_ID", "verdict")
+        .env("AWS_SECRET_ACCESS_KEY", "verdict")
+        .env("AWS_REGION", "us-east-1")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start verdict")
+}
+
+/// The first row of an answer of the query service, as JSON.
+async fn query(http: &reqwest::Client, base: &str, sql: &str) -> serde_json::Value {
+    let r = http
+        .post(format!("{base}/v1/sql"))
+        .header("content-type", "text/plain")
+        .body(sql.to_owned())
+        .send()
+        .await
+        .expect("the query service answers");
+    let status = r.status();
+    let body: serde_json::Value =
+        serde_json::from_slice(&r.bytes().await.unwrap()).expect("a JSON answer");
+    assert!(status.is_success(), "{sql}: {status} {body}");
+    body["rows"][0].clone()
+}
+
+fn hour(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.format("%Y-%m-%dT%H").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_whole_flow_on_the_real_services() {
+    require(Service::Redis);
+    require(Service::Kafka);
+    let started_at = chrono::Utc::now();
+    let pg = fresh_database("endtoend").await;
+    let dir = tempfile::tempdir().unwrap();
+    let topic = unique_name("e2e-decisions");
+    let bucket = "verdict-e2e";
+    s3_store(bucket).await;
+    let lake = format!("s3://{bucket}/{}", unique_name("run"));
+
+    // Keys unique to this run (the shared Redis keeps counters between runs): 12 of the
+    // free tier, whose limit is set too low, and 6 of pro.
+    let run = std::process::id();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let keys: Vec<(String, KeyId, &str)> = (0..18u8)
+        .map(|i| {
+            let mut id = [0u8; 16];
+            id[..4].copy_from_slice(&run.to_be_bytes());
+            id[4..12].copy_from_slice(&nanos.to_le_bytes()[..8]);
+            id[15] = i;
+            let (name, tier) = if i < 12 {
+                (format!("key-{i}"), "free")
+            } else {
+                (format!("pro-{i}"), "pro")
+            };
+            (name, KeyId(id), tier)
+        })
+        .collect();
+    let mut csv = String::from("api_key,key_id,tier\n");
+    for (k, id, tier) in &keys {
+        csv.push_str(&format!("{k},{id},{tier}\n"));
+    }
+    let keys_file = dir.path().join("keys.csv");
+    std::fs::write(&keys_file, csv).unwrap();
+    let name = |i: usize| keys[i].0.as_str();
+
+    let pg_source = verdict_limiter::PgSource::new(&pg);
+    pg_source.migrate().await.unwrap();
+    let (client, conn) = tokio_postgres::connect(&pg, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute(
+            "insert into verdict_policy.tiers (id, name) values (0, 'free'), (1, 'pro');
+             insert into verdict_policy.route_classes (id, name, prefixes) values (0, 'api', '{/v1}');
+             insert into verdict_policy.limits values ('free', '*', 5, 0.001, 1000, 'enforce');
+             insert into verdict_policy.limits values ('pro', '*', 1000, 100, 100000, 'enforce');",
+        )
+        .await
+        .unwrap();
+
+    // The query service over the lake and the policy, from the start.
+    let http = reqwest::Client::new();
+    let query_port = spare_port();
+    let mut services = Children(vec![verdict_child(&[
+        "query",
+        "serve",
+        "--store",
+        &lake,
+        "--s3-endpoint",
+        &s3_endpoint(),
+        "--policy-postgres",
+        &pg,
+        "--listen",
+        &format!("127.0.0.1:{query_port}"),
+    ])]);
+    let base = format!("http://127.0.0.1:{query_port}");
+
+    let up = upstream().await;
+    let ports: Vec<u16> = (0..3).map(|_| spare_port()).collect();
+    let mut gateways = Children(Vec::new());
+    for (i, port) in ports.iter().enumerate() {
+        let child = Command::new(env!("CARGO_BIN_EXE_verdict"))
+            .args([
+                "gateway",
+                "--upstream",
+                &format!("http://127.0.0.1:{up}"),
+                "--keys-file",
+                keys_file.to_str().unwrap(),
+                "--policy-postgres",
+                &pg,
+                "--policy-refresh-secs",
+                "1",
+                "--redis",
+                &redis_url(),
+                "--redis-timeout-ms",
+                "250",
+                "--kafka-brokers",
+                &kafka_brokers(),
+                "--kafka-topic",
+                &topic,
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--instance",
+                &i.to_string(),
+                "--instance-count",
+                "3",
+            ])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start verdict gateway");
+        gateways.0.push(child);
+    }
+    for port in ports.iter().chain([&query_port]) {
+        eventually(Duration::from_secs(30), "the service listening", || async {
+            http.get(format!("http://127.0.0.1:{port}/healthz"))
+                .send()
+                .await
+                .is_ok()
+        })
+        .await;
+    }
+
+    // Known traffic: 10 requests of each of 6 free and 6 pro keys, 6 at a time over the
+    // three gateways. The limit is global across them: 5 of each free key's 10 are
+    // allowed, whichever gateway they reach; pro is far from its limit.
+    let first: Vec<&str> = (0..6).chain(12..18).map(name).collect();
+    let r = drive(&ports, &first, 120, 6).await;
+    assert_eq!(r.count(StatusCode::TOO_MANY_REQUESTS), 30, "{r:?}");
+    let mut sent = 120;
+    let mut seen_429 = 30;
+
+    // Level two: capacity 8, in force on every gateway within 30 s (they poll every 1 s).
+    let out = verdict_ok(&[
+        "policy",
+        "set-limit",
+        "--policy-postgres",
+        &pg,
+        "--tier",
+        "free",
+        "--capacity",
+        "8",
+    ]);
+    assert!(out.contains("capacity 8"), "{out}");
+    let version = new_version(&out);
+    let started = std::time::Instant::now();
+    wait_for_version(&http, &ports, version).await;
+    eprintln!(
+        "capacity 8 in force on the three gateways after {:?}",
+        started.elapsed()
+    );
+    let r = drive(&ports, &[name(6)], 12, 3).await;
+    assert_eq!(
+        r.count(StatusCode::TOO_MANY_REQUESTS),
+        4,
+        "capacity 8: 8 of 12 allowed"
+    );
+    sent += 12;
+    seen_429 += 4;
+
+    // Level one: the tier in shadow: no 429 any more, the refusals recorded as would-deny.
+    let out = verdict_ok(&[
+        "policy",
+        "set-mode",
+        "--policy-postgres",
+        &pg,
+        "--tier",
+        "free",
+        "--mode",
+        "shadow",
+    ]);
+    let version = new_version(&out);
+    wait_for_version(&http, &ports, version).await;
+    let r = drive(&ports, &[name(7)], 12, 3).await;
+    assert_eq!(r.count(StatusCode::TOO_MANY_REQUESTS), 0);
+    sent += 12;
+
+    let mut dropped = 0u64;
+    for port in &ports {
+        dropped += metric(&http, *port, "verdict_events_dropped_total")
+            .await
+            .expect("the dropped-events counter");
+    }
+    // SIGTERM: each gateway stops listening and flushes its events to Kafka.
+    gateways.stop();
+
+    // Two ingest workers of one group share the topic's partitions and write the raw
+    // table on the S3 server.
+    let group = unique_name("e2e-ingest");
+    let mut workers = Children(
+        (0..2)
+            .map(|i| {
+                verdict_child(&[
+                    "ingest",
+                    "--store",
+                    &lake,
+                    "--s3-endpoint",
+                    &s3_endpoint(),
+                    "--brokers",
+                    &kafka_brokers(),
+                    "--topic",
+                    &topic,
+                    "--group",
+                    &group,
+                    "--instance-id",
+                    &format!("worker-{i}"),
+                    "--flush-max-age-secs",
+                    "1",
+                ])
+            })
+            .collect(),
+    );
+    // Every decision is one event in the raw table, less the drops the gateways counted.
+    let expected = sent - dropped;
+    let count = "SELECT COUNT(*) AS n FROM decisions";
+    eventually(
+        Duration::from_secs(120),
+        "every event in the raw table",
+        || async { query(&http, &base, count).await["n"].as_u64() == Some(expected) },
+    )
+    .await;
+    workers.stop();
+    let totals = query(
+        &http,
+        &base,
+        "SELECT COUNT(*) AS n, SUM(CASE WHEN verdict = 1 THEN 1 ELSE 0 END) AS denied, \
+         SUM(CASE WHEN verdict = 2 THEN 1 ELSE 0 END) AS would FROM decisions",
+    )
+    .await;
+    eprintln!(
+        "{sent} requests, {dropped} events dropped, raw table {totals}, {seen_429} 429s seen"
+    );
+    assert_eq!(dropped, 0);
+    assert_eq!(
+        totals["n"].as_u64(),
+        Some(expected),
+        "exactly once: {totals}"
+    );
+    assert_eq!(totals["denied"].as_u64(), Some(seen_429));
+    assert_eq!(totals["would"].as_u64(), Some(4), "shadow: 4 of 12 over 8");
+
+    // The hourly rollup of the hours the run touched: its denials are the 429s the client
+    // saw, its would-denies the shadow tier's.
+    let now = chrono::Utc::now();
+    let out = verdict_ok(&[
+        "rollup",
+        "--store",
+        &lake,
+        "--s3-endpoint",
+        &s3_endpoint(),
+        "--from",
+        &hour(started_at),
+        "--to",
+        &hour(now),
+    ]);
+    assert!(out.contains(&format!("{expected} raw events")), "{out}");
+    let rolled = query(
+        &http,
+        &base,
+        "SELECT SUM(denied) AS denied, SUM(would_deny) AS would FROM denied_hourly",
+    )
+    .await;
+    assert_eq!(rolled["denied"].as_u64(), Some(seen_429), "{rolled}");
+    assert_eq!(rolled["would"].as_u64(), Some(4), "{rolled}");
+
+    // Which limits were wrong? The free tier's: every one of its keys was refused.
+    let to = (now + chrono::Duration::hours(1)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let from = (started_at - chrono::Duration::hours(1))
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let r = http
+        .get(format!(
+            "{base}/v1/reports/wrong-limits?from={from}&to={to}"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let report: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+    let verdict = |tier: &str| {
+        report["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|row| row["tier"] == tier)
+            .map(|row| row["verdict"].as_str().unwrap_or_default().to_owned())
+    };
+    assert_eq!(verdict("free").as_deref(), Some("too low"), "{report}");
+    assert_eq!(verdict("pro").as_deref(), Some("too high"), "{report}");
+    services.stop();
+}
