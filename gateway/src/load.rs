@@ -6,9 +6,10 @@
 //! `verdict demo` drives its traffic with it, `verdict bench gateway` measures with it, and
 //! the end-to-end test drives the gateways with it.
 //!
-//! Paced runs measure latency from the moment a request was due, not from when a busy worker
-//! got round to sending it: a server that stalls is charged for the requests it held up
-//! (no coordinated omission).
+//! Two latencies per answer: from when it was sent (the service time), and, in paced runs,
+//! from when it was due, so that a server that stalls is charged for the requests it held
+//! up (no coordinated omission). The second includes the timer's lateness in waking a
+//! worker for a request (up to a millisecond with tokio's timer).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -90,8 +91,11 @@ pub struct LoadReport {
     pub without_ratelimit_fields: u64,
     /// Wall time of the run.
     pub elapsed: Duration,
-    /// Latencies of the answered requests, µs, sorted once the run ends.
+    /// Latencies of the answered requests from when they were due, µs, sorted once the
+    /// run ends.
     latencies_us: Vec<u32>,
+    /// The same from when they were sent.
+    service_us: Vec<u32>,
 }
 
 impl LoadReport {
@@ -108,13 +112,15 @@ impl LoadReport {
         self.latencies_us.len() as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 
-    /// The `q` quantile (0..=1) of the latency, ms; 0 when nothing was answered.
+    /// The `q` quantile (0..=1) of the latency from when each request was due, ms; 0 when
+    /// nothing was answered.
     pub fn latency_ms(&self, q: f64) -> f64 {
-        if self.latencies_us.is_empty() {
-            return 0.0;
-        }
-        let rank = (q.clamp(0.0, 1.0) * (self.latencies_us.len() - 1) as f64).round() as usize;
-        f64::from(self.latencies_us[rank]) / 1000.0
+        quantile_ms(&self.latencies_us, q)
+    }
+
+    /// The `q` quantile of the latency from when each request was sent, ms.
+    pub fn service_ms(&self, q: f64) -> f64 {
+        quantile_ms(&self.service_us, q)
     }
 
     fn merge(&mut self, other: Self) {
@@ -126,7 +132,20 @@ impl LoadReport {
         self.limited_without_retry_after += other.limited_without_retry_after;
         self.without_ratelimit_fields += other.without_ratelimit_fields;
         self.latencies_us.extend(other.latencies_us);
+        self.service_us.extend(other.service_us);
     }
+}
+
+fn quantile_ms(sorted_us: &[u32], q: f64) -> f64 {
+    if sorted_us.is_empty() {
+        return 0.0;
+    }
+    let rank = (q.clamp(0.0, 1.0) * (sorted_us.len() - 1) as f64).round() as usize;
+    f64::from(sorted_us[rank]) / 1000.0
+}
+
+fn micros(since: Instant) -> u32 {
+    since.elapsed().as_micros().min(u128::from(u32::MAX)) as u32
 }
 
 /// An HTTP/1.1 client with a connection pool, no Nagle delay.
@@ -178,6 +197,7 @@ pub async fn run(spec: &LoadSpec, make: MakeRequest, progress: Arc<LoadProgress>
                     _ => Instant::now(),
                 };
                 report.sent += 1;
+                let sent_at = Instant::now();
                 let answer = tokio::time::timeout(spec.timeout, async {
                     let resp = client.request(make(i)).await?;
                     let (parts, body) = resp.into_parts();
@@ -192,8 +212,8 @@ pub async fn run(spec: &LoadSpec, make: MakeRequest, progress: Arc<LoadProgress>
                     progress.failed.fetch_add(1, Ordering::Relaxed);
                     continue;
                 };
-                let us = due.elapsed().as_micros().min(u128::from(u32::MAX)) as u32;
-                report.latencies_us.push(us);
+                report.latencies_us.push(micros(due));
+                report.service_us.push(micros(sent_at));
                 *report.statuses.entry(parts.status.as_u16()).or_default() += 1;
                 let has = |name: &str| parts.headers.contains_key(name);
                 if parts.status == StatusCode::TOO_MANY_REQUESTS {
@@ -224,6 +244,7 @@ pub async fn run(spec: &LoadSpec, make: MakeRequest, progress: Arc<LoadProgress>
     }
     total.elapsed = started.elapsed();
     total.latencies_us.sort_unstable();
+    total.service_us.sort_unstable();
     total
 }
 
@@ -233,13 +254,14 @@ mod tests {
 
     #[test]
     fn quantiles_come_from_the_sorted_latencies() {
-        let mut r = LoadReport {
+        let r = LoadReport {
             latencies_us: (1..=100).map(|ms| ms * 1000).collect(),
+            service_us: (1..=100).map(|ms| ms * 100).collect(),
             elapsed: Duration::from_secs(2),
             ..LoadReport::default()
         };
-        r.latencies_us.sort_unstable();
         assert_eq!(r.latency_ms(0.5), 51.0);
+        assert_eq!(r.service_ms(0.5), 5.1);
         assert_eq!(r.latency_ms(0.99), 99.0);
         assert_eq!(r.latency_ms(1.0), 100.0);
         assert_eq!(r.rate(), 50.0);

@@ -272,6 +272,9 @@ async fn the_load_generator_counts_what_the_gateway_answers() {
         33
     );
     assert!(r.latency_ms(0.5) > 0.0 && r.latency_ms(0.99) >= r.latency_ms(0.5));
+    // Closed loop: a request is sent as soon as it is due, so the service time is never
+    // longer than the time from due.
+    assert!(r.service_ms(0.5) > 0.0 && r.service_ms(0.5) <= r.latency_ms(0.5));
 
     // Against a server that answers without the fields, the generator says so.
     let make: load::MakeRequest = Arc::new(move |i| {
