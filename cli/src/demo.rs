@@ -41,6 +41,9 @@ pub const DEMO_TOPIC: &str = "verdict.decisions.v1";
 
 const HOUR_MS: i64 = 3_600_000;
 
+/// The query the summary suggests trying on the query service.
+const EXAMPLE_SQL: &str = "SELECT tier, verdict, COUNT(*) AS n FROM decisions GROUP BY tier, verdict ORDER BY tier, verdict";
+
 /// Options of `verdict demo`.
 #[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
@@ -748,7 +751,7 @@ pub fn render(r: &DemoReport, args: &DemoArgs) -> String {
          verdict query serve --store {out} --policy-file {out}/policy.toml\n\
          then, for example,\n  \
          curl -s 'http://127.0.0.1:8089/v1/reports/top-denied?from={first}:00:00Z&to={last}:59:59Z'\n  \
-         curl -s http://127.0.0.1:8089/v1/sql -d \"select tier, verdict, count(*) from decisions group by all order by all\"\n\
+         curl -s http://127.0.0.1:8089/v1/sql -d \"{EXAMPLE_SQL}\"\n\
          The same gateway stands alone in front of any upstream:\n  \
          verdict gateway --upstream http://127.0.0.1:8080 --keys-file {out}/keys.csv --policy-file {out}/policy.toml\n",
         raw = r.raw_table,
@@ -851,6 +854,21 @@ mod tests {
         );
         let text = render(&r, &a);
         assert!(text.contains("too low") && text.contains("verdict query serve"));
+        // The query the summary suggests runs on the folder: 2 tiers × verdicts at least,
+        // and its counts add up to the events.
+        let engine = Engine::new(
+            Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap()),
+            PoliciesTable::new(None),
+            2,
+            Limits::default(),
+        )
+        .unwrap();
+        let answer = rows(&engine, EXAMPLE_SQL).await.unwrap();
+        assert!(answer.len() >= 3, "{answer:?}");
+        assert_eq!(
+            answer.iter().map(|r| number(r, "n") as u64).sum::<u64>(),
+            r.events
+        );
 
         // A second run into the same folder is refused.
         let err = demo(&a).await.unwrap_err().to_string();
