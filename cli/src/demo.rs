@@ -517,33 +517,24 @@ async fn show_progress(
     }
 }
 
-/// One row of a query's answer: column name → value as text.
-type Row = BTreeMap<String, String>;
-
-/// Runs `sql` and returns its rows as text.
-async fn rows(engine: &Engine, sql: &str) -> anyhow::Result<Vec<Row>> {
+/// Runs `sql` and returns its rows as the query service answers them: JSON objects,
+/// column name → value.
+async fn rows(engine: &Engine, sql: &str) -> anyhow::Result<Vec<serde_json::Value>> {
     let (schema, batches) = engine.collect(sql, 100_000).await?;
-    let mut out = Vec::new();
-    for b in &batches {
-        for i in 0..b.num_rows() {
-            let mut row = Row::new();
-            for (field, column) in schema.fields().iter().zip(b.columns()) {
-                let value =
-                    arrow::util::display::array_value_to_string(column, i).unwrap_or_default();
-                row.insert(field.name().clone(), value);
-            }
-            out.push(row);
-        }
-    }
-    Ok(out)
+    let mut answer: serde_json::Value =
+        serde_json::from_slice(&verdict_query::format::json(&schema, &batches)?)?;
+    Ok(match answer["rows"].take() {
+        serde_json::Value::Array(rows) => rows,
+        _ => Vec::new(),
+    })
 }
 
-fn text(row: &Row, name: &str) -> String {
-    row.get(name).cloned().unwrap_or_default()
+fn text(row: &serde_json::Value, name: &str) -> String {
+    row[name].as_str().unwrap_or_default().to_owned()
 }
 
-fn number(row: &Row, name: &str) -> f64 {
-    row.get(name).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+fn number(row: &serde_json::Value, name: &str) -> f64 {
+    row[name].as_f64().unwrap_or(0.0)
 }
 
 /// One row of the `wrong-limits` report, as the demo prints it.

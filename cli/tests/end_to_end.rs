@@ -48,30 +48,26 @@ impl Drop for Children {
     }
 }
 
-/// Runs a `verdict` command to its end (with the S3 server's credentials).
-fn verdict_ok(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_verdict"))
-        .args(args)
+/// A `verdict` command with the S3 server's credentials, logging warnings only.
+fn verdict(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_verdict"));
+    c.args(args)
         .env("AWS_ACCESS_KEY_ID", "verdict")
         .env("AWS_SECRET_ACCESS_KEY", "verdict")
         .env("AWS_REGION", "us-east-1")
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run verdict");
+        .env("RUST_LOG", "warn");
+    c
+}
+
+/// Runs a `verdict` command to its end.
+fn verdict_ok(args: &[&str]) -> String {
+    let out = verdict(args).output().expect("run verdict");
     assert!(
         out.status.success(),
         "verdict {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-async fn upstream() -> u16 {
-    let app = axum::Router::new().fallback(|| async { "upstream says hello" });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    port
 }
 
 /// Sends `n` requests of `keys[i % keys.len()]` spread over the gateways, `concurrency` at
@@ -141,14 +137,9 @@ async fn wait_for_version(http: &reqwest::Client, ports: &[u16], version: u64) {
     }
 }
 
-/// `verdict ingest`, `verdict query serve`: a child with the S3 server's credentials.
+/// `verdict gateway`, `verdict ingest`, `verdict query serve`: a child process.
 fn verdict_child(args: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_verdict"))
-        .args(args)
-        .env("AWS_ACCESS_KEY_ID", "verdict")
-        .env("AWS_SECRET_ACCESS_KEY", "verdict")
-        .env("AWS_REGION", "us-east-1")
-        .env("RUST_LOG", "warn")
+    verdict(args)
         .stdout(Stdio::null())
         .spawn()
         .expect("start verdict")
@@ -248,41 +239,38 @@ async fn the_whole_flow_on_the_real_services() {
     ])]);
     let base = format!("http://127.0.0.1:{query_port}");
 
-    let up = upstream().await;
+    let up = verdict::local_gateway::spawn_upstream()
+        .await
+        .unwrap()
+        .port();
     let ports: Vec<u16> = (0..3).map(|_| spare_port()).collect();
     let mut gateways = Children(Vec::new());
     for (i, port) in ports.iter().enumerate() {
-        let child = Command::new(env!("CARGO_BIN_EXE_verdict"))
-            .args([
-                "gateway",
-                "--upstream",
-                &format!("http://127.0.0.1:{up}"),
-                "--keys-file",
-                keys_file.to_str().unwrap(),
-                "--policy-postgres",
-                &pg,
-                "--policy-refresh-secs",
-                "1",
-                "--redis",
-                &redis_url(),
-                "--redis-timeout-ms",
-                "250",
-                "--kafka-brokers",
-                &kafka_brokers(),
-                "--kafka-topic",
-                &topic,
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--instance",
-                &i.to_string(),
-                "--instance-count",
-                "3",
-            ])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start verdict gateway");
-        gateways.0.push(child);
+        gateways.0.push(verdict_child(&[
+            "gateway",
+            "--upstream",
+            &format!("http://127.0.0.1:{up}"),
+            "--keys-file",
+            keys_file.to_str().unwrap(),
+            "--policy-postgres",
+            &pg,
+            "--policy-refresh-secs",
+            "1",
+            "--redis",
+            &redis_url(),
+            "--redis-timeout-ms",
+            "250",
+            "--kafka-brokers",
+            &kafka_brokers(),
+            "--kafka-topic",
+            &topic,
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--instance",
+            &i.to_string(),
+            "--instance-count",
+            "3",
+        ]));
     }
     for port in ports.iter().chain([&query_port]) {
         eventually(Duration::from_secs(30), "the service listening", || async {

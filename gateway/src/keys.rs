@@ -19,8 +19,8 @@ use verdict_schemas::KeyId;
 pub struct KeyEntry {
     /// The key id the limiter counts under.
     pub key_id: KeyId,
-    /// The tier's name, as in the policy.
-    pub tier: String,
+    /// The tier's name, as in the policy (shared: a lookup copies a pointer, not the name).
+    pub tier: Arc<str>,
 }
 
 /// Why a directory file was refused.
@@ -97,7 +97,7 @@ pub fn parse(path: &str, text: &str) -> Result<HashMap<String, KeyEntry>, KeysEr
         }
         let entry = KeyEntry {
             key_id,
-            tier: (*tier).to_owned(),
+            tier: Arc::from(*tier),
         };
         if out.insert((*api_key).to_owned(), entry).is_some() {
             return Err(err(n, "api_key", "listed twice".into()));
@@ -128,7 +128,8 @@ impl KeyDirectory {
         Ok(Self::new(read(path)?.1))
     }
 
-    /// The entry of `api_key`.
+    /// The entry of `api_key` (a copy of the key id and of the tier's pointer: no
+    /// allocation on the request path).
     pub fn get(&self, api_key: &str) -> Option<KeyEntry> {
         self.current.load().get(api_key).cloned()
     }
@@ -192,7 +193,7 @@ mod tests {
         let text = "# keys\napi_key,key_id,tier\nk1, 0000000000000000000000000000000a ,free\n\nk2,0000000000000000000000000000000b,pro\n";
         let d = parse("keys.csv", text).unwrap();
         assert_eq!(d.len(), 2);
-        assert_eq!(d["k1"].tier, "free");
+        assert_eq!(&*d["k1"].tier, "free");
         assert_eq!(
             d["k2"].key_id.to_string(),
             "0000000000000000000000000000000b"

@@ -431,11 +431,11 @@ impl Reconciler {
                         .reconcile_unreachable
                         .set(o.unreachable.len() as i64);
                     tracing::info!(
-                    keys = o.keys,
-                    rows = o.rows,
-                    unreachable = ?o.unreachable.iter().map(|r| r.0).collect::<Vec<_>>(),
-                    seconds = started.elapsed().as_secs_f64(),
-                    "reconcile round"
+                        keys = o.keys,
+                        rows = o.rows,
+                        unreachable = ?o.unreachable.iter().map(|r| r.0).collect::<Vec<_>>(),
+                        seconds = started.elapsed().as_secs_f64(),
+                        "reconcile round"
                     );
                 }
                 Err(e) => {

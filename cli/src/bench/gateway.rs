@@ -149,6 +149,7 @@ async fn bench(args: &GatewayBenchArgs) -> anyhow::Result<GatewayBenchReport> {
         Arc::clone(&metrics),
         cfg,
     );
+    let tier: Arc<str> = Arc::from("bench");
     let keys = KeyDirectory::new(
         (0..args.keys)
             .map(|i| {
@@ -159,7 +160,7 @@ async fn bench(args: &GatewayBenchArgs) -> anyhow::Result<GatewayBenchReport> {
                     format!("bench-{i}"),
                     KeyEntry {
                         key_id: KeyId(id),
-                        tier: "bench".into(),
+                        tier: Arc::clone(&tier),
                     },
                 )
             })
