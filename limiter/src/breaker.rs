@@ -1,6 +1,7 @@
 //! The circuit breaker in front of the shared counter store. Closed: every decision goes to
-//! the store. After `failure_threshold` consecutive failures or timeouts it opens: decisions
-//! go to the local fallback for `open_for`, without touching the store. Then it lets one
+//! the store. After `failure_threshold` consecutive failures or timeouts that span at least
+//! `failing_for` it opens: decisions go to the local fallback for `open_for`, without
+//! touching the store. Then it lets one
 //! probe through (half-open): success closes it, failure opens it again. Lock-free: the
 //! decision path reads two atomics.
 
@@ -12,6 +13,11 @@ use std::time::Duration;
 pub struct BreakerConfig {
     /// Consecutive failures (errors or timeouts) that open the breaker.
     pub failure_threshold: u32,
+    /// How long the failures must have gone on: the requests in flight during one stall
+    /// (a pause of this process, a lost packet) all time out together, and that alone
+    /// should not send a second of decisions to the fallback. A store that is down or slow
+    /// keeps failing, and opens the breaker this long after its first failure.
+    pub failing_for: Duration,
     /// How long it stays open before a probe.
     pub open_for: Duration,
 }
@@ -20,6 +26,7 @@ impl Default for BreakerConfig {
     fn default() -> Self {
         Self {
             failure_threshold: 5,
+            failing_for: Duration::from_millis(25),
             open_for: Duration::from_secs(1),
         }
     }
@@ -54,6 +61,7 @@ pub struct Breaker {
     cfg: BreakerConfig,
     state: AtomicU8,
     failures: AtomicU32,
+    first_failure_ms: AtomicI64,
     open_until_ms: AtomicI64,
 }
 
@@ -64,6 +72,7 @@ impl Breaker {
             cfg,
             state: AtomicU8::new(BreakerState::Closed as u8),
             failures: AtomicU32::new(0),
+            first_failure_ms: AtomicI64::new(0),
             open_until_ms: AtomicI64::new(0),
         }
     }
@@ -114,7 +123,13 @@ impl Breaker {
             (Admit::Probe, false) => self.open(now_ms),
             (Admit::Store, false) => {
                 let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
-                if n >= self.cfg.failure_threshold {
+                if n == 1 {
+                    self.first_failure_ms.store(now_ms, Ordering::Release);
+                }
+                let since = now_ms - self.first_failure_ms.load(Ordering::Acquire);
+                if n >= self.cfg.failure_threshold
+                    && since >= self.cfg.failing_for.as_millis() as i64
+                {
                     self.open(now_ms);
                 }
             }
@@ -138,6 +153,7 @@ mod tests {
     fn opens_after_consecutive_failures_probes_then_closes() {
         let b = Breaker::new(BreakerConfig {
             failure_threshold: 3,
+            failing_for: Duration::from_millis(10),
             open_for: Duration::from_millis(100),
         });
         for _ in 0..2 {
@@ -164,5 +180,23 @@ mod tests {
             (b.state(), b.admit(222)),
             (BreakerState::Closed, Admit::Store)
         );
+    }
+
+    #[test]
+    fn failures_of_one_instant_do_not_open_it_failures_that_go_on_do() {
+        let b = Breaker::new(BreakerConfig::default());
+        // A stall: 40 requests in flight time out within the same few milliseconds.
+        for i in 0..40 {
+            b.record(Admit::Store, false, 1_000 + i / 10);
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+        b.record(Admit::Store, true, 1_006);
+        // An outage: failures keep coming; the breaker opens 25 ms after the first.
+        for t in (2_000..2_024).step_by(2) {
+            b.record(Admit::Store, false, t);
+            assert_eq!(b.state(), BreakerState::Closed, "at {t}");
+        }
+        b.record(Admit::Store, false, 2_025);
+        assert_eq!(b.state(), BreakerState::Open);
     }
 }

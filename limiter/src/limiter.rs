@@ -366,6 +366,7 @@ impl<S: CounterStore> Limiter<S> {
                         StoreError::Timeout(_) => "timeout",
                         StoreError::Backend(_) => "backend",
                         StoreError::BadReply(_) => "bad_reply",
+                        StoreError::Busy(_) => "busy",
                     };
                     self.metrics.store_errors.with_label_values(&[kind]).inc();
                 }

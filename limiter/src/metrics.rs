@@ -101,7 +101,7 @@ impl LimiterMetrics {
             store_latency,
             store_errors: counter_vec(
                 "verdict_store_errors_total",
-                "Counter store calls that failed, by kind (timeout, backend, bad_reply).",
+                "Counter store calls that failed, by kind (timeout, backend, bad_reply, busy).",
                 "kind",
             ),
             breaker_state: gauge(

@@ -1,12 +1,22 @@
 //! The shared counter store: Redis (or Redis Cluster). Both algorithms run in one Lua script
 //! (`redis.lua`), loaded once and called by SHA (reloaded on `NOSCRIPT`), so a decision is
-//! one round trip on the store's own clock. Requests from many tasks share a small pool of
-//! multiplexed connections: commands are pipelined, never a connection per request.
+//! one round trip on the store's own clock.
+//!
+//! Requests from many tasks share a small pool of multiplexed connections, never a
+//! connection per request. Each connection has a lane: a task that sends the requests
+//! waiting for it as one script call, and while that call is on the wire, the next
+//! requests gather behind it. When traffic is light a request goes alone, at once; when it
+//! is heavy, one call decides many, which is what lets one Redis core keep up (the
+//! script's fixed cost, not the decision, is most of a lone call). In Redis Cluster, the
+//! requests of one call share a slot.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use fred::prelude::*;
 use fred::types::scripts::Script;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::algo::{Limits, Outcome};
 use crate::key::LimitKey;
@@ -15,6 +25,11 @@ use crate::store::{CounterStore, StoreError};
 /// The decision script (see the file for its arguments and reply).
 pub const DECISION_SCRIPT: &str = include_str!("redis.lua");
 
+/// Requests that may wait for one lane; past this the store answers [`StoreError::Busy`]
+/// at once (the limiter's fallback then decides) rather than queue what the deadline would
+/// refuse anyway.
+const LANE_QUEUE: usize = 8_192;
+
 /// How to reach Redis.
 #[derive(Debug, Clone)]
 pub struct RedisStoreConfig {
@@ -22,10 +37,15 @@ pub struct RedisStoreConfig {
     pub url: String,
     /// Multiplexed connections in the pool.
     pub connections: usize,
+    /// Script calls that may be on the wire at once on one connection (pipelined), each
+    /// from a lane of its own.
+    pub calls_per_connection: usize,
     /// Hard deadline of one decision; no retry after it.
     pub timeout: Duration,
     /// How long a key's counters live after its last allowed request, in windows.
     pub ttl_windows: u32,
+    /// Most requests one script call decides (1: every request is a call of its own).
+    pub max_batch: usize,
 }
 
 impl Default for RedisStoreConfig {
@@ -33,8 +53,10 @@ impl Default for RedisStoreConfig {
         Self {
             url: "redis://127.0.0.1:6379".into(),
             connections: 4,
+            calls_per_connection: 1,
             timeout: Duration::from_millis(5),
             ttl_windows: 2,
+            max_batch: 64,
         }
     }
 }
@@ -42,17 +64,41 @@ impl Default for RedisStoreConfig {
 /// Counters in Redis.
 #[derive(Clone)]
 pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     pool: Pool,
-    script: Script,
+    caller: Caller,
+    lanes: Vec<mpsc::Sender<Pending>>,
+    next_lane: AtomicUsize,
+    clustered: bool,
     timeout: Duration,
+}
+
+/// What a lane needs to call the script.
+#[derive(Clone)]
+struct Caller {
+    script: Script,
     ttl_windows: i64,
+    timeout: Duration,
+}
+
+/// One request waiting in a lane.
+struct Pending {
+    hash: String,
+    field: String,
+    limits: Limits,
+    slot: u16,
+    reply: oneshot::Sender<Result<Outcome, StoreError>>,
 }
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("connections", &self.pool.size())
-            .field("timeout", &self.timeout)
+            .field("connections", &self.inner.pool.size())
+            .field("clustered", &self.inner.clustered)
+            .field("timeout", &self.inner.timeout)
             .finish()
     }
 }
@@ -62,16 +108,19 @@ fn backend(e: impl std::fmt::Display) -> StoreError {
 }
 
 impl RedisStore {
-    /// Connects and loads the script.
+    /// Connects, loads the script and starts the lanes, `calls_per_connection` per
+    /// connection (on the current tokio
+    /// runtime; the lanes end when the last clone of the store is dropped).
     ///
     /// # Errors
     /// When the URL is malformed or Redis does not answer within a second.
     pub async fn connect(cfg: &RedisStoreConfig) -> Result<Self, StoreError> {
         let config = Config::from_url(&cfg.url).map_err(backend)?;
+        let clustered = config.server.is_clustered();
         let pool = Builder::from_config(config)
             .with_performance_config(|p| {
-                // fred's own deadline matches ours, so a command abandoned at the deadline
-                // is dropped from its queue rather than sent late.
+                // fred's own deadline matches ours, so a call abandoned at the deadline is
+                // dropped from its queue rather than sent late.
                 p.default_command_timeout = cfg.timeout;
             })
             .with_connection_config(|c| {
@@ -87,88 +136,243 @@ impl RedisStore {
         load.await
             .map_err(|_| StoreError::Timeout(Duration::from_secs(1)))?
             .map_err(backend)?;
-        Ok(Self {
-            pool,
+        let caller = Caller {
             script,
-            timeout: cfg.timeout,
             ttl_windows: i64::from(cfg.ttl_windows.max(1)),
+            timeout: cfg.timeout,
+        };
+        let max_batch = cfg.max_batch.max(1);
+        let lanes = pool
+            .clients()
+            .iter()
+            .cycle()
+            .take(pool.size() * cfg.calls_per_connection.max(1))
+            .map(|client| {
+                let (tx, rx) = mpsc::channel(LANE_QUEUE);
+                tokio::spawn(lane(rx, client.clone(), caller.clone(), max_batch));
+                tx
+            })
+            .collect();
+        Ok(Self {
+            inner: Arc::new(Inner {
+                pool,
+                caller,
+                lanes,
+                next_lane: AtomicUsize::new(0),
+                clustered,
+                timeout: cfg.timeout,
+            }),
         })
     }
 
     /// The script's SHA-1, as `SCRIPT LOAD` answers it.
     pub fn script_sha(&self) -> &str {
-        self.script.sha1()
+        self.inner.caller.script.sha1()
     }
 
     /// A client of the pool, for tests and tools (`INFO`, `FLUSHDB`).
     pub fn client(&self) -> &Client {
-        self.pool.next()
+        self.inner.pool.next()
     }
 
     /// Decides at a given time instead of the server's (the script's test hook), without the
-    /// deadline: for comparing the script with the Rust core.
+    /// deadline and without a lane: for comparing the script with the Rust core.
     pub async fn check_at(
         &self,
         key: &LimitKey,
         limits: &Limits,
         now_ms: i64,
     ) -> Result<Outcome, StoreError> {
-        self.call(key, limits, Some(now_ms)).await
+        let mut answers = self.check_many_at(&[(*key, *limits)], now_ms).await?;
+        answers
+            .pop()
+            .ok_or_else(|| StoreError::BadReply("no answer".into()))
     }
 
-    async fn call(
+    /// Decides several requests in one script call at a given time, in order (the test hook
+    /// of a batch). The keys must share a slot in Redis Cluster.
+    pub async fn check_many_at(
         &self,
-        key: &LimitKey,
-        limits: &Limits,
-        now_ms: Option<i64>,
-    ) -> Result<Outcome, StoreError> {
-        let mut args: Vec<Value> = vec![
-            key.redis_field().into(),
-            i64::from(limits.capacity).into(),
-            limits.refill_units_per_ms.into(),
-            i64::from(limits.quota).into(),
-            limits.window_ms.into(),
-            (limits.window_ms * self.ttl_windows).into(),
-        ];
-        if let Some(now) = now_ms {
-            args.push(now.into());
-        }
-        let reply: Vec<i64> = self
-            .script
-            .evalsha_with_reload(self.pool.next(), key.redis_key(), args)
+        requests: &[(LimitKey, Limits)],
+        now_ms: i64,
+    ) -> Result<Vec<Outcome>, StoreError> {
+        let items: Vec<(String, String, Limits)> = requests
+            .iter()
+            .map(|(k, l)| (k.redis_key(), k.redis_field(), *l))
+            .collect();
+        self.inner
+            .caller
+            .call(
+                self.inner.pool.next(),
+                items.iter().map(|(h, f, l)| (h.as_str(), f.as_str(), l)),
+                Some(now_ms),
+            )
             .await
-            .map_err(|e| match e.kind() {
-                ErrorKind::Timeout => StoreError::Timeout(self.timeout),
-                _ => backend(e),
-            })?;
-        outcome_from_reply(&reply)
     }
 }
 
-/// Reads the script's reply `{allowed, bits, remaining tokens, remaining window, retry, now}`.
-fn outcome_from_reply(r: &[i64]) -> Result<Outcome, StoreError> {
-    let [allowed, bits, tokens, window, retry, now] = r else {
-        return Err(StoreError::BadReply(format!("{r:?}, not 6 integers")));
-    };
+impl Caller {
+    /// One script call deciding `items` (hash, field, limits) in order.
+    async fn call<'a, I>(
+        &self,
+        client: &Client,
+        items: I,
+        now_ms: Option<i64>,
+    ) -> Result<Vec<Outcome>, StoreError>
+    where
+        I: Iterator<Item = (&'a str, &'a str, &'a Limits)> + Clone,
+    {
+        let (keys, args) = self.arguments(items.clone(), now_ms);
+        let wanted = keys.len();
+        let reply = match client.evalsha(self.script.sha1().clone(), keys, args).await {
+            Err(e) if e.details().starts_with("NOSCRIPT") => {
+                // Redis restarted or its scripts were flushed: load it and try once more.
+                self.script.load(client).await.map_err(|e| self.error(&e))?;
+                let (keys, args) = self.arguments(items, now_ms);
+                client.evalsha(self.script.sha1().clone(), keys, args).await
+            }
+            other => other,
+        };
+        let reply: Vec<i64> = reply.map_err(|e| self.error(&e))?;
+        outcomes_from_reply(&reply, wanted)
+    }
+
+    fn arguments<'a>(
+        &self,
+        items: impl Iterator<Item = (&'a str, &'a str, &'a Limits)>,
+        now_ms: Option<i64>,
+    ) -> (Vec<Key>, Vec<Value>) {
+        let (lower, _) = items.size_hint();
+        let mut keys = Vec::with_capacity(lower);
+        let mut args: Vec<Value> = Vec::with_capacity(2 + 5 * lower);
+        args.push(now_ms.map_or_else(|| Value::from(""), Value::from));
+        args.push(self.ttl_windows.into());
+        for (hash, field, limits) in items {
+            keys.push(Key::from(hash));
+            args.push(field.into());
+            args.push(i64::from(limits.capacity).into());
+            args.push(limits.refill_units_per_ms.into());
+            args.push(i64::from(limits.quota).into());
+            args.push(limits.window_ms.into());
+        }
+        (keys, args)
+    }
+
+    fn error(&self, e: &Error) -> StoreError {
+        match e.kind() {
+            ErrorKind::Timeout => StoreError::Timeout(self.timeout),
+            _ => backend(e),
+        }
+    }
+}
+
+/// A lane: takes what waits (up to `max_batch`), decides it in one call per slot, answers,
+/// and takes again. Requests whose caller has given up (the deadline passed) are not sent.
+async fn lane(mut rx: mpsc::Receiver<Pending>, client: Client, caller: Caller, max_batch: usize) {
+    let mut batch: Vec<Pending> = Vec::with_capacity(max_batch);
+    while rx.recv_many(&mut batch, max_batch).await > 0 {
+        batch.retain(|p| !p.reply.is_closed());
+        let Some(first) = batch.first().map(|p| p.slot) else {
+            continue;
+        };
+        if batch.iter().all(|p| p.slot == first) {
+            // One slot (always, outside a cluster): one call, made here.
+            answer(&caller, &client, &mut batch).await;
+            continue;
+        }
+        batch.sort_by_key(|p| p.slot);
+        let mut calls = tokio::task::JoinSet::new();
+        while !batch.is_empty() {
+            let slot = batch[0].slot;
+            let same = batch.iter().take_while(|p| p.slot == slot).count();
+            let mut group: Vec<Pending> = batch.drain(..same).collect();
+            let (caller, client) = (caller.clone(), client.clone());
+            calls.spawn(async move { answer(&caller, &client, &mut group).await });
+        }
+        calls.join_all().await;
+    }
+}
+
+/// Decides `group` in one call, sends each request its answer, and leaves `group` empty.
+async fn answer(caller: &Caller, client: &Client, group: &mut Vec<Pending>) {
+    let items = group
+        .iter()
+        .map(|p| (p.hash.as_str(), p.field.as_str(), &p.limits));
+    match caller.call(client, items, None).await {
+        Ok(outcomes) => {
+            for (p, o) in group.drain(..).zip(outcomes) {
+                let _ = p.reply.send(Ok(o));
+            }
+        }
+        Err(e) => {
+            for p in group.drain(..) {
+                let _ = p.reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+/// Reads the script's reply, six integers per request: `{allowed, bits, remaining tokens,
+/// remaining window, retry, now}`.
+fn outcomes_from_reply(r: &[i64], wanted: usize) -> Result<Vec<Outcome>, StoreError> {
+    if r.len() != 6 * wanted {
+        return Err(StoreError::BadReply(format!(
+            "{} integers for {wanted} requests, not {}",
+            r.len(),
+            6 * wanted
+        )));
+    }
     let u32_of = |v: i64, what: &str| {
         u32::try_from(v).map_err(|_| StoreError::BadReply(format!("{what} = {v}")))
     };
-    Ok(Outcome {
-        allowed: *allowed == 1,
-        denied_by_bucket: bits & 1 != 0,
-        denied_by_window: bits & 2 != 0,
-        remaining_tokens: u32_of(*tokens, "remaining tokens")?,
-        remaining_window: u32_of(*window, "remaining window")?,
-        retry_after_ms: u32_of(*retry, "retry-after")?,
-        now_ms: *now,
-    })
+    r.chunks_exact(6)
+        .map(|a| {
+            Ok(Outcome {
+                allowed: a[0] == 1,
+                denied_by_bucket: a[1] & 1 != 0,
+                denied_by_window: a[1] & 2 != 0,
+                remaining_tokens: u32_of(a[2], "remaining tokens")?,
+                remaining_window: u32_of(a[3], "remaining window")?,
+                retry_after_ms: u32_of(a[4], "retry-after")?,
+                now_ms: a[5],
+            })
+        })
+        .collect()
 }
 
 impl CounterStore for RedisStore {
     async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<Outcome, StoreError> {
-        match tokio::time::timeout(self.timeout, self.call(key, limits, None)).await {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        let inner = &*self.inner;
+        let hash = key.redis_key();
+        let slot = if inner.clustered {
+            fred::util::redis_keyslot(hash.as_bytes())
+        } else {
+            0
+        };
+        let (reply, answer) = oneshot::channel();
+        let pending = Pending {
+            hash,
+            field: key.redis_field(),
+            limits: *limits,
+            slot,
+            reply,
+        };
+        let lane = if inner.clustered {
+            usize::from(slot) % inner.lanes.len()
+        } else {
+            inner.next_lane.fetch_add(1, Ordering::Relaxed) % inner.lanes.len()
+        };
+        match inner.lanes[lane].try_send(pending) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => return Err(StoreError::Busy(LANE_QUEUE)),
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                return Err(StoreError::Backend("the store's lane has stopped".into()));
+            }
+        }
+        match tokio::time::timeout(inner.timeout, answer).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(StoreError::Backend("the store's lane has stopped".into())),
+            Err(_) => Err(StoreError::Timeout(inner.timeout)),
         }
     }
 }
@@ -179,18 +383,21 @@ mod tests {
 
     #[test]
     fn replies_are_read_and_nonsense_is_refused() {
-        let o = outcome_from_reply(&[0, 3, 1, 2, 1500, 99]).unwrap();
-        assert!(!o.allowed && o.denied_by_bucket && o.denied_by_window);
+        let o = outcomes_from_reply(&[0, 3, 1, 2, 1500, 99, 1, 0, 4, 5, 0, 100], 2).unwrap();
+        assert!(!o[0].allowed && o[0].denied_by_bucket && o[0].denied_by_window);
         assert_eq!(
             (
-                o.remaining_tokens,
-                o.remaining_window,
-                o.retry_after_ms,
-                o.now_ms
+                o[0].remaining_tokens,
+                o[0].remaining_window,
+                o[0].retry_after_ms,
+                o[0].now_ms
             ),
             (1, 2, 1500, 99)
         );
-        assert!(outcome_from_reply(&[1, 0]).is_err());
-        assert!(outcome_from_reply(&[1, 0, -1, 0, 0, 0]).is_err());
+        assert!(o[1].allowed && !o[1].denied_by_bucket && !o[1].denied_by_window);
+        assert_eq!((o[1].remaining_tokens, o[1].now_ms), (4, 100));
+        assert!(outcomes_from_reply(&[1, 0], 1).is_err());
+        assert!(outcomes_from_reply(&[1, 0, 0, 0, 0, 0], 2).is_err());
+        assert!(outcomes_from_reply(&[1, 0, -1, 0, 0, 0], 1).is_err());
     }
 }

@@ -22,6 +22,10 @@ pub enum StoreError {
     /// The store answered something that is not a decision.
     #[error("counter store answered {0}")]
     BadReply(String),
+    /// So many requests already wait for the store that this one would miss its deadline;
+    /// it was not queued.
+    #[error("counter store busy: {0} requests already wait on its connection")]
+    Busy(usize),
 }
 
 /// One atomic read-decide-write per call.

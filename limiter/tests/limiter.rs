@@ -378,6 +378,8 @@ async fn a_failing_store_opens_the_breaker_and_the_fallback_enforces_its_share()
         instance_count: 3,
         breaker: BreakerConfig {
             failure_threshold: 2,
+            // The fake clock stands still: the failures need not span any time.
+            failing_for: Duration::ZERO,
             open_for: Duration::from_secs(1),
         },
         ..LimiterConfig::default()

@@ -7,10 +7,12 @@ use std::path::{Path, PathBuf};
 
 use verdict_schemas::{DecisionEvent, EVENT_V1_LEN};
 
+/// Found from the crate at run time: the binary may have been built in another clone that
+/// shares the target folder.
 fn testdata(sub: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("testdata/v1")
-        .join(sub)
+    let dir =
+        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    Path::new(&dir).join("testdata/v1").join(sub)
 }
 
 /// Reads annotated hex: `#` starts a comment, whitespace is ignored.

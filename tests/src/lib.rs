@@ -62,6 +62,14 @@ fn env_or(name: &str, default: &str) -> String {
 }
 
 /// `VERDICT_REDIS_URL`, default `redis://127.0.0.1:16379`.
+/// The project's `scripts/services.sh`, found from the test's crate at run time (not
+/// where it was compiled, which a target folder shared by several clones may not have).
+pub fn services_script() -> std::path::PathBuf {
+    let dir =
+        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    std::path::Path::new(&dir).join("../scripts/services.sh")
+}
+
 pub fn redis_url() -> String {
     env_or("VERDICT_REDIS_URL", "redis://127.0.0.1:16379")
 }

@@ -18,8 +18,7 @@ use verdict_tests::{Service, eventually, kafka_brokers, require, s3_store, uniqu
 
 /// Restarts the shared broker with the project's own script (its data stays).
 fn restart_kafka() {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
-    let status = Command::new(script)
+    let status = Command::new(verdict_tests::services_script())
         .args(["restart", "kafka"])
         .status()
         .expect("run scripts/services.sh restart kafka");

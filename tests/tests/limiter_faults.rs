@@ -72,6 +72,7 @@ async fn limiter(
         breaker: BreakerConfig {
             failure_threshold: 3,
             open_for: Duration::from_millis(300),
+            ..BreakerConfig::default()
         },
         ..LimiterConfig::default()
     };

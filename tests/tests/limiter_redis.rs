@@ -126,3 +126,88 @@ fn lua_script_and_rust_core_agree_on_every_answer() {
         })
         .unwrap();
 }
+
+/// Batches of requests to three limit keys (two in one hash), each batch at one instant.
+fn batches() -> impl Strategy<Value = (Limits, Vec<(i64, Vec<usize>)>)> {
+    let limits = (1u32..6, prop_oneof![Just(0.0), 0.5f64..20.0], 0u32..12).prop_map(
+        |(capacity, refill, quota)| Limits {
+            window_ms: 10_000,
+            ..Limits::per_hour(capacity, refill, quota)
+        },
+    );
+    let batch = (
+        prop_oneof![Just(0i64), 0i64..300, 0i64..15_000],
+        proptest::collection::vec(0usize..3, 1..12),
+    );
+    (limits, proptest::collection::vec(batch, 1..10))
+}
+
+#[test]
+fn a_batch_decides_in_order_what_the_rust_core_decides_one_by_one() {
+    require(Service::Redis);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt.block_on(store());
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(100));
+    runner
+        .run(&batches(), |(limits, batches)| {
+            let a = fresh_key(24);
+            let b = fresh_key(25);
+            let a2 = verdict_limiter::LimitKey {
+                route_class: verdict_schemas::RouteClassId(3),
+                ..a
+            };
+            let keys = [a, a2, b];
+            prop_assert_eq!(a.redis_key(), a2.redis_key());
+            let mut states: [Option<CounterState>; 3] = [None; 3];
+            let mut now = 1_796_047_200_000i64 + 777;
+            for (gap, which) in &batches {
+                now += gap;
+                let requests: Vec<_> = which.iter().map(|&k| (keys[k], limits)).collect();
+                let got = rt
+                    .block_on(store.check_many_at(&requests, now))
+                    .expect("EVALSHA");
+                prop_assert_eq!(got.len(), which.len());
+                for (i, &k) in which.iter().enumerate() {
+                    let (want, next) = decide(states[k], now, &limits);
+                    if next.is_some() {
+                        states[k] = next;
+                    }
+                    prop_assert_eq!(got[i], want, "request {} (key {}) of the batch", i, k);
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// Many requests at once go through the lanes in batches; each is answered once, and the
+/// answers are those of a bucket taken one request at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_share_calls_and_each_gets_its_own_answer() {
+    use verdict_limiter::CounterStore;
+    let store = Arc::new(store().await);
+    let key = fresh_key(26);
+    let limits = Limits::per_hour(100, 0.001, 1_000);
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..400 {
+        let store = Arc::clone(&store);
+        tasks.spawn(async move { store.check(&key, &limits).await.expect("decision") });
+    }
+    let answers = tasks.join_all().await;
+    let allowed: Vec<u32> = answers
+        .iter()
+        .filter(|o| o.allowed)
+        .map(|o| o.remaining_tokens)
+        .collect();
+    assert_eq!(allowed.len(), 100, "the bucket admits exactly its capacity");
+    // Each allowed request took its own token: the remainders are 99, 98, … 0, once each.
+    let mut sorted = allowed.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..100).collect::<Vec<u32>>());
+    assert!(
+        answers
+            .iter()
+            .filter(|o| !o.allowed)
+            .all(|o| o.denied_by_bucket && o.retry_after_ms > 0)
+    );
+}

@@ -9,12 +9,8 @@ use std::time::Duration;
 use verdict_limiter::algo::PPM;
 use verdict_limiter::regions::{PgShares, Share};
 use verdict_schemas::RegionId;
-use verdict_tests::eventually;
 use verdict_tests::regions::{INTERVAL, World, reconcile_config};
-
-fn services_script() -> String {
-    format!("{}/../scripts/services.sh", env!("CARGO_MANIFEST_DIR"))
-}
+use verdict_tests::{eventually, services_script};
 
 async fn shares_of(world: &World, region: u16) -> Share {
     let snapshot = PgShares::new(&world.pg_url)

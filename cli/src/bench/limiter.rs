@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use fred::prelude::*;
-use fred::types::InfoKind;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
@@ -45,8 +44,14 @@ pub struct LimiterBenchArgs {
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub instances: u32,
     /// Connections per instance.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub connections: u32,
+    /// Script calls on the wire at once per connection.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub calls_per_connection: u32,
+    /// Most decisions one script call makes.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub max_batch: u32,
     /// Requests in flight per instance.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub concurrency: u32,
@@ -96,12 +101,23 @@ pub struct LimiterBenchReport {
     allowed: u64,
     denied: u64,
     fallback: u64,
+    /// Failed store calls by kind, all instances together (each sends a decision to the
+    /// fallback; an open breaker sends more without a call).
+    store_errors: std::collections::BTreeMap<&'static str, u64>,
     active_limit_keys: u64,
     max_over_limit_ratio: f64,
     redis_bytes_per_key: f64,
+    /// redis-benchmark's decisions per second, one per call.
     redis_benchmark_evalsha_pipelined_per_s: Option<f64>,
+    /// … and `redis_benchmark_batch` per call, as the store sends them under load.
+    redis_benchmark_evalsha_batched_per_s: Option<f64>,
+    redis_benchmark_batch: usize,
+    /// This run's decisions per second ÷ the batched ceiling.
     vs_redis_benchmark: Option<f64>,
 }
+
+/// Decisions per call in the batched ceiling.
+const CEILING_BATCH: usize = 32;
 
 /// Route classes and their weights (as in the synthetic world).
 const ROUTE_WEIGHTS: [u32; 5] = [50, 20, 15, 10, 5];
@@ -145,12 +161,21 @@ fn key_id(salt: u64, index: u32) -> KeyId {
     KeyId(id)
 }
 
-async fn used_memory(client: &Client) -> anyhow::Result<u64> {
-    let info: String = client.info(Some(InfoKind::Memory)).await?;
-    info.lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse().ok())
-        .context("INFO memory has no used_memory")
+/// Bytes Redis spends on keys: the data set and the key tables, without what clients,
+/// scripts and start-up take (`MEMORY STATS`), so that the connections' buffers of a
+/// run do not count as memory per key.
+async fn keys_memory(client: &Client) -> anyhow::Result<u64> {
+    let stats: fred::types::MemoryStats = client.memory_stats().await?;
+    let tables: u64 = stats
+        .db
+        .values()
+        .map(|d| {
+            d.overhead_hashtable_main
+                + d.overhead_hashtable_expires
+                + d.overhead_hashtable_slot_to_keys
+        })
+        .sum();
+    Ok(stats.dataset_bytes + tables)
 }
 
 /// Runs the bench and prints its JSON.
@@ -191,18 +216,22 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
     let store_cfg = RedisStoreConfig {
         url: url.clone(),
         connections: args.connections as usize,
+        calls_per_connection: args.calls_per_connection as usize,
+        max_batch: args.max_batch as usize,
         timeout: Duration::from_millis(args.timeout_ms),
         ..RedisStoreConfig::default()
     };
     let probe = RedisStore::connect(&store_cfg).await.with_context(|| {
         format!("connecting to {url} (start it with `scripts/services.sh up redis`)")
     })?;
-    let memory_before = used_memory(probe.client()).await?;
+    let memory_before = keys_memory(probe.client()).await?;
 
     let mut limiters = Vec::new();
+    let mut all_metrics = Vec::new();
     for i in 0..args.instances {
         let store = RedisStore::connect(&store_cfg).await?;
         let metrics = Arc::new(LimiterMetrics::new());
+        all_metrics.push(Arc::clone(&metrics));
         let (queue, mut rx) = event_queue(65_536, Arc::clone(&metrics));
         // The events are drained and discarded: the bench measures decisions.
         tokio::spawn(async move { while rx.recv().await.is_some() {} });
@@ -317,7 +346,17 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
         fallback += r.fallback;
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let memory_after = used_memory(probe.client()).await?;
+    let store_errors = ["timeout", "busy", "backend", "bad_reply"]
+        .into_iter()
+        .map(|kind| {
+            let n = all_metrics
+                .iter()
+                .map(|m| m.store_errors.with_label_values(&[kind]).get())
+                .sum::<u64>();
+            (kind, n)
+        })
+        .collect();
+    let memory_after = keys_memory(probe.client()).await?;
 
     // Worst key: allowed over the run ÷ what its limits admit over the run.
     let secs = elapsed;
@@ -349,11 +388,15 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
     latencies.sort_unstable();
     service.sort_unstable();
     let pct = |p: f64| percentile_ms(&latencies, p);
-    let ceiling = if args.no_ceiling {
-        None
-    } else {
-        redis_benchmark_ceiling(&url, probe.script_sha()).ok()
+    let ceiling = |batch: usize| {
+        if args.no_ceiling {
+            return None;
+        }
+        redis_benchmark_ceiling(&url, probe.script_sha(), batch)
+            .inspect_err(|e| tracing::warn!("redis-benchmark: {e:#}"))
+            .ok()
     };
+    let (ceiling_single, ceiling_batched) = (ceiling(1), ceiling(CEILING_BATCH));
     let decisions = latencies.len() as u64;
     let per_s = decisions as f64 / elapsed;
     Ok(LimiterBenchReport {
@@ -377,12 +420,15 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
         allowed,
         denied,
         fallback,
+        store_errors,
         active_limit_keys: redis_keys,
         max_over_limit_ratio: worst,
         redis_bytes_per_key: memory_after.saturating_sub(memory_before) as f64
             / redis_keys.max(1) as f64,
-        redis_benchmark_evalsha_pipelined_per_s: ceiling,
-        vs_redis_benchmark: ceiling.map(|c| per_s / c),
+        redis_benchmark_evalsha_pipelined_per_s: ceiling_single,
+        redis_benchmark_evalsha_batched_per_s: ceiling_batched,
+        redis_benchmark_batch: CEILING_BATCH,
+        vs_redis_benchmark: ceiling_batched.map(|c| per_s / c),
     })
 }
 
@@ -397,31 +443,27 @@ fn percentile_ms(sorted_us: &[u32], p: f64) -> f64 {
 }
 
 /// `redis-benchmark` pipelining (16 deep, 50 clients) EVALSHA of the decision script on
-/// random keys: what this Redis can do at best.
-fn redis_benchmark_ceiling(url: &str, sha: &str) -> anyhow::Result<f64> {
+/// random keys, `batch` decisions per call: what this Redis can do at best, in decisions
+/// per second.
+fn redis_benchmark_ceiling(url: &str, sha: &str, batch: usize) -> anyhow::Result<f64> {
     let hostport = url
         .trim_start_matches("redis://")
         .split('/')
         .next()
         .unwrap_or("127.0.0.1:6379");
     let (host, port) = hostport.rsplit_once(':').unwrap_or((hostport, "6379"));
+    // Each `__rand_int__` is drawn on its own, so every decision of a call has its key.
+    let mut command = vec!["EVALSHA".to_owned(), sha.to_owned(), batch.to_string()];
+    command.extend((0..batch).map(|_| "rl:{bench__rand_int__}".to_owned()));
+    command.extend(["".to_owned(), "2".to_owned()]);
+    for _ in 0..batch {
+        command.extend(["0.0", "20", "2000", "3000", "3600000"].map(str::to_owned));
+    }
+    let calls = (1_000_000 / batch).max(10_000).to_string();
     let out = std::process::Command::new("redis-benchmark")
-        .args([
-            "-h", host, "-p", port, "-n", "1000000", "-c", "50", "-P", "16", "-r", "1000000",
-            "--csv",
-        ])
-        .args([
-            "EVALSHA",
-            sha,
-            "1",
-            "rl:{bench__rand_int__}",
-            "0.0",
-            "20",
-            "2000",
-            "3000",
-            "3600000",
-            "7200000",
-        ])
+        .args(["-h", host, "-p", port, "-n", &calls, "-c", "50", "-P", "16"])
+        .args(["-r", "1000000", "--csv"])
+        .args(&command)
         .output()
         .context("running redis-benchmark (from Debian's redis-tools)")?;
     let text = String::from_utf8_lossy(&out.stdout);
@@ -429,10 +471,11 @@ fn redis_benchmark_ceiling(url: &str, sha: &str) -> anyhow::Result<f64> {
         .lines()
         .find(|l| l.starts_with("\"EVALSHA"))
         .context("redis-benchmark printed no EVALSHA line")?;
-    let rps = line
+    let rps: f64 = line
         .split(',')
         .nth(1)
         .context("no rps column")?
-        .trim_matches('"');
-    Ok(rps.parse()?)
+        .trim_matches('"')
+        .parse()?;
+    Ok(rps * batch as f64)
 }
