@@ -1,9 +1,8 @@
 //! The circuit breaker in front of the shared counter store. Closed: every decision goes to
 //! the store. After `failure_threshold` consecutive failures or timeouts that span at least
 //! `failing_for` it opens: decisions go to the local fallback for `open_for`, without
-//! touching the store. Then it lets one
-//! probe through (half-open): success closes it, failure opens it again. Lock-free: the
-//! decision path reads two atomics.
+//! touching the store. Then it lets one probe through (half-open): success closes it,
+//! failure opens it again. Lock-free: the decision path reads two atomics.
 
 use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU32, Ordering};
 use std::time::Duration;

@@ -23,7 +23,7 @@ use crate::regions::{
     DEFAULT_SHARE_TTL, NearLimit, PgShares, Share, ShareHandle, is_near_limit,
     spawn_near_limit_reporter, spawn_share_refresher,
 };
-use crate::store::{CounterStore, StoreError};
+use crate::store::CounterStore;
 
 /// Where this limiter runs.
 #[derive(Debug, Clone)]
@@ -362,13 +362,10 @@ impl<S: CounterStore> Limiter<S> {
             match result {
                 Ok(outcome) => return (outcome, DecisionSource::CounterStore),
                 Err(e) => {
-                    let kind = match e {
-                        StoreError::Timeout(_) => "timeout",
-                        StoreError::Backend(_) => "backend",
-                        StoreError::BadReply(_) => "bad_reply",
-                        StoreError::Busy(_) => "busy",
-                    };
-                    self.metrics.store_errors.with_label_values(&[kind]).inc();
+                    self.metrics
+                        .store_errors
+                        .with_label_values(&[e.kind()])
+                        .inc();
                 }
             }
         }

@@ -73,7 +73,6 @@ struct Inner {
     lanes: Vec<mpsc::Sender<Pending>>,
     next_lane: AtomicUsize,
     clustered: bool,
-    timeout: Duration,
 }
 
 /// What a lane needs to call the script.
@@ -98,7 +97,7 @@ impl std::fmt::Debug for RedisStore {
         f.debug_struct("RedisStore")
             .field("connections", &self.inner.pool.size())
             .field("clustered", &self.inner.clustered)
-            .field("timeout", &self.inner.timeout)
+            .field("timeout", &self.inner.caller.timeout)
             .finish()
     }
 }
@@ -107,10 +106,14 @@ fn backend(e: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(e.to_string())
 }
 
+fn lane_stopped() -> StoreError {
+    StoreError::Backend("the store's lane has stopped".into())
+}
+
 impl RedisStore {
     /// Connects, loads the script and starts the lanes, `calls_per_connection` per
-    /// connection (on the current tokio
-    /// runtime; the lanes end when the last clone of the store is dropped).
+    /// connection (on the current tokio runtime; the lanes end when the last clone of the
+    /// store is dropped).
     ///
     /// # Errors
     /// When the URL is malformed or Redis does not answer within a second.
@@ -160,7 +163,6 @@ impl RedisStore {
                 lanes,
                 next_lane: AtomicUsize::new(0),
                 clustered,
-                timeout: cfg.timeout,
             }),
         })
     }
@@ -365,14 +367,13 @@ impl CounterStore for RedisStore {
         match inner.lanes[lane].try_send(pending) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => return Err(StoreError::Busy(LANE_QUEUE)),
-            Err(mpsc::error::TrySendError::Closed(_)) => {
-                return Err(StoreError::Backend("the store's lane has stopped".into()));
-            }
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(lane_stopped()),
         }
-        match tokio::time::timeout(inner.timeout, answer).await {
+        let timeout = inner.caller.timeout;
+        match tokio::time::timeout(timeout, answer).await {
             Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(StoreError::Backend("the store's lane has stopped".into())),
-            Err(_) => Err(StoreError::Timeout(inner.timeout)),
+            Ok(Err(_)) => Err(lane_stopped()),
+            Err(_) => Err(StoreError::Timeout(timeout)),
         }
     }
 }

@@ -28,6 +28,21 @@ pub enum StoreError {
     Busy(usize),
 }
 
+impl StoreError {
+    /// Every [`StoreError::kind`], in the order of the variants.
+    pub const KINDS: [&'static str; 4] = ["timeout", "backend", "bad_reply", "busy"];
+
+    /// The error's kind, as the label `kind` of `verdict_store_errors_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Timeout(_) => Self::KINDS[0],
+            StoreError::Backend(_) => Self::KINDS[1],
+            StoreError::BadReply(_) => Self::KINDS[2],
+            StoreError::Busy(_) => Self::KINDS[3],
+        }
+    }
+}
+
 /// One atomic read-decide-write per call.
 pub trait CounterStore: Send + Sync + 'static {
     /// Decides one request of `key` under `limits`.

@@ -19,7 +19,7 @@ use serde::Serialize;
 use verdict_limiter::policy::parse_toml;
 use verdict_limiter::{
     Limiter, LimiterConfig, LimiterMetrics, PolicyHandle, PolicySnapshot, RedisStore,
-    RedisStoreConfig, Request, event_queue,
+    RedisStoreConfig, Request, StoreError, event_queue,
 };
 use verdict_schemas::{DecisionSource, KeyId, RouteClassId, TierId};
 
@@ -346,7 +346,7 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
         fallback += r.fallback;
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let store_errors = ["timeout", "busy", "backend", "bad_reply"]
+    let store_errors = StoreError::KINDS
         .into_iter()
         .map(|kind| {
             let n = all_metrics
