@@ -3,9 +3,10 @@
 //! and deterministically to `rollup/denied_hourly/date=…/hour=…/`.
 //!
 //! [`sources`] decides which raw files a reader takes (covered files are left out, so a
-//! compaction in progress never doubles a row); [`hour`] runs the query with DataFusion
-//! and writes the rollup object.
+//! compaction in progress never doubles a row); [`fold`] groups their rows as
+//! [`ROLLUP_SQL`] defines; [`hour`] writes the rollup object.
 
+pub mod fold;
 pub mod hour;
 pub mod sources;
 

@@ -1,14 +1,14 @@
 //! The hourly rollup against the S3 server: generated traffic with known denials, written
 //! as raw files the way ingest writes them (with a compaction caught half way: a file
-//! covering two others, which still exist), rolled up by DataFusion and compared row for
-//! row with a plain fold over the events.
+//! covering two others, which still exist), rolled up and compared row for row with a plain
+//! fold over the events and with DataFusion running the rollup's SQL.
 
 use std::sync::Arc;
 
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use verdict_ingest::{Prefixed, write_hour_file};
-use verdict_rollup::{Rollup, rollup_path};
+use verdict_rollup::{Rollup, RollupError, hour_files, rollup_path};
 use verdict_schemas::DecisionEvent;
 use verdict_schemas::layout::HourPartition;
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
@@ -78,6 +78,14 @@ async fn the_rollup_equals_a_fold_over_the_events_and_a_rerun_is_byte_identical(
     }
     assert_eq!(report.rows, expected.len());
 
+    // The aggregation and the SQL that defines the rollup agree on the same files.
+    let files = hour_files(store.as_ref(), &hour).await.unwrap();
+    let (folded, folded_events) = rollup.compute(hour, &files).await.unwrap();
+    let (by_sql, sql_events) = rollup.compute_sql(hour, &files).await.unwrap();
+    assert_eq!(folded.num_rows(), expected.len());
+    assert_eq!(folded, by_sql, "the aggregation differs from ROLLUP_SQL");
+    assert_eq!(folded_events, sql_events);
+
     let state = rollup.state(hour).await.unwrap().expect("a rollup state");
     assert_eq!(state.fingerprint, report.fingerprint);
     assert_eq!(state.events, report.events);
@@ -104,4 +112,40 @@ async fn an_hour_without_raw_files_gets_an_empty_rollup() {
     assert_eq!((report.events, report.rows, report.source_files), (0, 0, 0));
     assert!(read_rollup(&store, &report.path).await.is_empty());
     assert_eq!(rollup.state(hour).await.unwrap().unwrap().rows, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_file_without_a_column_of_the_raw_table_is_refused_by_path_and_column() {
+    use arrow::array::{ArrayRef, FixedSizeBinaryArray, RecordBatch};
+
+    let store = lake("rollup-foreign").await;
+    let (hour, events) = one_hour(2_000, 50);
+    write_raw_hour(&store, "decisions", hour, &events, 1, 2_000).await;
+    // A file named like a raw file, holding only key ids.
+    let keys: ArrayRef =
+        Arc::new(FixedSizeBinaryArray::try_from_iter([[7u8; 16]].into_iter()).unwrap());
+    let batch = RecordBatch::try_from_iter([("key_id", keys)]).unwrap();
+    let bytes = verdict_rollup::encode_parquet(&batch, &[]).unwrap();
+    let path = Path::from(format!("{}/decisions+5+0+0.parquet", hour.raw_prefix()));
+    store.put(&path, PutPayload::from(bytes)).await.unwrap();
+
+    let err = Rollup::new(Arc::clone(&store), 2)
+        .run_hour(hour)
+        .await
+        .expect_err("a raw file without verdicts");
+    assert!(
+        matches!(&err, RollupError::RawFile { path: p, reason } if *p == path.to_string() && reason.contains("verdict")),
+        "{err}"
+    );
+    assert!(
+        rollup_state_absent(&store, hour).await,
+        "nothing was written"
+    );
+}
+
+async fn rollup_state_absent(store: &Arc<dyn ObjectStore>, hour: HourPartition) -> bool {
+    matches!(
+        store.head(&rollup_path(&hour)).await,
+        Err(object_store::Error::NotFound { .. })
+    )
 }

@@ -26,9 +26,9 @@ pub enum BenchCommand {
     /// prints one JSON object per mode with events/s, CPU cores used and Parquet bytes
     /// per event.
     Ingest(ingest::IngestBenchArgs),
-    /// One peak hour of raw data (62.5 M events by default) rolled up by DataFusion, and
-    /// the same SQL over the same files in DuckDB (from PyPI) in the same run; prints
-    /// events/s, rollup rows and bytes, and vs_duckdb (ours ÷ DuckDB's time).
+    /// One peak hour of raw data (62.5 M events by default) rolled up, and in the same run
+    /// the rollup's SQL over the same files in DataFusion and in DuckDB (from PyPI); prints
+    /// events/s, rollup rows and bytes, vs_datafusion_sql and vs_duckdb (ours ÷ theirs).
     Rollup(rollup::RollupBenchArgs),
     /// Days of raw decisions and a month of rollups and overage (scaled down; flags to
     /// scale), then every named report and a few ad-hoc queries, each timed in DataFusion

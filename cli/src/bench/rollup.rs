@@ -1,5 +1,5 @@
-//! `verdict bench rollup`: one peak hour of raw data, rolled up by DataFusion, and the same
-//! SQL over the same files in DuckDB, in the same run.
+//! `verdict bench rollup`: one peak hour of raw data rolled up, and in the same run the
+//! rollup's SQL over the same files in DataFusion and in DuckDB.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,7 +11,7 @@ use object_store::ObjectStore;
 use object_store::local::LocalFileSystem;
 use serde::Serialize;
 use verdict_ingest::{ConsumedEvent, write_hour_file};
-use verdict_rollup::{ROLLUP_SQL, Rollup};
+use verdict_rollup::{ROLLUP_SQL, Rollup, hour_files};
 use verdict_schemas::HourPartition;
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
 
@@ -45,6 +45,8 @@ struct RollupBenchReport {
     events_per_s: f64,
     rollup_rows: usize,
     rollup_bytes: usize,
+    datafusion_sql_seconds: f64,
+    vs_datafusion_sql: f64,
     duckdb_seconds: Option<f64>,
     duckdb_rows: Option<usize>,
     duckdb_version: Option<String>,
@@ -95,6 +97,20 @@ pub async fn run(args: RollupBenchArgs) -> anyhow::Result<()> {
         anyhow::ensure!(again == first, "a re-run gave a different rollup");
     }
 
+    // The SQL that defines the rollup, run by DataFusion over the same files: a baseline,
+    // and a check at full size that the aggregation gives the same rows.
+    let sources = hour_files(store.as_ref(), &hour).await?;
+    let (folded, _) = rollup.compute(hour, &sources).await?;
+    let t = Instant::now();
+    let (by_sql, _) = rollup.compute_sql(hour, &sources).await?;
+    let sql_seconds = t.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        folded == by_sql,
+        "the rollup differs from DataFusion running ROLLUP_SQL ({} and {} rows)",
+        folded.num_rows(),
+        by_sql.num_rows()
+    );
+
     let duck = if args.compare.no_duckdb {
         None
     } else {
@@ -126,6 +142,8 @@ pub async fn run(args: RollupBenchArgs) -> anyhow::Result<()> {
         events_per_s: first.events as f64 / seconds,
         rollup_rows: first.rows,
         rollup_bytes: first.bytes,
+        datafusion_sql_seconds: sql_seconds,
+        vs_datafusion_sql: seconds / sql_seconds,
         duckdb_seconds: duck.as_ref().map(|d| d.seconds),
         duckdb_rows: duck.as_ref().map(|d| d.rows),
         duckdb_version: duck.as_ref().map(|d| d.duckdb.clone()),

@@ -1,0 +1,625 @@
+//! The rollup's aggregation, written for the raw table's layout.
+//!
+//! [`ROLLUP_SQL`](crate::ROLLUP_SQL) defines the rollup, and DuckDB runs it unchanged in
+//! the benchmark; this module computes the same rows (a test compares the two on the same
+//! files, row for row) in two passes over the hour's raw files, each file read by one task,
+//! four files per thread at a time (while one waits for the store, another decodes):
+//!
+//! 1. **The refused keys.** Only `verdict` is decoded for every row; `key_id` only for the
+//!    rows with a refusal (a Parquet row filter).
+//! 2. **Their groups.** `key_id` is decoded for every row, the other eleven columns only for
+//!    the rows of refused keys, and those rows are folded into one [`Acc`] per (key, tier,
+//!    route class, region). Raw files are sorted by key, so a key's rows come in runs: the
+//!    key is looked up once per run, and its few groups are searched in a short list.
+//!
+//! A group of a refused key that has no refusal of its own (the key was refused on another
+//! route class) is dropped at the end, as the SQL's join on the whole group drops it.
+//!
+//! Compared with DataFusion running the SQL, this skips the generic row format for the
+//! group key (a 16-byte binary and three small integers), the join, and the decoding of
+//! eleven columns for the rows of keys never refused (about 2 % of keys are).
+
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, AsArray, BooleanArray, FixedSizeBinaryArray, RecordBatch, TimestampMillisecondArray,
+    UInt8Array, UInt16Array, UInt32Array, UInt64Array,
+};
+use arrow::buffer::BooleanBuffer;
+use arrow::datatypes::{
+    DataType, TimeUnit, TimestampMillisecondType, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
+};
+use arrow::error::ArrowError;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::{FutureExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{ArrowPredicateFn, RowFilter};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
+use parquet::errors::ParquetError;
+use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use rustc_hash::{FxHashMap, FxHashSet};
+use verdict_schemas::layout::HourPartition;
+use verdict_schemas::tables::{denied_hourly_schema, raw};
+
+use crate::hour::RollupError;
+use crate::sources::RawFile;
+
+/// A raw key id, its 16 bytes read big-endian (so the integers order as the bytes do).
+type Key = u128;
+
+/// Files read at a time per thread: while one waits for the store, another decodes.
+const READS_PER_THREAD: usize = 4;
+
+/// Rows decoded at a time.
+const BATCH_ROWS: usize = 8192;
+
+/// The aggregates of one group, the columns of `denied_hourly` after the group key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Acc {
+    allowed: u64,
+    denied: u64,
+    would_deny: u64,
+    denied_by_bucket: u64,
+    denied_by_window: u64,
+    would_deny_by_window: u64,
+    degraded: u64,
+    /// Rows with any verdict but "allowed" (what makes the group part of the rollup).
+    refused: u64,
+    min_remaining_tokens: u32,
+    min_remaining_window: u32,
+    first_denial: i64,
+    last_denial: i64,
+    policy_version: u64,
+    window_quota: u32,
+}
+
+impl Default for Acc {
+    fn default() -> Self {
+        Self {
+            allowed: 0,
+            denied: 0,
+            would_deny: 0,
+            denied_by_bucket: 0,
+            denied_by_window: 0,
+            would_deny_by_window: 0,
+            degraded: 0,
+            refused: 0,
+            min_remaining_tokens: u32::MAX,
+            min_remaining_window: u32::MAX,
+            first_denial: i64::MAX,
+            last_denial: i64::MIN,
+            policy_version: 0,
+            window_quota: 0,
+        }
+    }
+}
+
+impl Acc {
+    fn merge(&mut self, o: &Acc) {
+        self.allowed += o.allowed;
+        self.denied += o.denied;
+        self.would_deny += o.would_deny;
+        self.denied_by_bucket += o.denied_by_bucket;
+        self.denied_by_window += o.denied_by_window;
+        self.would_deny_by_window += o.would_deny_by_window;
+        self.degraded += o.degraded;
+        self.refused += o.refused;
+        self.min_remaining_tokens = self.min_remaining_tokens.min(o.min_remaining_tokens);
+        self.min_remaining_window = self.min_remaining_window.min(o.min_remaining_window);
+        self.first_denial = self.first_denial.min(o.first_denial);
+        self.last_denial = self.last_denial.max(o.last_denial);
+        self.policy_version = self.policy_version.max(o.policy_version);
+        self.window_quota = self.window_quota.max(o.window_quota);
+    }
+}
+
+/// Tier, route class and region packed so that their order is the tuple's order.
+fn packed(tier: u8, route_class: u8, region: u16) -> u32 {
+    (u32::from(tier) << 24) | (u32::from(route_class) << 16) | u32::from(region)
+}
+
+/// The groups of some keys: per key, its groups' packed tier/route/region and aggregates.
+#[derive(Debug, Default)]
+struct Groups {
+    index: FxHashMap<Key, u32>,
+    keys: Vec<KeyGroups>,
+    /// Rows folded in.
+    rows: u64,
+}
+
+#[derive(Debug)]
+struct KeyGroups {
+    key: Key,
+    tags: Vec<u32>,
+    accs: Vec<Acc>,
+}
+
+impl Groups {
+    /// The position of `key`'s groups, added when new.
+    fn key(&mut self, key: Key) -> u32 {
+        *self.index.entry(key).or_insert_with(|| {
+            self.keys.push(KeyGroups {
+                key,
+                tags: Vec::new(),
+                accs: Vec::new(),
+            });
+            (self.keys.len() - 1) as u32
+        })
+    }
+
+    /// The aggregates of group `tag` of the key at `at`.
+    fn acc(&mut self, at: u32, tag: u32) -> &mut Acc {
+        let g = &mut self.keys[at as usize];
+        let i = match g.tags.iter().position(|t| *t == tag) {
+            Some(i) => i,
+            None => {
+                g.tags.push(tag);
+                g.accs.push(Acc::default());
+                g.tags.len() - 1
+            }
+        };
+        &mut g.accs[i]
+    }
+
+    fn merge(&mut self, other: Groups) {
+        self.rows += other.rows;
+        for g in other.keys {
+            let at = self.key(g.key);
+            for (tag, acc) in g.tags.into_iter().zip(&g.accs) {
+                self.acc(at, tag).merge(acc);
+            }
+        }
+    }
+
+    /// The groups with a refusal, ordered by (key, tier, route class, region).
+    fn into_rows(self) -> Vec<(Key, u32, Acc)> {
+        let mut rows: Vec<(Key, u32, Acc)> = self
+            .keys
+            .into_iter()
+            .flat_map(|g| {
+                let key = g.key;
+                g.tags
+                    .into_iter()
+                    .zip(g.accs)
+                    .map(move |(t, acc)| (key, t, acc))
+            })
+            .filter(|(_, _, acc)| acc.refused > 0)
+            .collect();
+        rows.sort_unstable_by_key(|(key, tag, _)| (*key, *tag));
+        rows
+    }
+}
+
+/// The rollup of `files` (the raw files of `hour` a reader takes) as one batch in the
+/// `denied_hourly` schema, and the number of raw events they hold, with `threads` threads'
+/// worth of files read at a time.
+pub async fn rollup_files(
+    store: &Arc<dyn ObjectStore>,
+    hour: HourPartition,
+    files: &[RawFile],
+    threads: usize,
+) -> Result<(RecordBatch, u64), RollupError> {
+    let files: Arc<[RawFile]> = files.into();
+    let threads = threads.max(1);
+
+    let started = std::time::Instant::now();
+    let refused = in_parallel(store, &files, threads, |store, file| async move {
+        refused_keys(&store, &file).await
+    })
+    .await?;
+    let mut events = 0;
+    let mut keys = FxHashSet::default();
+    for (rows, found) in refused {
+        events += rows;
+        keys.extend(found);
+    }
+    tracing::debug!(
+        seconds = started.elapsed().as_secs_f64(),
+        keys = keys.len(),
+        "rollup pass 1: the refused keys"
+    );
+    if keys.is_empty() {
+        return Ok((RecordBatch::new_empty(denied_hourly_schema()), events));
+    }
+
+    let keys = Arc::new(keys);
+    let pass_2 = std::time::Instant::now();
+    let folded = in_parallel(store, &files, threads, move |store, file| {
+        let keys = Arc::clone(&keys);
+        async move { fold_file(&store, &file, keys).await }
+    })
+    .await?;
+    let mut groups = Groups::default();
+    for g in folded {
+        groups.merge(g);
+    }
+    tracing::debug!(
+        seconds = pass_2.elapsed().as_secs_f64(),
+        rows = groups.rows,
+        "rollup pass 2: the groups of those keys"
+    );
+    Ok((to_batch(hour, groups.into_rows())?, events))
+}
+
+/// Runs `work` on every file, [`READS_PER_THREAD`] × `threads` tasks each taking the next
+/// file until none is left, and returns the results (in no particular order).
+async fn in_parallel<T, F, Fut>(
+    store: &Arc<dyn ObjectStore>,
+    files: &Arc<[RawFile]>,
+    threads: usize,
+    work: F,
+) -> Result<Vec<T>, RollupError>
+where
+    T: Send + 'static,
+    F: Fn(Arc<dyn ObjectStore>, RawFile) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<T, RollupError>> + Send,
+{
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..(threads * READS_PER_THREAD).min(files.len()) {
+        let (store, files, next, work) = (
+            Arc::clone(store),
+            Arc::clone(files),
+            Arc::clone(&next),
+            work.clone(),
+        );
+        tasks.spawn(async move {
+            let mut out = Vec::new();
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(file) = files.get(i) else {
+                    return Ok::<_, RollupError>(out);
+                };
+                out.push(work(Arc::clone(&store), file.clone()).await?);
+            }
+        });
+    }
+    let mut results = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        let done = done.map_err(|e| RollupError::Task(e.to_string()))?;
+        results.extend(done?);
+    }
+    Ok(results)
+}
+
+/// Reads one raw object for the Parquet decoder: the footer from the size the listing gave,
+/// then the column chunks the decoder asks for.
+struct StoreReader {
+    store: Arc<dyn ObjectStore>,
+    path: Path,
+    size: u64,
+}
+
+fn store_error(e: object_store::Error) -> ParquetError {
+    ParquetError::External(Box::new(e))
+}
+
+impl AsyncFileReader for StoreReader {
+    fn get_bytes(
+        &mut self,
+        range: std::ops::Range<u64>,
+    ) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
+        async move {
+            self.store
+                .get_range(&self.path, range)
+                .await
+                .map_err(store_error)
+        }
+        .boxed()
+    }
+
+    fn get_byte_ranges(
+        &mut self,
+        ranges: Vec<std::ops::Range<u64>>,
+    ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
+        async move {
+            self.store
+                .get_ranges(&self.path, &ranges)
+                .await
+                .map_err(store_error)
+        }
+        .boxed()
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        options: Option<&'a ArrowReaderOptions>,
+    ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
+        async move {
+            let size = self.size;
+            let metadata = ParquetMetaDataReader::new()
+                .with_arrow_reader_options(options)
+                .load_and_finish(self, size)
+                .await?;
+            Ok(Arc::new(metadata))
+        }
+        .boxed()
+    }
+}
+
+/// A reader of `file` decoding `columns` (by name; each must have its type in the raw
+/// schema), with the positions of those columns among the file's leaves.
+///
+/// (Key ids are decoded as 16 bytes per row. Reading them as a dictionary array, the
+/// chunk's dictionary once and an index per row, would be cheaper, but parquet 59 fails
+/// to decode a `FIXED_LEN_BYTE_ARRAY` dictionary page into one.)
+async fn open(
+    store: &Arc<dyn ObjectStore>,
+    file: &RawFile,
+    columns: &[(&str, DataType)],
+) -> Result<(ParquetRecordBatchStreamBuilder<StoreReader>, Vec<usize>), RollupError> {
+    let mut reader = StoreReader {
+        store: Arc::clone(store),
+        path: file.meta.location.clone(),
+        size: file.meta.size,
+    };
+    let meta = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
+        .await
+        .map_err(|e| read_error(file, e))?;
+    let schema = Arc::clone(meta.schema());
+    let mut leaves = Vec::with_capacity(columns.len());
+    for (name, ty) in columns {
+        let Some((i, field)) = schema.column_with_name(name) else {
+            return Err(read_error(file, format!("no column {name}")));
+        };
+        if field.data_type() != ty {
+            return Err(read_error(
+                file,
+                format!(
+                    "column {name} is {}, the raw table's is {ty}",
+                    field.data_type()
+                ),
+            ));
+        }
+        leaves.push(i);
+    }
+    let builder = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, meta)
+        .with_batch_size(BATCH_ROWS);
+    Ok((builder, leaves))
+}
+
+fn key_type() -> DataType {
+    DataType::FixedSizeBinary(16)
+}
+
+/// The key ids of a batch the reader was asked to decode them in.
+fn keys_of(batch: &RecordBatch) -> &FixedSizeBinaryArray {
+    batch
+        .column_by_name(raw::KEY_ID)
+        .expect("the reader was asked for the key id")
+        .as_fixed_size_binary()
+}
+
+/// The key ids of an array of 16-byte values, in order.
+fn key_ids(ids: &FixedSizeBinaryArray) -> impl Iterator<Item = Key> + '_ {
+    ids.value_data()
+        .chunks_exact(16)
+        .map(|b| Key::from_be_bytes(b.try_into().expect("16-byte chunks")))
+}
+
+fn read_error(file: &RawFile, e: impl std::fmt::Display) -> RollupError {
+    RollupError::RawFile {
+        path: file.meta.location.to_string(),
+        reason: e.to_string(),
+    }
+}
+
+/// Pass 1 over one file: its row count and the keys with a refusal.
+async fn refused_keys(
+    store: &Arc<dyn ObjectStore>,
+    file: &RawFile,
+) -> Result<(u64, FxHashSet<Key>), RollupError> {
+    let (builder, at) = open(
+        store,
+        file,
+        &[(raw::VERDICT, DataType::UInt8), (raw::KEY_ID, key_type())],
+    )
+    .await?;
+    let rows = builder.metadata().file_metadata().num_rows().max(0) as u64;
+    let schema = builder.parquet_schema().clone();
+    let schema = &schema;
+    let refused = ArrowPredicateFn::new(
+        ProjectionMask::leaves(schema, [at[0]]),
+        |batch: RecordBatch| -> Result<BooleanArray, ArrowError> {
+            let verdict = batch.column(0).as_primitive::<UInt8Type>();
+            Ok(verdict
+                .iter()
+                .map(|v| Some(v.is_some_and(|v| v != 0)))
+                .collect())
+        },
+    );
+    let mut stream = builder
+        .with_projection(ProjectionMask::leaves(schema, [at[1]]))
+        .with_row_filter(RowFilter::new(vec![Box::new(refused)]))
+        .build()
+        .map_err(|e| read_error(file, e))?;
+    let mut keys = FxHashSet::default();
+    let mut last: Option<Key> = None;
+    while let Some(batch) = stream.try_next().await.map_err(|e| read_error(file, e))? {
+        for k in key_ids(keys_of(&batch)) {
+            if last != Some(k) {
+                keys.insert(k);
+                last = Some(k);
+            }
+        }
+    }
+    Ok((rows, keys))
+}
+
+/// The columns pass 2 reads, in the order [`fold_file`] takes them.
+fn fold_columns() -> [(&'static str, DataType); 13] {
+    [
+        (raw::KEY_ID, key_type()),
+        (raw::TIER, DataType::UInt8),
+        (raw::ROUTE_CLASS, DataType::UInt8),
+        (raw::REGION, DataType::UInt16),
+        (raw::VERDICT, DataType::UInt8),
+        (raw::DENIED_BY_BUCKET, DataType::Boolean),
+        (raw::DENIED_BY_WINDOW, DataType::Boolean),
+        (raw::SOURCE, DataType::UInt8),
+        (raw::REMAINING_TOKENS, DataType::UInt32),
+        (raw::REMAINING_WINDOW, DataType::UInt32),
+        (
+            raw::EVENT_TIME,
+            DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
+        ),
+        (raw::POLICY_VERSION, DataType::UInt64),
+        (raw::WINDOW_QUOTA, DataType::UInt32),
+    ]
+}
+
+/// Pass 2 over one file: the groups of the rows whose key is in `keys`.
+async fn fold_file(
+    store: &Arc<dyn ObjectStore>,
+    file: &RawFile,
+    keys: Arc<FxHashSet<Key>>,
+) -> Result<Groups, RollupError> {
+    let columns = fold_columns();
+    let (builder, at) = open(store, file, &columns).await?;
+    let schema = builder.parquet_schema().clone();
+    let schema = &schema;
+    let mut last: Option<(Key, bool)> = None;
+    let wanted = ArrowPredicateFn::new(
+        ProjectionMask::leaves(schema, [at[0]]),
+        move |batch: RecordBatch| -> Result<BooleanArray, ArrowError> {
+            let mut ids = key_ids(batch.column(0).as_fixed_size_binary());
+            Ok(BooleanBuffer::collect_bool(batch.num_rows(), |_| {
+                let k = ids.next().unwrap_or_default();
+                match last {
+                    Some((l, hit)) if l == k => hit,
+                    _ => {
+                        let hit = keys.contains(&k);
+                        last = Some((k, hit));
+                        hit
+                    }
+                }
+            })
+            .into())
+        },
+    );
+    let mut stream = builder
+        .with_projection(ProjectionMask::leaves(schema, at.iter().copied()))
+        .with_row_filter(RowFilter::new(vec![Box::new(wanted)]))
+        .build()
+        .map_err(|e| read_error(file, e))?;
+    let mut groups = Groups::default();
+    while let Some(batch) = stream.try_next().await.map_err(|e| read_error(file, e))? {
+        fold_batch(&mut groups, &batch);
+    }
+    Ok(groups)
+}
+
+/// Folds the rows of one batch (the columns of [`fold_columns`], checked when the file
+/// was opened) into `groups`.
+fn fold_batch(groups: &mut Groups, batch: &RecordBatch) {
+    let col = |name: &str| -> &ArrayRef {
+        batch
+            .column_by_name(name)
+            .expect("the reader was asked for this column")
+    };
+    let ids = col(raw::KEY_ID).as_fixed_size_binary();
+    let tier = col(raw::TIER).as_primitive::<UInt8Type>().values();
+    let route = col(raw::ROUTE_CLASS).as_primitive::<UInt8Type>().values();
+    let region = col(raw::REGION).as_primitive::<UInt16Type>().values();
+    let verdict = col(raw::VERDICT).as_primitive::<UInt8Type>().values();
+    let by_bucket = col(raw::DENIED_BY_BUCKET).as_boolean();
+    let by_window = col(raw::DENIED_BY_WINDOW).as_boolean();
+    let source = col(raw::SOURCE).as_primitive::<UInt8Type>().values();
+    let tokens = col(raw::REMAINING_TOKENS)
+        .as_primitive::<UInt32Type>()
+        .values();
+    let window = col(raw::REMAINING_WINDOW)
+        .as_primitive::<UInt32Type>()
+        .values();
+    let time = col(raw::EVENT_TIME)
+        .as_primitive::<TimestampMillisecondType>()
+        .values();
+    let version = col(raw::POLICY_VERSION)
+        .as_primitive::<UInt64Type>()
+        .values();
+    let quota = col(raw::WINDOW_QUOTA).as_primitive::<UInt32Type>().values();
+
+    groups.rows += batch.num_rows() as u64;
+    let mut current: Option<(Key, u32)> = None;
+    for (i, k) in key_ids(ids).enumerate() {
+        let at = match current {
+            Some((c, at)) if c == k => at,
+            _ => {
+                let at = groups.key(k);
+                current = Some((k, at));
+                at
+            }
+        };
+        let acc = groups.acc(at, packed(tier[i], route[i], region[i]));
+        let v = verdict[i];
+        acc.allowed += u64::from(v == 0);
+        acc.denied += u64::from(v == 1);
+        acc.would_deny += u64::from(v == 2);
+        if v != 0 {
+            acc.refused += 1;
+            acc.denied_by_bucket += u64::from(by_bucket.value(i));
+            acc.denied_by_window += u64::from(by_window.value(i));
+            acc.would_deny_by_window += u64::from(v == 2 && by_window.value(i));
+            acc.first_denial = acc.first_denial.min(time[i]);
+            acc.last_denial = acc.last_denial.max(time[i]);
+        }
+        acc.degraded += u64::from(source[i] != 0);
+        acc.min_remaining_tokens = acc.min_remaining_tokens.min(tokens[i]);
+        acc.min_remaining_window = acc.min_remaining_window.min(window[i]);
+        acc.policy_version = acc.policy_version.max(version[i]);
+        acc.window_quota = acc.window_quota.max(quota[i]);
+    }
+}
+
+/// The rows as one batch of `denied_hourly`.
+fn to_batch(hour: HourPartition, rows: Vec<(Key, u32, Acc)>) -> Result<RecordBatch, RollupError> {
+    let n = rows.len();
+    if n == 0 {
+        return Ok(RecordBatch::new_empty(denied_hourly_schema()));
+    }
+    let u64s = |f: fn(&Acc) -> u64| -> ArrayRef {
+        Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| f(&r.2))))
+    };
+    let u32s = |f: fn(&Acc) -> u32| -> ArrayRef {
+        Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| f(&r.2))))
+    };
+    let times = |f: fn(&Acc) -> i64| -> ArrayRef {
+        Arc::new(
+            TimestampMillisecondArray::from_iter_values(rows.iter().map(|r| f(&r.2)))
+                .with_timezone("UTC"),
+        )
+    };
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(TimestampMillisecondArray::from(vec![hour.start_ms(); n]).with_timezone("UTC")),
+        Arc::new(FixedSizeBinaryArray::try_from_iter(
+            rows.iter().map(|r| r.0.to_be_bytes()),
+        )?),
+        Arc::new(UInt8Array::from_iter_values(
+            rows.iter().map(|r| (r.1 >> 24) as u8),
+        )),
+        Arc::new(UInt8Array::from_iter_values(
+            rows.iter().map(|r| (r.1 >> 16) as u8),
+        )),
+        Arc::new(UInt16Array::from_iter_values(
+            rows.iter().map(|r| r.1 as u16),
+        )),
+        u64s(|a| a.allowed),
+        u64s(|a| a.denied),
+        u64s(|a| a.would_deny),
+        u64s(|a| a.denied_by_bucket),
+        u64s(|a| a.denied_by_window),
+        u64s(|a| a.would_deny_by_window),
+        u64s(|a| a.degraded),
+        u32s(|a| a.min_remaining_tokens),
+        u32s(|a| a.min_remaining_window),
+        times(|a| a.first_denial),
+        times(|a| a.last_denial),
+        u64s(|a| a.policy_version),
+        u32s(|a| a.window_quota),
+    ];
+    Ok(RecordBatch::try_new(denied_hourly_schema(), columns)?)
+}
