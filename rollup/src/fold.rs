@@ -366,7 +366,7 @@ async fn open(
         let Some((i, field)) = schema.column_with_name(name) else {
             return Err(read_error(file, format!("no column {name}")));
         };
-        if field.data_type() != ty {
+        if !readable_as(field.data_type(), ty) {
             return Err(read_error(
                 file,
                 format!(
@@ -380,6 +380,19 @@ async fn open(
     let builder = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, meta)
         .with_batch_size(BATCH_ROWS);
     Ok((builder, leaves))
+}
+
+/// Whether a column of type `found` holds what the raw table's `want` does: the same type,
+/// or for a millisecond timestamp any time zone (the values are instants either way;
+/// writers spell UTC as "UTC" or "+00:00").
+fn readable_as(found: &DataType, want: &DataType) -> bool {
+    match (found, want) {
+        (
+            DataType::Timestamp(TimeUnit::Millisecond, _),
+            DataType::Timestamp(TimeUnit::Millisecond, _),
+        ) => true,
+        _ => found == want,
+    }
 }
 
 fn key_type() -> DataType {
@@ -622,4 +635,22 @@ fn to_batch(hour: HourPartition, rows: Vec<(Key, u32, Acc)>) -> Result<RecordBat
         u32s(|a| a.window_quota),
     ];
     Ok(RecordBatch::try_new(denied_hourly_schema(), columns)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timestamp_in_any_time_zone_reads_as_the_event_time_and_other_types_must_match() {
+        let ms = |tz: Option<&str>| DataType::Timestamp(TimeUnit::Millisecond, tz.map(Into::into));
+        assert!(readable_as(&ms(Some("+00:00")), &ms(Some("UTC"))));
+        assert!(readable_as(&ms(None), &ms(Some("UTC"))));
+        assert!(!readable_as(
+            &DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            &ms(Some("UTC"))
+        ));
+        assert!(!readable_as(&DataType::UInt16, &DataType::UInt8));
+        assert!(readable_as(&key_type(), &key_type()));
+    }
 }
