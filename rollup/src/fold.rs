@@ -534,7 +534,7 @@ fn fold_batch(groups: &mut Groups, batch: &RecordBatch) {
             .column_by_name(name)
             .expect("the reader was asked for this column")
     };
-    let ids = col(raw::KEY_ID).as_fixed_size_binary();
+    let ids = keys_of(batch);
     let tier = col(raw::TIER).as_primitive::<UInt8Type>().values();
     let route = col(raw::ROUTE_CLASS).as_primitive::<UInt8Type>().values();
     let region = col(raw::REGION).as_primitive::<UInt16Type>().values();
