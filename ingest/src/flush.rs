@@ -125,7 +125,7 @@ pub enum FlushError {
 }
 
 /// How the flush talks to the store: retries, and when a file goes up in parts.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct StoreCalls {
     /// First wait.
     pub initial: Duration,
@@ -135,6 +135,10 @@ pub struct StoreCalls {
     pub give_up_after: Duration,
     /// Files larger than this go up as multipart uploads (in parts of this size).
     pub multipart_threshold: usize,
+    /// Counted at each retry, as it happens (the worker's
+    /// `verdict_ingest_upload_retries_total`, which so moves during an outage rather than
+    /// after it).
+    pub on_retry: Option<prometheus::IntCounter>,
 }
 
 impl Default for StoreCalls {
@@ -144,6 +148,7 @@ impl Default for StoreCalls {
             max: Duration::from_secs(5),
             give_up_after: Duration::from_secs(240),
             multipart_threshold: 16 * 1024 * 1024,
+            on_retry: None,
         }
     }
 }
@@ -201,6 +206,9 @@ where
             }
             Err(e) => {
                 report.retries += 1;
+                if let Some(counter) = &retry.on_retry {
+                    counter.inc();
+                }
                 tracing::warn!(error = %e, what, retry_in = ?wait, "object store call failed; retrying");
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(retry.max);
@@ -375,6 +383,8 @@ pub struct Recovered {
     pub deleted_files: usize,
     /// Intents removed.
     pub removed_intents: usize,
+    /// Store calls that had to be retried.
+    pub retries: usize,
 }
 
 /// Cleans up what interrupted flushes left and says where to resume.
@@ -449,6 +459,7 @@ pub async fn recover_partition(
         .await?;
         out.removed_intents += 1;
     }
+    out.retries = report.retries;
     Ok(out)
 }
 
@@ -552,7 +563,8 @@ mod tests {
             Recovered {
                 resume_at: Some(200),
                 deleted_files: 0,
-                removed_intents: 0
+                removed_intents: 0,
+                retries: 0
             }
         );
     }
@@ -599,7 +611,8 @@ mod tests {
             Recovered {
                 resume_at: Some(100),
                 deleted_files: 2,
-                removed_intents: 1
+                removed_intents: 1,
+                retries: 0
             }
         );
         let raw = names(&store, "raw").await;

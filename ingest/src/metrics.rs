@@ -18,7 +18,7 @@ pub struct IngestMetrics {
     pub registry: Registry,
     /// `verdict_ingest_consumer_lag{partition}`: records in the partition after the last
     /// committed offset (so buffered, not yet durable records count as lag), from the
-    /// Kafka client's statistics.
+    /// Kafka client's statistics, for the partitions assigned to this worker.
     pub consumer_lag: IntGaugeVec,
     /// `verdict_ingest_partitions_owned`: partitions assigned and recovered.
     pub partitions_owned: IntGauge,
@@ -33,7 +33,8 @@ pub struct IngestMetrics {
     pub bytes_written: IntCounter,
     /// `verdict_ingest_quarantined_total`: bad records written to the quarantine prefix.
     pub quarantined: IntCounter,
-    /// `verdict_ingest_upload_retries_total`: object store calls that had to be retried.
+    /// `verdict_ingest_upload_retries_total`: object store calls that had to be retried,
+    /// counted as each retry happens (the worker hands it to its `StoreCalls::on_retry`).
     pub upload_retries: IntCounter,
     /// `verdict_ingest_flushes_total`: flushes completed (marker written, offsets committed).
     pub flushes: IntCounter,
@@ -124,7 +125,6 @@ impl IngestMetrics {
         self.files_written.inc_by(report.files as u64);
         self.bytes_written.inc_by(report.bytes as u64);
         self.quarantined.inc_by(report.quarantined as u64);
-        self.upload_retries.inc_by(report.retries as u64);
         self.flush_seconds.observe(took.as_secs_f64());
     }
 

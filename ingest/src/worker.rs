@@ -8,7 +8,7 @@
 //! has cleaned up and found where to resume, then sought there. A store outage longer than
 //! the retry deadline ends the run with an error: the process restarts and recovers.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -118,6 +118,16 @@ impl IngestStats {
     }
 }
 
+/// What woke the worker's loop.
+enum Event {
+    Tick,
+    Record {
+        partition: i32,
+        offset: i64,
+        payload: Option<Vec<u8>>,
+    },
+}
+
 #[derive(Debug)]
 enum Change {
     Assigned(Vec<i32>),
@@ -128,12 +138,25 @@ enum Change {
 /// statistics into lag gauges.
 struct Rebalances {
     changes: Mutex<Vec<Change>>,
+    /// The partitions assigned to this client now. The client's statistics also list
+    /// partitions it fetched before a rebalance took them away, with their last lag; only
+    /// these get a gauge, so a partition is reported by the worker that owns it.
+    assigned: Mutex<BTreeSet<i32>>,
     metrics: IngestMetrics,
     topic: String,
 }
 
 impl Rebalances {
     fn push(&self, change: Change) {
+        {
+            let mut assigned = self.assigned.lock().unwrap_or_else(|e| e.into_inner());
+            match &change {
+                Change::Assigned(ps) => assigned.extend(ps),
+                Change::Revoked(ps) => ps.iter().for_each(|p| {
+                    assigned.remove(p);
+                }),
+            }
+        }
         self.changes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -148,10 +171,12 @@ fn partitions(tpl: &TopicPartitionList) -> Vec<i32> {
 impl ClientContext for Rebalances {
     fn stats(&self, statistics: Statistics) {
         if let Some(topic) = statistics.topics.get(&self.topic) {
+            let assigned = self.assigned.lock().unwrap_or_else(|e| e.into_inner());
             self.metrics.set_lags(
                 topic
                     .partitions
                     .iter()
+                    .filter(|(p, _)| assigned.contains(p))
                     .map(|(p, stats)| (*p, stats.consumer_lag)),
             );
         }
@@ -180,6 +205,10 @@ struct Owned {
     buf: PartitionBuffer,
     /// The next offset expected (records below it are already in the store).
     next: Option<i64>,
+    /// An offset the store's markers have reached but Kafka's committed offset has not
+    /// (its commit failed, or recovery found the markers ahead): committed again on every
+    /// tick until it takes, so the group's offset and the lag gauge catch up with the truth.
+    owed_commit: Option<i64>,
 }
 
 /// The worker.
@@ -194,8 +223,9 @@ pub struct IngestWorker {
 
 impl IngestWorker {
     /// Joins the group (the assignment arrives with the first polls).
-    pub fn new(cfg: IngestConfig, store: Arc<dyn ObjectStore>) -> Result<Self, IngestError> {
+    pub fn new(mut cfg: IngestConfig, store: Arc<dyn ObjectStore>) -> Result<Self, IngestError> {
         let metrics = IngestMetrics::new();
+        cfg.retry.on_retry = Some(metrics.upload_retries.clone());
         let mut client = ClientConfig::new();
         if let Some(id) = &cfg.instance_id {
             client.set("group.instance.id", id);
@@ -218,6 +248,7 @@ impl IngestWorker {
             )
             .create_with_context(Rebalances {
                 changes: Mutex::default(),
+                assigned: Mutex::default(),
                 metrics: metrics.clone(),
                 topic: cfg.topic.clone(),
             })?;
@@ -252,21 +283,39 @@ impl IngestWorker {
         tokio::pin!(shutdown);
         let mut ticker = tokio::time::interval(Duration::from_millis(250));
         loop {
-            self.apply_rebalances().await?;
-            tokio::select! {
+            let event = tokio::select! {
                 _ = &mut shutdown => break,
-                _ = ticker.tick() => self.flush_aged().await?,
+                _ = ticker.tick() => Event::Tick,
                 m = self.consumer.recv() => match m {
-                    Ok(m) => {
-                        let (partition, offset) = (m.partition(), m.offset());
-                        let payload = m.payload().map(<[u8]>::to_vec);
-                        drop(m);
-                        self.take(partition, offset, payload.as_deref()).await?;
+                    Ok(m) => Event::Record {
+                        partition: m.partition(),
+                        offset: m.offset(),
+                        payload: m.payload().map(<[u8]>::to_vec),
+                    },
+                    Err(e) => {
+                        tracing::warn!(error = %e, "kafka consumer error; the client reconnects by itself");
+                        continue;
                     }
-                    Err(e) => tracing::warn!(error = %e, "kafka consumer error; the client reconnects by itself"),
                 },
+            };
+            // The client runs the rebalance callbacks inside `recv`, and takes a revocation as
+            // done when its callback returns: the next owner may already be recovering the
+            // partition. So revocations are applied before anything else is done, and nothing
+            // of a revoked partition is flushed after it.
+            self.apply_rebalances().await?;
+            match event {
+                Event::Tick => {
+                    self.flush_aged().await?;
+                    self.commit_owed();
+                }
+                Event::Record {
+                    partition,
+                    offset,
+                    payload,
+                } => self.take(partition, offset, payload.as_deref()).await?,
             }
         }
+        self.apply_rebalances().await?;
         let all: Vec<i32> = self.owned.keys().copied().collect();
         for p in all {
             self.flush(p).await?;
@@ -324,6 +373,7 @@ impl IngestWorker {
         let r =
             recover_partition(&self.store, &self.cfg.topic, p, committed, &self.cfg.retry).await?;
         self.stats.recovered_files += r.deleted_files;
+        self.stats.retries += r.retries;
         self.metrics.recovered_files.inc_by(r.deleted_files as u64);
         let start = r.resume_at.map_or(Offset::Beginning, Offset::Offset);
         tracing::info!(
@@ -336,6 +386,7 @@ impl IngestWorker {
         let fresh = Owned {
             buf: PartitionBuffer::default(),
             next: r.resume_at,
+            owed_commit: r.resume_at.filter(|&at| committed.is_none_or(|c| c < at)),
         };
         if self.owned.insert(p, fresh).is_none() {
             self.metrics.partitions_owned.inc();
@@ -411,6 +462,42 @@ impl IngestWorker {
         Ok(())
     }
 
+    /// Commits every offset owed to Kafka (see [`Owned::owed_commit`]).
+    fn commit_owed(&mut self) {
+        let owed: Vec<i32> = self
+            .owned
+            .iter()
+            .filter(|(_, o)| o.owed_commit.is_some())
+            .map(|(p, _)| *p)
+            .collect();
+        for p in owed {
+            self.commit_owed_by(p);
+        }
+    }
+
+    /// Commits the offset owed for partition `p`, if any; on failure it stays owed.
+    fn commit_owed_by(&mut self, p: i32) {
+        let Some(o) = self.owned.get_mut(&p) else {
+            return;
+        };
+        let Some(offset) = o.owed_commit else {
+            return;
+        };
+        let mut tpl = TopicPartitionList::new();
+        let committed = tpl
+            .add_partition_offset(&self.cfg.topic, p, Offset::Offset(offset))
+            .and_then(|()| self.consumer.commit(&tpl, CommitMode::Sync));
+        match committed {
+            Ok(()) => o.owed_commit = None,
+            Err(e) => tracing::warn!(
+                partition = p,
+                offset,
+                error = %e,
+                "offset commit failed; the store's marker holds the progress, the commit is retried"
+            ),
+        }
+    }
+
     async fn flush(&mut self, p: i32) -> Result<(), IngestError> {
         let Some(o) = self.owned.get_mut(&p) else {
             return Ok(());
@@ -425,13 +512,10 @@ impl IngestWorker {
                 self.stats.add(&report);
                 self.metrics.record(&report, started.elapsed());
                 if let Some(range) = report.range {
-                    let mut tpl = TopicPartitionList::new();
-                    tpl.add_partition_offset(&self.cfg.topic, p, Offset::Offset(range.last + 1))?;
                     // The marker is the truth; a failed commit only means a later replay
-                    // start, which recovery corrects.
-                    if let Err(e) = self.consumer.commit(&tpl, CommitMode::Sync) {
-                        tracing::warn!(partition = p, error = %e, "offset commit failed after a completed flush");
-                    }
+                    // start, which recovery corrects, and it is tried again on the next tick.
+                    o.owed_commit = Some(range.last + 1);
+                    self.commit_owed_by(p);
                     tracing::info!(
                         partition = p,
                         first = range.first,

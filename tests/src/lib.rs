@@ -281,6 +281,18 @@ where
     started.elapsed()
 }
 
+/// Sends the logs of the code under test to the test's captured output (shown when the
+/// test fails), at `RUST_LOG` or else `info` for the ingest worker. Safe to call from
+/// every test: the first call installs it.
+pub fn capture_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,verdict_ingest=info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
+
 /// A name no other test run has used: `prefix-<pid>-<nanos>`.
 pub fn unique_name(prefix: &str) -> String {
     let nanos = std::time::SystemTime::now()

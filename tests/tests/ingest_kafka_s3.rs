@@ -42,6 +42,7 @@ fn config(topic: &str, group: &str) -> IngestConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_event_lands_exactly_once_across_an_aborted_worker_and_bad_records_are_quarantined() {
     require(Service::Kafka);
+    verdict_tests::capture_logs();
     let store = s3_store("verdict-ingest-test").await;
     let run = unique_name("ingest");
     let store: Arc<dyn ObjectStore> = Arc::new(verdict_ingest::Prefixed::new(store, &run));
@@ -200,6 +201,7 @@ async fn every_event_lands_exactly_once_across_an_aborted_worker_and_bad_records
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_in_one_group_over_12_partitions_write_every_event_once() {
     require(Service::Kafka);
+    verdict_tests::capture_logs();
     let store = s3_store("verdict-ingest-test").await;
     let run = unique_name("ingest-two");
     let store: Arc<dyn ObjectStore> = Arc::new(verdict_ingest::Prefixed::new(store, &run));
@@ -249,15 +251,20 @@ async fn two_workers_in_one_group_over_12_partitions_write_every_event_once() {
     .await;
     // The lag gauges come from the Kafka client's statistics: once everything is flushed
     // and committed, the two workers report all 12 partitions between them, each at 0.
+    // What they reported is printed as it changes, so a failure shows it.
+    let mut last_lags = String::new();
     eventually(
         Duration::from_secs(30),
         "lag gauges for all 12 partitions, all zero",
-        || async {
-            let lags: Vec<i64> = [&metrics_a, &metrics_b]
-                .iter()
-                .flat_map(|m| m.lags().into_values())
-                .collect();
-            lags.len() == 12 && lags.iter().all(|&l| l == 0)
+        || {
+            let (a, b) = (metrics_a.lags(), metrics_b.lags());
+            let report = format!("worker a: {a:?}, worker b: {b:?}");
+            if report != last_lags {
+                eprintln!("lag gauges: {report}");
+                last_lags = report;
+            }
+            let lags: Vec<i64> = a.into_values().chain(b.into_values()).collect();
+            async move { lags.len() == 12 && lags.iter().all(|&l| l == 0) }
         },
     )
     .await;
@@ -278,6 +285,7 @@ async fn two_workers_in_one_group_over_12_partitions_write_every_event_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_object_store_outage_loses_and_doubles_nothing() {
     require(Service::Kafka);
+    verdict_tests::capture_logs();
     let direct = s3_store("verdict-ingest-test").await;
     let run = unique_name("ingest-outage");
     let store: Arc<dyn ObjectStore> = Arc::new(verdict_ingest::Prefixed::new(direct, &run));
@@ -314,7 +322,13 @@ async fn an_object_store_outage_loses_and_doubles_nothing() {
     proxy.cut();
     let written_at_cut = metrics.events_written.get();
     produced.extend(produce(&topic, recent_events(3_000, 22)).await);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The worker consumes the new events and meets the cut store when it flushes them.
+    eventually(
+        Duration::from_secs(60),
+        "a store call retried while the store is cut off",
+        || async { metrics.upload_retries.get() > 0 },
+    )
+    .await;
     // While the store is away nothing completes (a flush in flight at the cut may finish).
     let during = metrics.events_written.get();
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -347,5 +361,126 @@ async fn an_object_store_outage_loses_and_doubles_nothing() {
         )),
         "the retries are exported"
     );
+    assert_exactly_once(&store, &produced).await;
+}
+
+/// The group's committed offsets, by partition, as Kafka holds them.
+fn group_offsets(topic: &str, group: &str, partitions: i32) -> Vec<Option<i64>> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .set("group.id", group)
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    let committed = consumer
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .unwrap();
+    (0..partitions)
+        .map(
+            |p| match committed.find_partition(topic, p).map(|e| e.offset()) {
+                Some(Offset::Offset(n)) => Some(n),
+                _ => None,
+            },
+        )
+        .collect()
+}
+
+/// Commits `offset` for every partition of `topic` in `group` (which has no members).
+fn rewind_group(topic: &str, group: &str, partitions: i32, offset: i64) {
+    use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+    use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Offset(offset))
+            .unwrap();
+    }
+    consumer.commit(&tpl, CommitMode::Sync).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_offset_behind_the_markers_is_committed_up_to_them() {
+    require(Service::Kafka);
+    verdict_tests::capture_logs();
+    let store = s3_store("verdict-ingest-test").await;
+    let run = unique_name("ingest-owed");
+    let store: Arc<dyn ObjectStore> = Arc::new(verdict_ingest::Prefixed::new(store, &run));
+    let topic = unique_name("decisions-owed");
+    create_topic(&topic, 2).await;
+    let group = unique_name("ingest-group");
+    let produced = produce(&topic, recent_events(2_000, 31)).await;
+    let ends: Vec<Option<i64>> = (0..2)
+        .map(|p| {
+            produced
+                .keys()
+                .filter(|(q, _)| *q == p)
+                .map(|(_, o)| o + 1)
+                .max()
+        })
+        .collect();
+
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let first = tokio::spawn(
+        IngestWorker::new(config(&topic, &group), Arc::clone(&store))
+            .unwrap()
+            .run(async {
+                let _ = rx.await;
+            }),
+    );
+    eventually(
+        Duration::from_secs(60),
+        "every partition flushed to its last offset",
+        || all_flushed(&store, &topic, &produced),
+    )
+    .await;
+    tx.send(()).unwrap();
+    first.await.unwrap().expect("first worker");
+    assert_eq!(group_offsets(&topic, &group, 2), ends, "committed on flush");
+
+    // The commits are lost (as when a commit fails in a rebalance): Kafka's offsets are
+    // back at 0 while the store's markers say everything is written. The next worker
+    // resumes from the markers, consumes nothing new, and still commits the markers' offsets.
+    rewind_group(&topic, &group, 2, 0);
+    assert_eq!(group_offsets(&topic, &group, 2), vec![Some(0), Some(0)]);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let worker = IngestWorker::new(config(&topic, &group), Arc::clone(&store)).unwrap();
+    let metrics = worker.metrics();
+    let second = tokio::spawn(worker.run(async {
+        let _ = rx.await;
+    }));
+    let topic_ = topic.clone();
+    let group_ = group.clone();
+    eventually(
+        Duration::from_secs(60),
+        "the group's offsets committed up to the markers",
+        move || {
+            let now = group_offsets(&topic_, &group_, 2);
+            let want = ends.clone();
+            async move { now == want }
+        },
+    )
+    .await;
+    eventually(
+        Duration::from_secs(30),
+        "lag gauges for both partitions, at zero",
+        || {
+            let lags = metrics.lags();
+            async move { lags.len() == 2 && lags.values().all(|&l| l == 0) }
+        },
+    )
+    .await;
+    tx.send(()).unwrap();
+    let stats = second.await.unwrap().expect("second worker");
+    assert_eq!(stats.events, 0, "nothing was consumed twice: {stats:?}");
     assert_exactly_once(&store, &produced).await;
 }
