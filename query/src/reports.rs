@@ -500,6 +500,9 @@ ORDER BY l.tier, l.route_class",
         "shadow-impact" => {
             let range = a.range(now, 7)?.sql("event_time", true);
             let filters = a.filters("")?;
+            // Only the decisions of shadow limits are grouped by key: the semi-join drops the
+            // others before the per-key aggregation, the report's main cost (about a fifth
+            // less time in `verdict bench query`; the final join alone gives the same rows).
             format!(
                 "WITH per_key AS (
   SELECT tier, route_class, key_id, COUNT(*) AS requests,
@@ -507,7 +510,9 @@ ORDER BY l.tier, l.route_class",
     SUM(CASE WHEN verdict = 2 AND denied_by_bucket THEN 1 ELSE 0 END) AS would_deny_by_bucket,
     SUM(CASE WHEN verdict = 2 AND denied_by_window THEN 1 ELSE 0 END) AS would_deny_by_window
   FROM decisions
-  WHERE {range}{filters}
+  WHERE EXISTS (SELECT 1 FROM policies s WHERE s.kind = 'limit' AND s.mode = 'shadow'
+      AND s.tier_id = decisions.tier AND s.route_class_id = decisions.route_class)
+    AND {range}{filters}
   GROUP BY tier, route_class, key_id
 ), per_limit AS (
   SELECT tier, route_class, SUM(requests) AS requests, SUM(would_deny) AS would_deny,
