@@ -36,7 +36,8 @@ pub struct IngestMetrics {
     /// `verdict_ingest_upload_retries_total`: object store calls that had to be retried,
     /// counted as each retry happens (the worker hands it to its `StoreCalls::on_retry`).
     pub upload_retries: IntCounter,
-    /// `verdict_ingest_flushes_total`: flushes completed (marker written, offsets committed).
+    /// `verdict_ingest_flushes_total`: flushes completed (marker written; its offset committed,
+    /// or owed to Kafka until a commit takes).
     pub flushes: IntCounter,
     /// `verdict_ingest_recovered_files_total`: files of interrupted flushes removed on start.
     pub recovered_files: IntCounter,
