@@ -44,9 +44,16 @@ pub const TABLES: [&str; 4] = ["decisions", "denied_hourly", "overage", "policie
 
 /// Registers the four tables in `ctx`, whose runtime must know the lake as [`LAKE_URL`].
 pub fn register(ctx: &SessionContext, policies: Arc<PoliciesTable>) -> DfResult<()> {
+    // The session's Parquet options (`datafusion.execution.parquet.*`, which DATAFUSION_*
+    // environment variables set), not the format's built-in defaults.
+    let options = ctx.state().default_table_options().parquet;
     let parquet = || {
-        ListingOptions::new(Arc::new(ParquetFormat::default().with_enable_pruning(true)))
-            .with_file_extension(".parquet")
+        ListingOptions::new(Arc::new(
+            ParquetFormat::default()
+                .with_options(options.clone())
+                .with_enable_pruning(true),
+        ))
+        .with_file_extension(".parquet")
     };
     let listing = |prefix: &str, options: ListingOptions, schema: SchemaRef| {
         let url = ListingTableUrl::parse(format!("{LAKE_URL}/{prefix}/"))?;

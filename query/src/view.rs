@@ -92,6 +92,24 @@ pub fn readable(listed: Vec<ObjectMeta>) -> Vec<ObjectMeta> {
     out
 }
 
+/// The lake's spelling of a listing prefix: an hour folder is `hour=HH`, two digits. A query
+/// with `date = … AND hour = 5` makes DataFusion list the prefix it spells from the values
+/// (`date=2026-11-30/hour=5`), which does not exist; listed as `hour=05`, the folder's files
+/// are found (and their `hour` still reads as 5).
+fn lake_prefix(prefix: Option<&Path>) -> Option<Path> {
+    let prefix = prefix?;
+    let parts = prefix.parts().map(|part| {
+        let text = part.as_ref();
+        match text.strip_prefix("hour=") {
+            Some(h) if h.len() == 1 && h.bytes().all(|b| b.is_ascii_digit()) => {
+                object_store::path::PathPart::from(format!("hour=0{h}"))
+            }
+            _ => part,
+        }
+    });
+    Some(Path::from_iter(parts))
+}
+
 #[async_trait::async_trait]
 impl ObjectStore for ReaderView {
     async fn put_opts(&self, location: &Path, _: PutPayload, _: PutOptions) -> Result<PutResult> {
@@ -124,7 +142,7 @@ impl ObjectStore for ReaderView {
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
-        let listing = self.inner.list(prefix);
+        let listing = self.inner.list(lake_prefix(prefix).as_ref());
         futures::stream::once(async move {
             let listed: Vec<ObjectMeta> = listing.try_collect().await?;
             Ok::<_, object_store::Error>(futures::stream::iter(
@@ -147,7 +165,10 @@ impl ObjectStore for ReaderView {
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
-        let mut listed = self.inner.list_with_delimiter(prefix).await?;
+        let mut listed = self
+            .inner
+            .list_with_delimiter(lake_prefix(prefix).as_ref())
+            .await?;
         listed.objects = readable(std::mem::take(&mut listed.objects));
         Ok(listed)
     }
@@ -206,6 +227,45 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(shallow.objects.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn an_hour_prefix_of_one_digit_lists_the_two_digit_folder() {
+        let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let name = RawFileName::new("t", 0, 0, 9).unwrap().to_string();
+        for hour in ["05", "15"] {
+            inner
+                .put(
+                    &Path::from(format!("raw/date=2026-11-30/hour={hour}/{name}")),
+                    PutPayload::from_static(b"x"),
+                )
+                .await
+                .unwrap();
+        }
+        let view = ReaderView::new(inner);
+        let listed = |prefix: &'static str| {
+            view.list(Some(&Path::from(prefix)))
+                .map_ok(|m| m.location.to_string())
+                .try_collect::<Vec<_>>()
+        };
+        let five = format!("raw/date=2026-11-30/hour=05/{name}");
+        assert_eq!(
+            listed("raw/date=2026-11-30/hour=5").await.unwrap(),
+            [five.as_str()]
+        );
+        assert_eq!(
+            listed("raw/date=2026-11-30/hour=05").await.unwrap(),
+            [five.as_str()]
+        );
+        assert_eq!(
+            listed("raw/date=2026-11-30/hour=15").await.unwrap(),
+            [format!("raw/date=2026-11-30/hour=15/{name}")]
+        );
+        let shallow = view
+            .list_with_delimiter(Some(&Path::from("raw/date=2026-11-30/hour=5")))
+            .await
+            .unwrap();
+        assert_eq!(shallow.objects.len(), 1);
     }
 
     #[tokio::test]
