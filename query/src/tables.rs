@@ -49,9 +49,7 @@ pub fn register(ctx: &SessionContext, policies: Arc<PoliciesTable>) -> DfResult<
     let options = ctx.state().default_table_options().parquet;
     let parquet = || {
         ListingOptions::new(Arc::new(
-            ParquetFormat::default()
-                .with_options(options.clone())
-                .with_enable_pruning(true),
+            ParquetFormat::default().with_options(options.clone()),
         ))
         .with_file_extension(".parquet")
     };
