@@ -467,10 +467,13 @@ pub fn render(
             let filters = a.filters("")?;
             let too_low = a.number("too_low_share")?;
             let too_high = a.number("too_high_use")?;
+            // A key's use is the most of its hourly quota it had used at any decision, each
+            // decision measured against the quota in force then (a policy change or an
+            // override in the range changes it).
             format!(
                 "WITH per_key AS (
   SELECT tier, route_class, key_id, COUNT(*) AS requests, SUM({REFUSED}) AS refused,
-    MIN(remaining_window) AS min_remaining, MAX(window_quota) AS quota
+    MAX(CASE WHEN window_quota > 0 THEN 1.0 - CAST(remaining_window AS DOUBLE) / window_quota ELSE 0.0 END) AS use
   FROM decisions
   WHERE {range} AND source IN (0, 1){filters}
   GROUP BY tier, route_class, key_id
@@ -478,7 +481,7 @@ pub fn render(
   SELECT tier, route_class, COUNT(*) AS keys,
     SUM(CASE WHEN refused > 0 THEN 1 ELSE 0 END) AS keys_refused,
     SUM(requests) AS requests, SUM(refused) AS refused,
-    MAX(CASE WHEN quota > 0 THEN 1.0 - CAST(min_remaining AS DOUBLE) / quota ELSE 0.0 END) AS busiest_use
+    MAX(use) AS busiest_use
   FROM per_key
   GROUP BY tier, route_class
 )
