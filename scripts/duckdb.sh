@@ -6,8 +6,8 @@
 #   Creates the view `raw` over the glob, runs the query in <query-file> once to warm the
 #   OS cache, then times it and prints one JSON object: {"seconds": …, "rows": …}.
 # Usage: scripts/duckdb.sh --queries <spec.json>
-#   Creates the spec's views, times each of its queries and prints one JSON line per query
-#   (scripts/bench/duckdb_queries.py).
+#   Creates the spec's views, then runs the query named on each line of standard input and
+#   prints one JSON line per run (scripts/bench/duckdb_queries.py).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

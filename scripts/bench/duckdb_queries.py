@@ -1,12 +1,12 @@
-"""Times named queries in DuckDB over views defined in a JSON spec.
+"""Runs named queries in DuckDB, one at a time as asked, over views defined in a JSON spec.
 
 Usage: duckdb_queries.py <spec.json>
-The spec: {"threads": n, "runs": n, "views": {name: select-sql}, "queries": [{"name", "sql"}]}.
-Each query runs once to warm the OS cache, then `runs` times; prints one JSON line per
-query: {"query": name, "p50_seconds": median, "rows": rows, "duckdb": version}.
+The spec: {"threads": n, "views": {name: select-sql}, "queries": [{"name", "sql"}]}.
+Reads one query name per line on standard input, runs that query once and prints one JSON
+line: {"query": name, "seconds": wall time, "rows": rows, "duckdb": version}. The caller
+times its own engine between these calls, so both engines meet the same machine.
 """
 import json
-import statistics
 import sys
 import time
 
@@ -20,16 +20,19 @@ def main() -> None:
     con.execute("SET TimeZone = 'UTC'")
     for name, select in spec["views"].items():
         con.execute(f"CREATE VIEW {name} AS {select}")
-    runs = int(spec.get("runs", 5))
-    for q in spec["queries"]:
-        rows = len(con.execute(q["sql"]).fetchall())
-        times = []
-        for _ in range(runs):
-            started = time.perf_counter()
-            con.execute(q["sql"]).fetchall()
-            times.append(time.perf_counter() - started)
-        print(json.dumps({"query": q["name"], "p50_seconds": statistics.median(times),
-                          "rows": rows, "duckdb": duckdb.__version__}), flush=True)
+    queries = {q["name"]: q["sql"] for q in spec["queries"]}
+    for line in sys.stdin:
+        name = line.strip()
+        if not name:
+            continue
+        if name not in queries:
+            print(json.dumps({"query": name, "error": "no such query in the spec"}), flush=True)
+            continue
+        started = time.perf_counter()
+        rows = len(con.execute(queries[name]).fetchall())
+        seconds = time.perf_counter() - started
+        print(json.dumps({"query": name, "seconds": seconds, "rows": rows,
+                          "duckdb": duckdb.__version__}), flush=True)
 
 
 if __name__ == "__main__":

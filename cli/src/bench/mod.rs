@@ -92,6 +92,18 @@ impl DuckDbArgs {
         }
     }
 
+    /// Starts the DuckDB script with `args`, its standard input and output piped (its errors
+    /// go to ours).
+    pub fn duckdb_session(&self, args: &[&OsStr]) -> anyhow::Result<std::process::Child> {
+        let script = &self.duckdb_script;
+        Command::new(script)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .with_context(|| format!("running {}", script.display()))
+    }
+
     /// Runs the DuckDB script with `args` and returns what it printed.
     pub fn duckdb(&self, args: &[&OsStr]) -> anyhow::Result<String> {
         let script = &self.duckdb_script;

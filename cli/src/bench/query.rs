@@ -44,7 +44,8 @@ pub struct QueryBenchArgs {
     /// A new policy version every this many hours (so policy-changes has changes).
     #[arg(long, default_value_t = 48)]
     pub policy_every_hours: u32,
-    /// Timed runs per query (after one warm-up); the median is reported.
+    /// Timed runs per query and engine, after one warm-up each, in turns (ours, DuckDB's,
+    /// ours, …); the median of each engine's is reported.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub runs: u32,
     #[command(flatten)]
@@ -80,11 +81,14 @@ struct DataSet {
     threads: usize,
 }
 
+/// One run of a query in DuckDB.
 #[derive(Debug, Deserialize)]
-struct DuckDbQuery {
-    query: String,
-    p50_seconds: f64,
+struct DuckDbRun {
+    #[serde(default)]
+    seconds: f64,
+    #[serde(default)]
     rows: usize,
+    error: Option<String>,
 }
 
 /// 2026-12-01T00:00:00Z: the data set ends at the start of this day.
@@ -272,61 +276,66 @@ pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
     )?;
     let queries = queries(&engine, &args).await?;
 
-    let mut ours = Vec::new();
+    // DuckDB runs beside us: each timed run of ours is followed by one of DuckDB's, so a
+    // machine that speeds up or slows down during the bench weighs on both alike.
+    let mut duck = if args.compare.no_duckdb {
+        None
+    } else {
+        let spec = duckdb_spec(&engine, &root, &queries, threads).await?;
+        Some(DuckDb::start(&args.compare, &spec)?)
+    };
     for (name, kind, sql) in &queries {
         let (batches, scanned) = engine
             .collect_measured(sql)
             .await
             .with_context(|| format!("query {name}"))?;
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-        let mut times = Vec::new();
+        let mut duck_rows = None;
+        if let Some(d) = duck.as_mut() {
+            duck_rows = Some(d.run(name)?.rows);
+        }
+        let (mut times, mut duck_times) = (Vec::new(), Vec::new());
         for _ in 0..args.runs {
             let t = Instant::now();
             engine.collect_measured(sql).await?;
             times.push(t.elapsed().as_secs_f64() * 1000.0);
+            if let Some(d) = duck.as_mut() {
+                duck_times.push(d.run(name)?.seconds * 1000.0);
+            }
         }
         let min = times.iter().copied().fold(f64::INFINITY, f64::min);
-        ours.push((name.clone(), *kind, median(times), min, rows, scanned));
-    }
-
-    let duck: BTreeMap<String, DuckDbQuery> = if args.compare.no_duckdb {
-        BTreeMap::new()
-    } else {
-        run_duckdb(&engine, &root, &queries, &args, threads).await?
-    };
-    for (name, kind, p50, min, rows, scanned) in ours {
-        let d = duck.get(&name);
+        let p50 = median(times);
+        let duck_p50 = duck.is_some().then(|| median(duck_times));
         let result = QueryResult {
             bench: "query",
-            query: name,
+            query: name.clone(),
             kind,
             p50_ms: p50,
             min_ms: min,
             rows,
             rows_scanned: scanned,
-            duckdb_p50_ms: d.map(|d| d.p50_seconds * 1000.0),
-            duckdb_rows: d.map(|d| d.rows),
-            vs_duckdb: d.map(|d| p50 / (d.p50_seconds * 1000.0)),
+            duckdb_p50_ms: duck_p50,
+            duckdb_rows: duck_rows,
+            vs_duckdb: duck_p50.map(|d| p50 / d),
         };
-        if let Some(d) = d
-            && d.rows != rows
+        if let Some(d) = duck_rows
+            && d != rows
         {
-            tracing::warn!(query = %result.query, ours = rows, duckdb = d.rows, "DuckDB returned a different number of rows");
+            tracing::warn!(query = %result.query, ours = rows, duckdb = d, "DuckDB returned a different number of rows");
         }
         println!("{}", serde_json::to_string(&result)?);
     }
     Ok(())
 }
 
-/// Runs the same SQL in DuckDB over the same files: views named as our tables, the policy
-/// exported to one Parquet file.
-async fn run_duckdb(
+/// Writes the spec for running the same SQL in DuckDB over the same files: views named as our
+/// tables, the policy exported to one Parquet file. Returns the spec's path.
+async fn duckdb_spec(
     engine: &Engine,
     root: &std::path::Path,
     queries: &[(String, &'static str, String)],
-    args: &QueryBenchArgs,
     threads: usize,
-) -> anyhow::Result<BTreeMap<String, DuckDbQuery>> {
+) -> anyhow::Result<std::path::PathBuf> {
     let policies = engine.policies().batch().await?;
     let mut buf = Vec::new();
     let mut w = parquet::arrow::ArrowWriter::try_new(&mut buf, policies.schema(), None)?;
@@ -343,20 +352,57 @@ async fn run_duckdb(
     });
     let spec = serde_json::json!({
         "threads": threads,
-        "runs": args.runs,
         "views": views,
         "queries": queries.iter().map(|(name, _, sql)| serde_json::json!({"name": name, "sql": sql})).collect::<Vec<_>>(),
     });
     let spec_path = root.join("bench-query-duckdb.json");
     std::fs::write(&spec_path, serde_json::to_vec_pretty(&spec)?)?;
-    let out = args
-        .compare
-        .duckdb(&["--queries".as_ref(), spec_path.as_os_str()])?;
-    let mut found = BTreeMap::new();
-    for line in out.lines().filter(|l| l.starts_with('{')) {
-        let q: DuckDbQuery = serde_json::from_str(line)
-            .with_context(|| format!("reading DuckDB's answer {line:?}"))?;
-        found.insert(q.query.clone(), q);
+    Ok(spec_path)
+}
+
+/// A DuckDB process over the spec's views, running one query whenever asked.
+struct DuckDb {
+    child: std::process::Child,
+    input: std::process::ChildStdin,
+    output: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl DuckDb {
+    fn start(compare: &super::DuckDbArgs, spec: &std::path::Path) -> anyhow::Result<Self> {
+        let mut child = compare.duckdb_session(&["--queries".as_ref(), spec.as_os_str()])?;
+        let input = child.stdin.take().context("DuckDB's standard input")?;
+        let output = child.stdout.take().context("DuckDB's standard output")?;
+        Ok(Self {
+            child,
+            input,
+            output: std::io::BufRead::lines(std::io::BufReader::new(output)),
+        })
     }
-    Ok(found)
+
+    /// Runs the query `name` once.
+    fn run(&mut self, name: &str) -> anyhow::Result<DuckDbRun> {
+        use std::io::Write;
+        writeln!(self.input, "{name}").context("asking DuckDB for a query")?;
+        self.input.flush()?;
+        let line = match self.output.next() {
+            Some(line) => line?,
+            None => {
+                anyhow::bail!("DuckDB stopped before answering query {name} (its errors are above)")
+            }
+        };
+        let run: DuckDbRun = serde_json::from_str(&line)
+            .with_context(|| format!("reading DuckDB's answer {line:?}"))?;
+        if let Some(e) = run.error {
+            anyhow::bail!("DuckDB could not run query {name}: {e}");
+        }
+        Ok(run)
+    }
+}
+
+impl Drop for DuckDb {
+    fn drop(&mut self) {
+        // The script is stopped and waited for, not left behind.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
