@@ -132,8 +132,9 @@ fn pack(agg: &Aggregate) -> Result<Option<LogicalPlan>> {
         return Ok(None);
     }
     let input = agg.input.schema();
-    // The packed columns, each its keys and types; for each original key, where it went.
-    let mut bins: Vec<Vec<(Expr, DataType)>> = Vec::new();
+    // The packed columns, each its keys and types and the bits they use; for each original
+    // key, its column and its position there.
+    let mut bins: Vec<(Vec<(Expr, DataType)>, u32)> = Vec::new();
     let mut place: Vec<Option<(usize, usize)>> = Vec::with_capacity(agg.group_expr.len());
     for e in &agg.group_expr {
         let (_, field) = e.to_field(input)?;
@@ -145,53 +146,50 @@ fn pack(agg: &Aggregate) -> Result<Option<LogicalPlan>> {
                 continue;
             }
         };
-        let fits = |bin: &&mut Vec<(Expr, DataType)>| {
-            let used: u32 = bin.iter().filter_map(|(_, t)| bits_of(t)).sum();
-            used + bits <= MAX_BITS
-        };
-        let b = match bins.iter_mut().position(|bin| fits(&bin)) {
+        let b = match bins.iter().position(|(_, used)| used + bits <= MAX_BITS) {
             Some(b) => b,
             None => {
-                bins.push(Vec::new());
+                bins.push((Vec::new(), 0));
                 bins.len() - 1
             }
         };
-        place.push(Some((b, bins[b].len())));
-        bins[b].push((e.clone(), t.clone()));
+        let (keys, used) = &mut bins[b];
+        place.push(Some((b, keys.len())));
+        keys.push((e.clone(), t.clone()));
+        *used += bits;
     }
-    // A column holding one narrow key alone gains nothing: that key stays as it is.
-    let lone: Vec<bool> = bins
-        .iter()
-        .map(|bin| bin.len() == 1 && bits_of(&bin[0].1).is_some_and(|b| b <= 64))
-        .collect();
-    let mut number = vec![usize::MAX; bins.len()];
-    let mut made = 0;
-    for (b, lone) in lone.iter().enumerate() {
-        if !lone {
-            number[b] = made;
-            made += 1;
+    // A column holding one narrow key alone gains nothing: that key stays as it is, and the
+    // columns after it move up.
+    let lone = |(keys, used): &(Vec<(Expr, DataType)>, u32)| keys.len() == 1 && *used <= 64;
+    for p in place.iter_mut() {
+        if let Some((b, _)) = p {
+            if lone(&bins[*b]) {
+                *p = None;
+            } else {
+                *b -= bins[..*b].iter().filter(|bin| lone(bin)).count();
+            }
         }
     }
-    if made == 0 {
+    bins.retain(|bin| !lone(bin));
+    if bins.is_empty() {
         return Ok(None);
     }
 
     // The new group keys: the packed columns first, then the kept keys in their order.
-    let mut group = Vec::with_capacity(made + agg.group_expr.len());
-    let mut types = Vec::with_capacity(made);
-    for (b, bin) in bins.iter().enumerate() {
-        if !lone[b] {
-            let t: Vec<DataType> = bin.iter().map(|(_, t)| t.clone()).collect();
-            let args = bin.iter().map(|(e, _)| e.clone()).collect();
-            group.push(call(Pack::new(t.clone()), args).alias(format!("{PACKED}{}", number[b])));
-            types.push(t);
-        }
+    let types: Vec<Vec<DataType>> = bins
+        .iter()
+        .map(|(keys, _)| keys.iter().map(|(_, t)| t.clone()).collect())
+        .collect();
+    let mut group = Vec::with_capacity(bins.len() + agg.group_expr.len());
+    for (b, (keys, _)) in bins.into_iter().enumerate() {
+        let args = keys.into_iter().map(|(e, _)| e).collect();
+        group.push(call(Pack::new(types[b].clone()), args).alias(format!("{PACKED}{b}")));
     }
     let mut at = Vec::with_capacity(place.len());
     for (e, p) in agg.group_expr.iter().zip(&place) {
         match p {
-            Some((b, _)) if !lone[*b] => at.push(number[*b]),
-            _ => {
+            Some((b, _)) => at.push(*b),
+            None => {
                 at.push(group.len());
                 group.push(e.clone());
             }
@@ -206,11 +204,8 @@ fn pack(agg: &Aggregate) -> Result<Option<LogicalPlan>> {
     for (i, p) in place.iter().enumerate() {
         let (qualifier, field) = agg.schema.qualified_field(i);
         let e = match p {
-            Some((b, index)) if !lone[*b] => call(
-                Unpack::new(types[number[*b]].clone(), *index),
-                vec![column(at[i])],
-            ),
-            _ => column(at[i]),
+            Some((b, index)) => call(Unpack::new(types[*b].clone(), *index), vec![column(at[i])]),
+            None => column(at[i]),
         };
         out.push(e.alias_qualified(qualifier.cloned(), field.name()));
     }
