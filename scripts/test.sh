@@ -7,3 +7,5 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 scripts/services.sh up
 cargo test --workspace --locked "$@"
+# The patched zstd-safe (vendor/README.md) is not a workspace member: its own tests, here.
+cargo test --locked --manifest-path vendor/zstd-safe/Cargo.toml --features std
