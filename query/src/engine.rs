@@ -28,6 +28,7 @@ use futures::{Stream, StreamExt};
 use object_store::ObjectStore;
 use tokio::time::Instant;
 
+use crate::indicator::CountIndicators;
 use crate::pack::PackGroupKeys;
 use crate::tables::{LAKE_URL, PoliciesTable, register};
 use crate::view::ReaderView;
@@ -198,8 +199,10 @@ impl Engine {
             )
             .build_arc()?;
         let base = SessionContext::new_with_config_rt(config, runtime);
-        // Group keys packed into one integer (see `crate::pack`): the reports' aggregations
-        // hash and compare one column rather than three or four.
+        // Sums of `CASE WHEN p THEN 1 ELSE 0 END` counted with a filter instead (see
+        // `crate::indicator`), and group keys packed into one integer (see `crate::pack`):
+        // the reports' aggregations hash and compare one column rather than three or four.
+        base.add_optimizer_rule(Arc::new(CountIndicators));
         base.add_optimizer_rule(Arc::new(PackGroupKeys));
         let url = ObjectStoreUrl::parse(LAKE_URL)?;
         base.register_object_store(url.as_ref(), Arc::new(ReaderView::new(store)));

@@ -5,6 +5,7 @@
 pub mod engine;
 pub mod format;
 pub mod http;
+pub mod indicator;
 pub mod pack;
 pub mod pg;
 pub mod reports;
