@@ -49,17 +49,10 @@ impl OptimizerRule for CountIndicators {
         let mut aggr_expr = Vec::with_capacity(agg.aggr_expr.len());
         for e in &agg.aggr_expr {
             let rewritten = match e {
-                Expr::Alias(Alias {
-                    expr,
-                    relation,
-                    name,
-                    metadata,
-                }) => counted(expr, input)?.map(|c| {
+                Expr::Alias(alias) => counted(&alias.expr, input)?.map(|c| {
                     Expr::Alias(Alias {
                         expr: Box::new(c),
-                        relation: relation.clone(),
-                        name: name.clone(),
-                        metadata: metadata.clone(),
+                        ..alias.clone()
                     })
                 }),
                 _ => counted(e, input)?.map(|c| c.alias(e.schema_name().to_string())),

@@ -57,17 +57,26 @@ pub(crate) fn take_dctx() -> Option<NonNull<zstd_sys::ZSTD_DCtx>> {
     with(|kept| kept.dctx.pop()).flatten()
 }
 
+/// Puts `ctx` in the list `of` picks, if it has room; `false` when it has none or the
+/// thread is ending.
+fn keep<T>(
+    ctx: NonNull<T>,
+    of: impl FnOnce(&mut Kept) -> &mut std::vec::Vec<NonNull<T>>,
+) -> bool {
+    with(|kept| {
+        let list = of(kept);
+        let room = list.len() < KEEP;
+        if room {
+            list.push(ctx);
+        }
+        room
+    }) == Some(true)
+}
+
 /// Keeps `cctx`, which must be reset and own nothing borrowed; frees it when `KEEP` are
 /// already kept or the thread is ending.
 pub(crate) fn keep_cctx(cctx: NonNull<zstd_sys::ZSTD_CCtx>) {
-    let kept = with(|kept| {
-        let room = kept.cctx.len() < KEEP;
-        if room {
-            kept.cctx.push(cctx);
-        }
-        room
-    });
-    if kept != Some(true) {
+    if !keep(cctx, |kept| &mut kept.cctx) {
         // Safety: the caller gave up the context.
         unsafe { zstd_sys::ZSTD_freeCCtx(cctx.as_ptr()) };
     }
@@ -76,14 +85,7 @@ pub(crate) fn keep_cctx(cctx: NonNull<zstd_sys::ZSTD_CCtx>) {
 /// Keeps `dctx`, which must be reset and own nothing borrowed; frees it when `KEEP` are
 /// already kept or the thread is ending.
 pub(crate) fn keep_dctx(dctx: NonNull<zstd_sys::ZSTD_DCtx>) {
-    let kept = with(|kept| {
-        let room = kept.dctx.len() < KEEP;
-        if room {
-            kept.dctx.push(dctx);
-        }
-        room
-    });
-    if kept != Some(true) {
+    if !keep(dctx, |kept| &mut kept.dctx) {
         // Safety: the caller gave up the context.
         unsafe { zstd_sys::ZSTD_freeDCtx(dctx.as_ptr()) };
     }

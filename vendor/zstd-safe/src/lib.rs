@@ -371,7 +371,6 @@ impl<'a> CCtx<'a> {
     ///
     /// Returns `None` if zstd returns a NULL pointer - may happen if allocation fails.
     pub fn try_create() -> Option<Self> {
-        // Safety: Just FFI
         #[cfg(feature = "std")]
         let kept = cache::take_cctx();
         #[cfg(not(feature = "std"))]
@@ -393,6 +392,22 @@ impl<'a> CCtx<'a> {
     pub fn create() -> Self {
         Self::try_create()
             .expect("zstd returned null pointer when creating new context")
+    }
+
+    /// Resets the context to be kept for reuse when dropped (see `cache`), if it can be:
+    /// the reset drops every dictionary and prefix it referenced, and a shared thread pool
+    /// is let go, so it holds nothing borrowed. One that ever had worker threads keeps
+    /// their state, and is not.
+    #[cfg(feature = "std")]
+    fn reset_for_reuse(&mut self) -> bool {
+        if self.3.ever || self.reset(ResetDirective::SessionAndParameters).is_err() {
+            return false;
+        }
+        #[cfg(all(feature = "experimental", feature = "zstdmt"))]
+        if self.disable_thread_pool().is_err() {
+            return false;
+        }
+        true
     }
 
     /// Ends the session of a one-shot compression, and passes `res` through.
@@ -1454,17 +1469,8 @@ impl<'a> Drop for CCtx<'a> {
         // threads, and does not stop a shared pool's at all: wait for the
         // jobs of the frame in progress first.
         self.drain();
-        // A context that never had worker threads is reset and kept for reuse (see
-        // `cache`): the reset drops every dictionary and prefix it referenced, so it holds
-        // nothing borrowed. One with workers keeps their state, and is freed.
         #[cfg(feature = "std")]
-        if !self.3.ever && self.reset(ResetDirective::SessionAndParameters).is_ok() {
-            #[cfg(all(feature = "experimental", feature = "zstdmt"))]
-            if self.disable_thread_pool().is_err() {
-                // Safety: Just FFI
-                unsafe { zstd_sys::ZSTD_freeCCtx(self.0.as_ptr()) };
-                return;
-            }
+        if self.reset_for_reuse() {
             cache::keep_cctx(self.0);
             return;
         }
@@ -1553,13 +1559,16 @@ impl<'a> DCtx<'a> {
             .expect("zstd returned null pointer when creating new context")
     }
 
-    /// Whether the context can be reset and kept for reuse when dropped (see `cache`).
+    /// Resets the context to be kept for reuse when dropped (see `cache`), if it can be:
+    /// the reset drops the dictionary it loaded or referenced. One that referenced several
+    /// dictionaries at once keeps them in a set the reset leaves alone, and is not.
     #[cfg(feature = "std")]
-    fn recyclable(&self) -> bool {
+    fn reset_for_reuse(&mut self) -> bool {
         #[cfg(feature = "experimental")]
-        return !self.3.multiple_ddicts;
-        #[cfg(not(feature = "experimental"))]
-        true
+        if self.3.multiple_ddicts {
+            return false;
+        }
+        self.reset(ResetDirective::SessionAndParameters).is_ok()
     }
 
     /// Ends the session of a one-shot decompression, and passes `res` through.
@@ -2040,13 +2049,8 @@ impl<'a> DCtx<'a> {
 
 impl Drop for DCtx<'_> {
     fn drop(&mut self) {
-        // Reset and kept for reuse (see `cache`): the reset drops the dictionary it loaded
-        // or referenced. One that referenced several dictionaries at once keeps them in a
-        // set the reset leaves alone, and is freed.
         #[cfg(feature = "std")]
-        if self.recyclable()
-            && self.reset(ResetDirective::SessionAndParameters).is_ok()
-        {
+        if self.reset_for_reuse() {
             cache::keep_dctx(self.0);
             return;
         }
