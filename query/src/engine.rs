@@ -30,6 +30,7 @@ use tokio::time::Instant;
 
 use crate::indicator::CountIndicators;
 use crate::pack::PackGroupKeys;
+use crate::pruning::RawScanPruning;
 use crate::tables::{LAKE_URL, PoliciesTable, register};
 use crate::view::ReaderView;
 
@@ -198,7 +199,15 @@ impl Engine {
                 DiskManagerBuilder::default().with_mode(DiskManagerMode::Disabled),
             )
             .build_arc()?;
-        let base = SessionContext::new_with_config_rt(config, runtime);
+        // Raw scans test against each file's statistics only the conditions that can rule a
+        // file out (see `crate::pruning`).
+        let state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_runtime_env(runtime)
+            .with_default_features()
+            .with_physical_optimizer_rule(Arc::new(RawScanPruning))
+            .build();
+        let base = SessionContext::new_with_state(state);
         // Sums of `CASE WHEN p THEN 1 ELSE 0 END` counted with a filter instead (see
         // `crate::indicator`), and group keys packed into one integer (see `crate::pack`):
         // the reports' aggregations hash and compare one column rather than three or four.

@@ -8,6 +8,7 @@ pub mod http;
 pub mod indicator;
 pub mod pack;
 pub mod pg;
+pub mod pruning;
 pub mod reports;
 pub mod tables;
 pub mod view;

@@ -268,3 +268,123 @@ async fn the_tables_read_the_lake_as_written_and_see_new_files_without_a_restart
         before + events.len() as f64
     );
 }
+
+/// The `DataSourceExec` and `FilterExec` lines of `sql`'s physical plan.
+async fn scan_and_filter(engine: &verdict_query::Engine, sql: &str) -> (String, String) {
+    let plan = rows(engine, &format!("EXPLAIN {sql}"))
+        .await
+        .into_iter()
+        .find(|r| s(r, "plan_type") == "physical_plan")
+        .map(|r| s(&r, "plan"))
+        .expect("a physical plan");
+    let line = |op: &str| {
+        plan.lines()
+            .find(|l| l.trim_start().starts_with(op))
+            .unwrap_or_else(|| panic!("no {op} in\n{plan}"))
+            .to_string()
+    };
+    (line("DataSourceExec"), line("FilterExec"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_scans_test_against_file_statistics_only_the_conditions_that_can_rule_a_file_out() {
+    let (engine, _store, _dir) = known_engine("pruning", Limits::default()).await;
+    let roomy = key_hex(ROOMY, 0);
+    let by_source = |cond: String| {
+        format!("SELECT COUNT(*) AS n FROM decisions WHERE date = DATE '2026-11-30' AND {cond}")
+    };
+
+    // The key condition stays with the scan (bloom filter, min/max); the source condition
+    // is left to the filter above it.
+    let sql = by_source(format!("source IN (1, 2) AND key_id = X'{roomy}'"));
+    let (scan, filter) = scan_and_filter(&engine, &sql).await;
+    let predicate = &scan[scan.find("predicate=").expect("a scan predicate")..];
+    assert!(predicate.starts_with("predicate=key_id@"), "{scan}");
+    assert!(!predicate.contains("source"), "{scan}");
+    assert!(filter.contains("source@"), "{filter}");
+    assert!(filter.contains("key_id@"), "{filter}");
+    // And the answers are those the lake was built with: roomy's first key made the only
+    // degraded decisions, 5 by the local fallback and 3 by the kill switch.
+    assert_eq!(n(&rows(&engine, &sql).await[0], "n"), 8.0);
+    assert_eq!(
+        n(
+            &rows(&engine, &by_source("source = 2".into())).await[0],
+            "n"
+        ),
+        3.0
+    );
+    let other = key_hex(ROOMY, 1);
+    assert_eq!(
+        n(
+            &rows(
+                &engine,
+                &by_source(format!("source = 1 AND key_id = X'{other}'"))
+            )
+            .await[0],
+            "n"
+        ),
+        0.0
+    );
+
+    // Nothing left that can prune: the scan has no condition of its own.
+    let (scan, _) = scan_and_filter(&engine, &by_source("source IN (0, 1)".into())).await;
+    assert!(scan.contains("predicate=true"), "{scan}");
+
+    // The rollup's scans are not the raw table's, and keep their conditions.
+    let rolled = engine
+        .collect(
+            "EXPLAIN SELECT COUNT(*) FROM denied_hourly WHERE tier = 1",
+            100,
+        )
+        .await
+        .map(|(_, batches)| arrow::util::pretty::pretty_format_batches(&batches).unwrap())
+        .unwrap()
+        .to_string();
+    assert!(rolled.contains("predicate=tier@"), "{rolled}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_parquet_filters_pushed_down_a_raw_scan_keeps_every_condition() {
+    use datafusion::execution::session_state::SessionStateBuilder;
+    use datafusion::prelude::{SessionConfig, SessionContext};
+    use std::sync::Arc;
+
+    let (_engine, store, _dir) = known_engine("pushdown", Limits::default()).await;
+    // The scan then filters rows itself and no `FilterExec` is left above it, so its
+    // predicate is the only place the condition is applied.
+    let mut config = SessionConfig::new();
+    config.options_mut().execution.parquet.pushdown_filters = true;
+    let state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_default_features()
+        .with_physical_optimizer_rule(Arc::new(verdict_query::pruning::RawScanPruning))
+        .build();
+    let ctx = SessionContext::new_with_state(state);
+    let url =
+        datafusion::execution::object_store::ObjectStoreUrl::parse(verdict_query::tables::LAKE_URL)
+            .unwrap();
+    ctx.register_object_store(url.as_ref(), store);
+    verdict_query::tables::register(&ctx, Arc::new(verdict_query::PoliciesTable::new(None)))
+        .unwrap();
+    let sql = "SELECT COUNT(*) AS n FROM decisions WHERE source = 2";
+    let plan = ctx
+        .sql(&format!("EXPLAIN {sql}"))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let plan = arrow::util::pretty::pretty_format_batches(&plan)
+        .unwrap()
+        .to_string();
+    assert!(plan.contains("predicate=source@"), "{plan}");
+    assert!(!plan.contains("FilterExec"), "{plan}");
+    let counted = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+    let n = counted[0]
+        .column(0)
+        .as_any()
+        .downcast_ref::<arrow::array::Int64Array>()
+        .unwrap()
+        .value(0);
+    assert_eq!(n, 3, "the kill switch's 3 decisions");
+}
