@@ -383,7 +383,7 @@ pub async fn demo(args: &DemoArgs) -> anyhow::Result<DemoReport> {
     // The questions the history answers.
     let started = Instant::now();
     let engine = Engine::new(
-        Arc::clone(rollup.store()),
+        LocalFileSystem::new_with_prefix(&args.out)?,
         PoliciesTable::new(Some(source)),
         threads,
         Limits::default(),
@@ -848,7 +848,7 @@ mod tests {
         // The query the summary suggests runs on the folder: 2 tiers × verdicts at least,
         // and its counts add up to the events.
         let engine = Engine::new(
-            Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap()),
+            LocalFileSystem::new_with_prefix(dir.path()).unwrap(),
             PoliciesTable::new(None),
             2,
             Limits::default(),

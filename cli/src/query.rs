@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use futures::StreamExt;
 use verdict_query::http::{AppState, QueryMetrics, load_tokens};
-use verdict_query::{Engine, Limits, PoliciesTable};
+use verdict_query::{Engine, Limits, PoliciesTable, ReaderView};
 
 use crate::policy_args::PolicyArgs;
 use crate::store_args::StoreArgs;
@@ -54,8 +54,12 @@ impl EngineArgs {
         let threads = self
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+        let lake = match verdict_ingest::folder_of(&self.store.store) {
+            Some(_) => ReaderView::folder(verdict_ingest::open_folder(&self.store.store)?),
+            None => ReaderView::new(self.store.open()?),
+        };
         Ok(Engine::new(
-            self.store.open()?,
+            lake,
             PoliciesTable::new(source),
             threads,
             limits,

@@ -18,7 +18,7 @@ pub mod store;
 pub mod worker;
 
 pub use metrics::IngestMetrics;
-pub use open::{OpenError, S3Options, open_store};
+pub use open::{OpenError, S3Options, folder_of, open_folder, open_store};
 pub use prefixed::Prefixed;
 pub use raw_file::{ConsumedEvent, RawFileError, encode_raw_parquet, raw_writer_properties};
 pub use store::{HourSplit, WriteError, WrittenFile, split_by_hour, write_hour_file};

@@ -75,16 +75,32 @@ pub fn open_store(url: &str, s3: &S3Options) -> Result<Arc<dyn ObjectStore>, Ope
             Arc::new(Prefixed::new(s3, prefix))
         });
     }
-    let path = url.strip_prefix("file://").unwrap_or(url);
+    Ok(Arc::new(open_folder(url)?))
+}
+
+/// The folder `url` names (a path, or `file://` and a path); `None` for an `s3://` URL.
+pub fn folder_of(url: &str) -> Option<&str> {
+    (!url.starts_with("s3://")).then(|| url.strip_prefix("file://").unwrap_or(url))
+}
+
+/// Opens the folder `url` names as a store, creating it if it is not there yet.
+pub fn open_folder(url: &str) -> Result<LocalFileSystem, OpenError> {
+    let err = |source| OpenError::Store {
+        url: url.to_owned(),
+        source,
+    };
+    let path = folder_of(url).ok_or_else(|| {
+        err(object_store::Error::NotSupported {
+            source: format!("{url} is not a folder").into(),
+        })
+    })?;
     std::fs::create_dir_all(path).map_err(|e| {
         err(object_store::Error::Generic {
             store: "LocalFileSystem",
             source: Box::new(e),
         })
     })?;
-    Ok(Arc::new(
-        LocalFileSystem::new_with_prefix(path).map_err(err)?,
-    ))
+    LocalFileSystem::new_with_prefix(path).map_err(err)
 }
 
 #[cfg(test)]

@@ -25,7 +25,6 @@ use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::Statement;
 use futures::{Stream, StreamExt};
-use object_store::ObjectStore;
 use tokio::time::Instant;
 
 use crate::indicator::CountIndicators;
@@ -170,10 +169,11 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    /// An engine over `store` (the lake: `raw/`, `rollup/`, `overage/`), with the `policies`
+    /// An engine over `store` (the lake: `raw/`, `rollup/`, `overage/`; any object store, or a
+    /// `LocalFileSystem`, read as a local folder: see [`ReaderView`]), with the `policies`
     /// table from `policies`, using `threads` partitions per query.
     pub fn new(
-        store: Arc<dyn ObjectStore>,
+        store: impl Into<ReaderView>,
         policies: PoliciesTable,
         threads: usize,
         limits: Limits,
@@ -214,7 +214,8 @@ impl Engine {
         base.add_optimizer_rule(Arc::new(CountIndicators));
         base.add_optimizer_rule(Arc::new(PackGroupKeys));
         let url = ObjectStoreUrl::parse(LAKE_URL)?;
-        base.register_object_store(url.as_ref(), Arc::new(ReaderView::new(store)));
+        let view: ReaderView = store.into();
+        base.register_object_store(url.as_ref(), Arc::new(view));
         let policies = Arc::new(policies);
         register(&base, Arc::clone(&policies))?;
         Ok(Self {

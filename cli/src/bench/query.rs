@@ -269,7 +269,7 @@ pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
 
     let source = PolicySource::File(FileSource::new(root.join("policy.toml")));
     let engine = Engine::new(
-        Arc::clone(&store),
+        LocalFileSystem::new_with_prefix(&root)?,
         PoliciesTable::new(Some(source)),
         threads,
         Limits::default(),
