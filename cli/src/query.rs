@@ -54,9 +54,11 @@ impl EngineArgs {
         let threads = self
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-        let lake = match verdict_ingest::folder_of(&self.store.store) {
-            Some(_) => ReaderView::folder(verdict_ingest::open_folder(&self.store.store)?),
-            None => ReaderView::new(self.store.open()?),
+        // A folder's ranges are read in place (see `ReaderView::folder`).
+        let lake = if verdict_ingest::folder_of(&self.store.store).is_some() {
+            ReaderView::folder(verdict_ingest::open_folder(&self.store.store)?)
+        } else {
+            ReaderView::new(self.store.open()?)
         };
         Ok(Engine::new(
             lake,

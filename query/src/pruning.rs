@@ -30,9 +30,8 @@ use datafusion::physical_expr::expressions::lit;
 use datafusion::physical_expr::utils::{collect_columns, conjunction_opt, split_conjunction};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::{ExecutionPlan, PhysicalExpr};
-use verdict_schemas::tables::raw;
-
 use verdict_schemas::layout::RAW_PREFIX;
+use verdict_schemas::tables::raw;
 
 /// The raw table's columns whose per-file statistics can exclude a file (see the module
 /// documentation).
