@@ -11,6 +11,8 @@
 //! (`NULL` against 0), so a global aggregation is left alone, and so is a sum that is
 //! `DISTINCT`, ordered or filtered already, or of another type.
 
+use std::sync::Arc;
+
 use arrow::datatypes::DataType;
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::{DFSchema, Result, ScalarValue};
@@ -19,6 +21,8 @@ use datafusion::logical_expr::expr::{AggregateFunction, AggregateFunctionParams,
 use datafusion::logical_expr::utils::COUNT_STAR_EXPANSION;
 use datafusion::logical_expr::{Aggregate, Expr, ExprSchemable, LogicalPlan};
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
+
+use crate::pack::rewrite_aggregate;
 
 /// The optimizer rule; see the module documentation.
 #[derive(Debug, Default)]
@@ -38,38 +42,39 @@ impl OptimizerRule for CountIndicators {
         plan: LogicalPlan,
         _config: &dyn OptimizerConfig,
     ) -> Result<Transformed<LogicalPlan>> {
-        let LogicalPlan::Aggregate(agg) = plan else {
-            return Ok(Transformed::no(plan));
-        };
-        if agg.group_expr.is_empty() {
-            return Ok(Transformed::no(LogicalPlan::Aggregate(agg)));
-        }
-        let input = agg.input.schema();
-        let mut changed = false;
-        let mut aggr_expr = Vec::with_capacity(agg.aggr_expr.len());
-        for e in &agg.aggr_expr {
-            let rewritten = match e {
-                Expr::Alias(alias) => counted(&alias.expr, input)?.map(|c| {
-                    Expr::Alias(Alias {
-                        expr: Box::new(c),
-                        ..alias.clone()
-                    })
-                }),
-                _ => counted(e, input)?.map(|c| c.alias(e.schema_name().to_string())),
-            };
-            changed |= rewritten.is_some();
-            aggr_expr.push(rewritten.unwrap_or_else(|| e.clone()));
-        }
-        if !changed {
-            return Ok(Transformed::no(LogicalPlan::Aggregate(agg)));
-        }
-        let Aggregate {
-            input, group_expr, ..
-        } = agg;
-        Ok(Transformed::yes(LogicalPlan::Aggregate(
-            Aggregate::try_new(input, group_expr, aggr_expr)?,
-        )))
+        rewrite_aggregate(plan, count_indicators)
     }
+}
+
+/// `agg` with its sums of indicators counted with a filter, if it groups and has any.
+fn count_indicators(agg: &Aggregate) -> Result<Option<LogicalPlan>> {
+    if agg.group_expr.is_empty() {
+        return Ok(None);
+    }
+    let input = agg.input.schema();
+    let mut changed = false;
+    let mut aggr_expr = Vec::with_capacity(agg.aggr_expr.len());
+    for e in &agg.aggr_expr {
+        let rewritten = match e {
+            Expr::Alias(alias) => counted(&alias.expr, input)?.map(|c| {
+                Expr::Alias(Alias {
+                    expr: Box::new(c),
+                    ..alias.clone()
+                })
+            }),
+            _ => counted(e, input)?.map(|c| c.alias(e.schema_name().to_string())),
+        };
+        changed |= rewritten.is_some();
+        aggr_expr.push(rewritten.unwrap_or_else(|| e.clone()));
+    }
+    if !changed {
+        return Ok(None);
+    }
+    Ok(Some(LogicalPlan::Aggregate(Aggregate::try_new(
+        Arc::clone(&agg.input),
+        agg.group_expr.clone(),
+        aggr_expr,
+    )?)))
 }
 
 /// `COUNT(*) FILTER (WHERE p)` for `e` = `SUM(CASE WHEN p THEN 1 ELSE 0 END)` of type
@@ -149,8 +154,6 @@ fn integer_literal(e: &Expr) -> Option<i128> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    use std::sync::Arc;
 
     use arrow::array::{Int64Array, UInt8Array};
     use arrow::datatypes::{Field, Schema};

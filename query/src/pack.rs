@@ -67,13 +67,22 @@ impl OptimizerRule for PackGroupKeys {
         plan: LogicalPlan,
         _config: &dyn OptimizerConfig,
     ) -> Result<Transformed<LogicalPlan>> {
-        let LogicalPlan::Aggregate(agg) = plan else {
-            return Ok(Transformed::no(plan));
-        };
-        match pack(&agg)? {
-            Some(plan) => Ok(Transformed::yes(plan)),
-            None => Ok(Transformed::no(LogicalPlan::Aggregate(agg))),
-        }
+        rewrite_aggregate(plan, pack)
+    }
+}
+
+/// The plan `rewrite` makes of `plan` when it is an `Aggregate` and `rewrite` changes it;
+/// else `plan` as it is. The step of each of the crate's rules on aggregations.
+pub(crate) fn rewrite_aggregate(
+    plan: LogicalPlan,
+    rewrite: impl FnOnce(&Aggregate) -> Result<Option<LogicalPlan>>,
+) -> Result<Transformed<LogicalPlan>> {
+    let LogicalPlan::Aggregate(agg) = plan else {
+        return Ok(Transformed::no(plan));
+    };
+    match rewrite(&agg)? {
+        Some(plan) => Ok(Transformed::yes(plan)),
+        None => Ok(Transformed::no(LogicalPlan::Aggregate(agg))),
     }
 }
 

@@ -30,8 +30,9 @@ use datafusion::physical_expr::expressions::lit;
 use datafusion::physical_expr::utils::{collect_columns, conjunction_opt, split_conjunction};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::{ExecutionPlan, PhysicalExpr};
-use verdict_schemas::layout::RAW_PREFIX;
 use verdict_schemas::tables::raw;
+
+use crate::view::in_raw;
 
 /// The raw table's columns whose per-file statistics can exclude a file (see the module
 /// documentation).
@@ -103,14 +104,7 @@ fn narrowed(node: &dyn ExecutionPlan) -> Option<Arc<dyn ExecutionPlan>> {
 /// Whether every file the scan reads is a raw file.
 fn scans_raw(config: &FileScanConfig) -> bool {
     let mut files = config.file_groups.iter().flat_map(|g| g.iter()).peekable();
-    files.peek().is_some()
-        && files.all(|f| {
-            f.object_meta
-                .location
-                .as_ref()
-                .strip_prefix(RAW_PREFIX)
-                .is_some_and(|rest| rest.starts_with('/'))
-        })
+    files.peek().is_some() && files.all(|f| in_raw(&f.object_meta))
 }
 
 /// Whether `conjunct` only reads columns whose statistics can exclude a raw file (a constant

@@ -130,7 +130,8 @@ fn is_parquet(meta: &ObjectMeta) -> bool {
     meta.location.extension() == Some(PARQUET_EXT)
 }
 
-fn in_raw(meta: &ObjectMeta) -> bool {
+/// Whether `meta` is an object under `raw/`.
+pub(crate) fn in_raw(meta: &ObjectMeta) -> bool {
     meta.location
         .parts()
         .next()
