@@ -34,7 +34,7 @@ use verdict_schemas::synth::{SynthConfig, SynthTraffic, synth_key_id};
 use verdict_schemas::{DecisionEvent, EVENT_V1_LEN, HourPartition, KeyId, Verdict};
 
 use crate::local_gateway::{LocalGateway, spawn_upstream};
-use crate::synth_policy::{ROUTES, policy_toml};
+use crate::synth_policy::{ROUTES, per_route_policy_toml};
 
 /// The topic name the demo writes into file names, as production does.
 pub const DEMO_TOPIC: &str = "verdict.decisions.v1";
@@ -169,14 +169,24 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 }
 
 /// The synthetic world at the rate the demo aims at: one demo hour holds `rate × 3600 /
-/// speed` requests, and the limits are scaled to that, so the tiers keep their shape (free
-/// too low, starter in shadow, enterprise generous) at any rate.
+/// speed` requests, and the limits are scaled to that, so the tiers keep their shape at any
+/// rate: free too low, starter in shadow and too low, pro about right, enterprise generous
+/// (and with enough keys, 0.6 % of them, for the review to judge it). The limits are per
+/// route class (see [`crate::synth_policy::per_route_policy_toml`]).
 fn world(args: &DemoArgs) -> SynthConfig {
     let per_hour = u64::from(args.rate) * 3_600 / u64::from(args.speed);
-    SynthConfig {
+    let mut cfg = SynthConfig {
         seed: args.seed,
         ..SynthConfig::hour(per_hour.max(1), args.keys)
+    };
+    for tier in &mut cfg.tiers {
+        match tier.name {
+            "pro" => tier.hourly_quota = tier.hourly_quota.saturating_mul(5) / 2,
+            "enterprise" => tier.key_share = 0.006,
+            _ => {}
+        }
     }
+    cfg
 }
 
 /// The API key the demo gives synthetic key `id`.
@@ -246,7 +256,7 @@ pub async fn demo(args: &DemoArgs) -> anyhow::Result<DemoReport> {
     let world = world(args);
     let synth = SynthTraffic::new(world.clone());
     let policy_path = args.out.join("policy.toml");
-    std::fs::write(&policy_path, policy_toml(&world, 1))
+    std::fs::write(&policy_path, per_route_policy_toml(&world, 1))
         .with_context(|| format!("writing {}", policy_path.display()))?;
     let keys_path = args.out.join("keys.csv");
     write_keys(&keys_path, &synth)?;
@@ -413,9 +423,13 @@ pub async fn demo(args: &DemoArgs) -> anyhow::Result<DemoReport> {
         .map(|r| WrongLimit {
             tier: text(r, "tier"),
             route_class: text(r, "route_class"),
-            share_keys_refused: number(r, "share_keys_refused"),
-            busiest_use: number(r, "busiest_use"),
+            override_key: r["override_key"].as_str().map(str::to_owned),
+            keys: number(r, "keys") as u64,
+            hourly_quota: number(r, "hourly_quota") as u64,
+            demand_p90: number(r, "demand_p90"),
             verdict: text(r, "verdict"),
+            reason: text(r, "reason"),
+            recommended_quota: number(r, "recommended_quota") as u64,
         })
         .collect();
     let sql = engine.report_sql("shadow-impact", &range).await?;
@@ -544,12 +558,45 @@ pub struct WrongLimit {
     pub tier: String,
     /// Route class name.
     pub route_class: String,
-    /// Share of the keys refused at least once.
-    pub share_keys_refused: f64,
-    /// Share of the hourly quota the busiest key used.
-    pub busiest_use: f64,
-    /// too low, too high or fine.
+    /// The key, for the row of a key with an override.
+    pub override_key: Option<String>,
+    /// Active keys.
+    pub keys: u64,
+    /// The hourly quota in force.
+    pub hourly_quota: u64,
+    /// The p90 key's busiest hour, as a multiple of its quota.
+    pub demand_p90: f64,
+    /// too low, too high, fine or not enough data.
     pub verdict: String,
+    /// Why, in words.
+    pub reason: String,
+    /// The hourly quota the review recommends.
+    pub recommended_quota: u64,
+}
+
+/// The limit review's rows as the demo prints them: one line per limit with its verdict,
+/// the reason and, where the review would change it, the recommended quota.
+pub fn render_review(rows: &[WrongLimit]) -> String {
+    let mut t = String::new();
+    for w in rows {
+        let limit = match &w.override_key {
+            Some(key) => format!("{} {} key {key}", w.tier, w.route_class),
+            None => format!("{} {}", w.tier, w.route_class),
+        };
+        let advice = if w.recommended_quota != w.hourly_quota {
+            format!(
+                "; recommended quota {} (now {})",
+                w.recommended_quota, w.hourly_quota
+            )
+        } else {
+            String::new()
+        };
+        t += &format!(
+            "  {limit:<20} {:<15} {:>5} keys: {}{advice}\n",
+            w.verdict, w.keys, w.reason
+        );
+    }
+    t
 }
 
 /// One row of the `shadow-impact` report, as the demo prints it.
@@ -710,16 +757,7 @@ pub fn render(r: &DemoReport, args: &DemoArgs) -> String {
         "\nWhich limits were wrong? wrong-limits over {} to {} ({:.2} s for both reports):\n",
         r.first_hour, r.last_hour, r.query_s
     );
-    for w in &r.wrong_limits {
-        t += &format!(
-            "  {:<12} {:<8} {:<9} {:>5.1} % of keys refused, the busiest used {:>5.1} % of its hourly quota\n",
-            w.tier,
-            w.route_class,
-            w.verdict,
-            w.share_keys_refused * 100.0,
-            w.busiest_use * 100.0
-        );
-    }
+    t += &render_review(&r.wrong_limits);
     t += "\nWhat would enforcing the tiers in shadow mode do? shadow-impact:\n";
     if r.shadow_impact.is_empty() {
         t += "  (no tier in shadow mode sent traffic)\n";
@@ -755,6 +793,63 @@ pub fn render(r: &DemoReport, args: &DemoArgs) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The review as the demo prints it, for rows of each verdict (the demo's own run
+    /// prints its world's truth: free and starter too low, pro fine, enterprise too high).
+    #[test]
+    fn the_printed_review_gives_each_verdict_its_reason_and_recommendation() {
+        let row =
+            |tier: &str, verdict: &str, quota: u64, recommended: u64, reason: &str| WrongLimit {
+                tier: tier.into(),
+                route_class: "read".into(),
+                override_key: None,
+                keys: 60,
+                hourly_quota: quota,
+                demand_p90: 0.0,
+                verdict: verdict.into(),
+                reason: reason.into(),
+                recommended_quota: recommended,
+            };
+        let mut rows = vec![
+            row(
+                "free",
+                "too low",
+                2,
+                25,
+                "p90 engaged key needs 7.5× the hourly quota and 0.9× the bucket; 97 % of keys constrained",
+            ),
+            row(
+                "starter",
+                "too low",
+                30,
+                150,
+                "p90 engaged key needs 2.87× the hourly quota and 0.63× the bucket; 52 % of keys constrained",
+            ),
+            row(
+                "pro",
+                "fine",
+                1500,
+                1500,
+                "p90 engaged key needs 0.49× the hourly quota and 0.33× the bucket; 2 % of keys constrained; the top 1 % of keys (1) made 100 % of the refusals",
+            ),
+            row(
+                "enterprise",
+                "too high",
+                720605,
+                11000,
+                "p99 key uses 0.01× the hourly quota and 0.02× the bucket; no key constrained",
+            ),
+            row(
+                "tiny",
+                "not enough data",
+                10,
+                10,
+                "4 active keys, fewer than the 10 needed to judge",
+            ),
+        ];
+        rows[2].override_key = Some("a0000000000000000000000000000000".into());
+        insta::assert_snapshot!(render_review(&rows));
+    }
 
     fn args(out: &Path) -> DemoArgs {
         DemoArgs {

@@ -65,6 +65,10 @@ pub enum Command {
     /// Run one read-only SQL query (or a named report with --report) over the lake and
     /// print the rows.
     Sql(query::SqlArgs),
+    /// Replay the recorded requests of a range under a candidate policy, through the
+    /// limiter's own decision core, and say per tier × route class what it would have
+    /// refused beside what was refused: shadow mode run offline on history.
+    WhatIf(query::WhatIfArgs),
     /// Measure a part of the system; prints JSON.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -72,8 +76,11 @@ pub enum Command {
 
 /// Runs one parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
+    // 8 MiB stacks for the workers (tokio's default is 2 MiB): query plans and expressions
+    // are trees, and an analyst's long expression should be answered, not abort the process.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .thread_stack_size(8 << 20)
         .build()?;
     match cli.command {
         Command::Demo(args) => runtime.block_on(demo::run(args)),
@@ -85,6 +92,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Jobs(cmd) => runtime.block_on(jobs::run(cmd)),
         Command::Query(cmd) => runtime.block_on(query::run(cmd)),
         Command::Sql(args) => runtime.block_on(query::sql(args)),
+        Command::WhatIf(args) => runtime.block_on(query::what_if(args)),
     }
 }
 

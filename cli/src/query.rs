@@ -32,6 +32,18 @@ pub struct EngineArgs {
     /// Rows a JSON answer may carry (CSV, Arrow and Parquet stream without a limit).
     #[arg(long, default_value_t = 100_000)]
     pub json_rows: usize,
+    /// Size a JSON answer may have, MiB (of its data before encoding; CSV, Arrow and
+    /// Parquet stream without a limit).
+    #[arg(long, default_value_t = 64)]
+    pub json_mib: usize,
+    /// Memory all running queries may use together, MiB: at most this over --memory-mib
+    /// queries run at once, the next waits in line.
+    #[arg(long, default_value_t = 4096)]
+    pub budget_mib: usize,
+    /// How long a query waits in line for a place before it is refused as busy (503 with
+    /// Retry-After), seconds.
+    #[arg(long, default_value_t = 10)]
+    pub queue_timeout_s: u64,
     /// Partitions each query runs on (default: the machine's cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -50,6 +62,9 @@ impl EngineArgs {
             memory_bytes: self.memory_mib.max(1) << 20,
             timeout: Duration::from_secs(self.timeout_s.max(1)),
             json_rows: self.json_rows.max(1),
+            json_bytes: self.json_mib.max(1) << 20,
+            budget_bytes: self.budget_mib.max(1) << 20,
+            queue_timeout: Duration::from_secs(self.queue_timeout_s),
         };
         let threads = self
             .threads
@@ -203,6 +218,15 @@ pub async fn sql(args: SqlArgs) -> anyhow::Result<()> {
             }
         }
     }
+    if args.output == Output::Csv && csv_header {
+        // An empty answer: the header alone.
+        let mut out = Vec::new();
+        arrow::csv::WriterBuilder::new()
+            .with_header(true)
+            .build(&mut out)
+            .write(&batches[0])?;
+        print!("{}", String::from_utf8_lossy(&out));
+    }
     if args.output == Output::Table {
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
         println!(
@@ -210,6 +234,58 @@ pub async fn sql(args: SqlArgs) -> anyhow::Result<()> {
             arrow::util::pretty::pretty_format_batches(&batches).context("formatting the rows")?
         );
         println!("({rows} rows)");
+    }
+    Ok(())
+}
+
+/// `verdict what-if`.
+#[derive(Debug, Args)]
+pub struct WhatIfArgs {
+    /// The candidate policy (the limiter's TOML). It is validated as the limiter validates a
+    /// policy: an invalid row is refused with its field named.
+    #[arg(long = "policy", value_name = "CANDIDATE.toml")]
+    pub candidate: PathBuf,
+    /// Start of the range, inclusive (RFC 3339, 2026-11-30T14:00 or a date; UTC). Default:
+    /// `--to` minus 7 days.
+    #[arg(long)]
+    pub from: Option<String>,
+    /// End of the range, exclusive. Default: the next full hour.
+    #[arg(long)]
+    pub to: Option<String>,
+    /// How many keys whose refusals change most to list.
+    #[arg(long, default_value_t = 10)]
+    pub keys: usize,
+    /// Print the answer as one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// Runs `verdict what-if`.
+pub async fn what_if(args: WhatIfArgs) -> anyhow::Result<()> {
+    let toml = std::fs::read_to_string(&args.candidate)
+        .with_context(|| format!("reading the candidate policy {}", args.candidate.display()))?;
+    let candidate = verdict_query::whatif::candidate(&toml)
+        .with_context(|| format!("in {}", args.candidate.display()))?;
+    let range = verdict_query::reports::Range::parse(
+        args.from.as_deref(),
+        args.to.as_deref(),
+        chrono::Utc::now(),
+        7,
+    )?;
+    let engine = args.engine.engine()?;
+    let started = std::time::Instant::now();
+    let answer = verdict_query::whatif::what_if(&engine, candidate, range, args.keys).await?;
+    tracing::info!(
+        decisions = answer.decisions,
+        seconds = started.elapsed().as_secs_f64(),
+        "replayed"
+    );
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&answer)?);
+    } else {
+        print!("{}", verdict_query::whatif::render(&answer));
     }
     Ok(())
 }

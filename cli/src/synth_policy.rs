@@ -32,6 +32,38 @@ pub fn policy_toml(cfg: &SynthConfig, version: u64) -> String {
     t
 }
 
+/// `cfg`'s policy with limits per route class: each class's limits are the tier's scaled by
+/// the class's share of the traffic against the busiest class (`route_weights`), so a key
+/// whose requests split across the classes as the world sends them meets each class's
+/// limit in the same proportion. With one limit for every class (`policy_toml`), the
+/// rarely used classes would look generous and the busiest one tight, whatever the tier.
+pub fn per_route_policy_toml(cfg: &SynthConfig, version: u64) -> String {
+    let whole = policy_toml(cfg, version);
+    let head = whole
+        .split("\n[[limits]]")
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let busiest = f64::from(cfg.route_weights.iter().copied().max().unwrap_or(1).max(1));
+    let mut t = head;
+    for tier in &cfg.tiers {
+        for (route, weight) in ROUTES.iter().zip(&cfg.route_weights) {
+            let share = f64::from(*weight) / busiest;
+            let scaled = |v: f64| (v * share).round().max(1.0);
+            t += &format!(
+                "\n[[limits]]\ntier = \"{}\"\nroute_class = \"{route}\"\ncapacity = {}\nrefill_per_s = {}\n\
+                 hourly_quota = {}\nmode = \"{}\"\n",
+                tier.name,
+                scaled(f64::from(tier.capacity.max(1))),
+                (tier.refill_per_s * share).max(0.001),
+                scaled(f64::from(tier.hourly_quota.min(1_000_000_000))),
+                if tier.shadow { "shadow" } else { "enforce" }
+            );
+        }
+    }
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -40,7 +72,11 @@ mod tests {
     fn the_synthetic_policy_is_valid_for_the_limiter() {
         for events in [1_000, 2_000_000, 62_500_000] {
             let cfg = SynthConfig::hour(events, 5_000);
-            let doc = verdict_limiter::policy::parse_toml(&policy_toml(&cfg, 3)).unwrap();
+            for text in [policy_toml(&cfg, 3), per_route_policy_toml(&cfg, 3)] {
+                let doc = verdict_limiter::policy::parse_toml(&text).unwrap();
+                verdict_limiter::PolicySnapshot::build(doc).unwrap();
+            }
+            let doc = verdict_limiter::policy::parse_toml(&per_route_policy_toml(&cfg, 3)).unwrap();
             let snapshot = verdict_limiter::PolicySnapshot::build(doc).unwrap();
             assert_eq!(snapshot.document().tiers.len(), cfg.tiers.len());
             assert_eq!(

@@ -7,7 +7,9 @@
 use object_store::ObjectStore;
 use object_store::path::Path;
 use verdict_ingest::flush::QUARANTINE_PREFIX;
-use verdict_schemas::layout::{DENIED_HOURLY_PREFIX, OVERAGE_PREFIX, RAW_PREFIX};
+use verdict_schemas::layout::{
+    DEMAND_HOURLY_PREFIX, DENIED_HOURLY_PREFIX, OVERAGE_PREFIX, RAW_PREFIX,
+};
 
 use crate::partitions::{day_folders, delete_under, hour_partitions, objects_under};
 use crate::windows::{DAY, Windows, day_start_ms, ms};
@@ -35,6 +37,7 @@ pub async fn plan(
     let hourly = [
         ("raw", RAW_PREFIX, windows.raw_keep),
         ("denied_hourly", DENIED_HOURLY_PREFIX, windows.rollup_keep),
+        ("demand_hourly", DEMAND_HOURLY_PREFIX, windows.rollup_keep),
     ];
     for (table, prefix, keep) in hourly {
         for hour in hour_partitions(store, prefix).await? {

@@ -1,8 +1,9 @@
 //! Runs one read-only query under its limits.
 //!
-//! Every query gets a session of its own over the shared catalog: its own memory pool (a
-//! [`GreedyMemoryPool`] of [`Limits::memory_bytes`], so one greedy query fails alone and
-//! the others keep running), no spill files, and a deadline. Only `SELECT` (and `EXPLAIN` of
+//! Every query gets a session of its own over the shared catalog: its own memory pool (of
+//! [`Limits::memory_bytes`], so one greedy query fails alone and the others keep running)
+//! drawing from a budget all queries share (see [`crate::budget`]), no spill files, and a
+//! deadline. Only `SELECT` (and `EXPLAIN` of
 //! one) passes: DDL, DML, `COPY`, `CREATE EXTERNAL TABLE`, `SET` and every other statement
 //! are refused before planning, and the plan is checked again by DataFusion's own
 //! [`SQLOptions`].
@@ -17,7 +18,6 @@ use arrow::record_batch::RecordBatch;
 use datafusion::error::DataFusionError;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
-use datafusion::execution::memory_pool::GreedyMemoryPool;
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::execution::session_state::SessionStateBuilder;
@@ -27,6 +27,7 @@ use datafusion::sql::sqlparser::ast::Statement;
 use futures::{Stream, StreamExt};
 use tokio::time::Instant;
 
+use crate::budget::Budget;
 use crate::indicator::CountIndicators;
 use crate::pack::PackGroupKeys;
 use crate::pruning::RawScanPruning;
@@ -42,6 +43,14 @@ pub struct Limits {
     pub timeout: Duration,
     /// Rows a JSON answer may carry (CSV, Arrow and Parquet are streamed, unbounded).
     pub json_rows: usize,
+    /// Bytes of Arrow data a JSON answer may be built from (its JSON is about as large):
+    /// a few rows of huge strings are bounded too, not only many rows.
+    pub json_bytes: usize,
+    /// Memory all running queries may use together (see [`crate::budget`]): at most
+    /// `budget_bytes / memory_bytes` queries run at once.
+    pub budget_bytes: usize,
+    /// How long a query waits for a place before it is refused as busy.
+    pub queue_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -50,6 +59,9 @@ impl Default for Limits {
             memory_bytes: 1 << 30,
             timeout: Duration::from_secs(60),
             json_rows: 100_000,
+            json_bytes: 64 << 20,
+            budget_bytes: 4 << 30,
+            queue_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -83,6 +95,10 @@ pub enum QueryError {
         /// The limit.
         seconds: u64,
     },
+    /// The statement is larger than the service takes (bytes, tokens or set-operation
+    /// branches); the message names the limit.
+    #[error("{0}")]
+    TooLarge(String),
     /// A JSON answer would carry more rows than allowed.
     #[error(
         "the answer has more than {limit} rows, the limit for JSON: add a LIMIT, aggregate, or \
@@ -91,6 +107,24 @@ pub enum QueryError {
     RowLimit {
         /// The limit.
         limit: usize,
+    },
+    /// A JSON answer would be larger than allowed.
+    #[error(
+        "the answer is larger than {limit_mib} MiB, the limit for JSON: select fewer or \
+         shorter columns, or ask for format=csv, arrow or parquet, which are streamed"
+    )]
+    AnswerTooLarge {
+        /// The limit.
+        limit_mib: usize,
+    },
+    /// Every place for a query is taken, or the shared memory budget is: try again later.
+    #[error(
+        "the query service is busy (every place for a query, or its shared memory budget, is \
+         in use): retry in {retry_after_s} s"
+    )]
+    Busy {
+        /// When to try again, seconds.
+        retry_after_s: u64,
     },
     /// Reading the lake or executing failed; the detail is in the service's log.
     #[error("the query failed while reading the data; the service log has the detail")]
@@ -103,10 +137,13 @@ impl QueryError {
         match self {
             Self::Refused(_) => "refused",
             Self::Invalid(_) => "invalid_query",
+            Self::TooLarge(_) => "query_too_large",
             Self::NotFound(_) => "not_found",
             Self::MemoryLimit { .. } => "memory_limit",
             Self::TimeLimit { .. } => "time_limit",
             Self::RowLimit { .. } => "row_limit",
+            Self::AnswerTooLarge { .. } => "answer_too_large",
+            Self::Busy { .. } => "busy",
             Self::Internal => "internal",
         }
     }
@@ -115,6 +152,11 @@ impl QueryError {
     pub fn from_datafusion(e: DataFusionError, limits: &Limits) -> Self {
         let root = e.find_root();
         match root {
+            DataFusionError::ResourcesExhausted(m)
+                if m.contains(crate::budget::BUDGET_EXHAUSTED) =>
+            {
+                Self::Busy { retry_after_s: 5 }
+            }
             DataFusionError::ResourcesExhausted(_) => Self::MemoryLimit {
                 limit_mib: limits.memory_bytes >> 20,
             },
@@ -158,6 +200,7 @@ pub struct Engine {
     base: SessionContext,
     limits: Limits,
     policies: Arc<PoliciesTable>,
+    budget: Budget,
 }
 
 impl std::fmt::Debug for Engine {
@@ -220,6 +263,11 @@ impl Engine {
         register(&base, Arc::clone(&policies))?;
         Ok(Self {
             base,
+            budget: Budget::new(
+                limits.budget_bytes,
+                limits.memory_bytes,
+                limits.queue_timeout,
+            ),
             limits,
             policies,
         })
@@ -235,12 +283,17 @@ impl Engine {
         &self.policies
     }
 
-    /// A session sharing the catalog, with a memory pool of its own: for the PostgreSQL
-    /// front end, where one session serves one connection.
+    /// The shared memory budget and the line queries wait in.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
+    }
+
+    /// A session sharing the catalog, with a memory pool of its own (drawing from the
+    /// shared budget): one per query, and for the PostgreSQL front end.
     pub fn session(&self) -> SessionContext {
         let base = self.base.runtime_env();
         let runtime = RuntimeEnv {
-            memory_pool: Arc::new(GreedyMemoryPool::new(self.limits.memory_bytes)),
+            memory_pool: Arc::new(self.budget.pool()),
             disk_manager: Arc::clone(&base.disk_manager),
             cache_manager: Arc::clone(&base.cache_manager),
             object_store_registry: Arc::clone(&base.object_store_registry),
@@ -291,6 +344,11 @@ impl Engine {
     /// Checks, plans and starts `sql`; the rows come from the returned stream, which ends
     /// with [`QueryError::TimeLimit`] if the deadline passes.
     pub async fn run(&self, sql: &str) -> Result<QueryStream, QueryError> {
+        let permit = self
+            .budget
+            .admit()
+            .await
+            .ok_or(QueryError::Busy { retry_after_s: 5 })?;
         let deadline = Instant::now() + self.limits.timeout;
         let ctx = self.session();
         let started = tokio::time::timeout_at(deadline, async {
@@ -305,6 +363,7 @@ impl Engine {
         Ok(QueryStream {
             schema: started.schema(),
             inner: started,
+            _permit: permit,
             deadline: Box::pin(tokio::time::sleep_until(deadline)),
             limits: self.limits,
             done: false,
@@ -317,15 +376,32 @@ impl Engine {
         sql: &str,
         max_rows: usize,
     ) -> Result<(SchemaRef, Vec<RecordBatch>), QueryError> {
+        self.collect_bounded(sql, max_rows, usize::MAX).await
+    }
+
+    /// Runs `sql` and collects at most `max_rows` rows ([`QueryError::RowLimit`] beyond)
+    /// and `max_bytes` bytes of Arrow data ([`QueryError::AnswerTooLarge`] beyond).
+    pub async fn collect_bounded(
+        &self,
+        sql: &str,
+        max_rows: usize,
+        max_bytes: usize,
+    ) -> Result<(SchemaRef, Vec<RecordBatch>), QueryError> {
         let mut stream = self.run(sql).await?;
         let schema = stream.schema();
         let mut batches = Vec::new();
-        let mut rows = 0;
+        let (mut rows, mut bytes) = (0usize, 0usize);
         while let Some(batch) = stream.next().await {
             let batch = batch?;
             rows += batch.num_rows();
             if rows > max_rows {
                 return Err(QueryError::RowLimit { limit: max_rows });
+            }
+            bytes = bytes.saturating_add(batch.get_array_memory_size());
+            if bytes > max_bytes {
+                return Err(QueryError::AnswerTooLarge {
+                    limit_mib: max_bytes >> 20,
+                });
             }
             batches.push(batch);
         }
@@ -398,11 +474,140 @@ pub fn read_only_options() -> SQLOptions {
         .with_allow_statements(false)
 }
 
-/// Parses `sql` and passes it only if it is one query (or `EXPLAIN` of one).
+/// The most a statement may hold. An analyst's query, however long, stays far below; what
+/// goes past is generated (a sum of thousands of terms, thousands of `OR`s or `UNION ALL`
+/// branches), and every stage after the parser (planning, optimizing, printing, evaluating)
+/// walks such trees recursively, so they are refused before any of that.
+pub const MAX_STATEMENT_BYTES: usize = 64 * 1024;
+/// Tokens a statement may hold (keywords, names, literals, operators).
+pub const MAX_STATEMENT_TOKENS: usize = 8_192;
+/// Branches of `UNION`, `INTERSECT` and `EXCEPT` a statement may hold.
+pub const MAX_SET_BRANCHES: usize = 64;
+/// Binary operators one expression may chain at one level of parentheses (`a + b + …`,
+/// `x = 1 OR x = 2 OR …`): such a chain is a tree as deep as it is long, and printing or
+/// evaluating it recurses once per operator. A long list of values belongs in `IN (…)`.
+pub const MAX_CHAINED_OPERATORS: usize = 128;
+
+/// Refuses a statement over [`MAX_STATEMENT_BYTES`], [`MAX_STATEMENT_TOKENS`] or
+/// [`MAX_SET_BRANCHES`], naming the limit. Tokenizing is flat (no recursion), so it is safe
+/// on any input.
+pub fn check_size(sql: &str) -> Result<(), QueryError> {
+    use datafusion::sql::sqlparser::dialect::GenericDialect;
+    use datafusion::sql::sqlparser::keywords::Keyword;
+    use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+    if sql.len() > MAX_STATEMENT_BYTES {
+        return Err(QueryError::TooLarge(format!(
+            "the statement is {} bytes; the limit is {MAX_STATEMENT_BYTES}",
+            sql.len()
+        )));
+    }
+    let tokens = Tokenizer::new(&GenericDialect {}, sql)
+        .tokenize()
+        .map_err(|e| QueryError::Invalid(e.to_string()))?;
+    let meaningful = tokens
+        .iter()
+        .filter(|t| !matches!(t, Token::Whitespace(_)))
+        .count();
+    if meaningful > MAX_STATEMENT_TOKENS {
+        return Err(QueryError::TooLarge(format!(
+            "the statement has {meaningful} tokens; the limit is {MAX_STATEMENT_TOKENS}"
+        )));
+    }
+    let chained = longest_operator_chain(&tokens);
+    if chained > MAX_CHAINED_OPERATORS {
+        return Err(QueryError::TooLarge(format!(
+            "an expression chains {chained} operators; the limit is {MAX_CHAINED_OPERATORS}: \
+             put a long list of values in IN (…)"
+        )));
+    }
+    let branches = 1 + tokens
+        .iter()
+        .filter(|t| {
+            matches!(t, Token::Word(w)
+                if matches!(w.keyword, Keyword::UNION | Keyword::INTERSECT | Keyword::EXCEPT))
+        })
+        .count();
+    if branches > MAX_SET_BRANCHES {
+        return Err(QueryError::TooLarge(format!(
+            "the statement has {branches} branches of UNION, INTERSECT or EXCEPT; the limit \
+             is {MAX_SET_BRANCHES}"
+        )));
+    }
+    Ok(())
+}
+
+/// The most binary operators chained in one expression at one level of parentheses: the
+/// count restarts at every comma, parenthesis and clause keyword.
+fn longest_operator_chain(tokens: &[datafusion::sql::sqlparser::tokenizer::Token]) -> usize {
+    use datafusion::sql::sqlparser::keywords::Keyword;
+    use datafusion::sql::sqlparser::tokenizer::Token;
+    let mut levels = vec![0usize];
+    let mut longest = 0;
+    for t in tokens {
+        match t {
+            Token::LParen => levels.push(0),
+            Token::RParen if levels.len() > 1 => {
+                levels.pop();
+            }
+            Token::Comma => *levels.last_mut().unwrap_or(&mut 0) = 0,
+            Token::Plus
+            | Token::Minus
+            | Token::Mul
+            | Token::Div
+            | Token::Mod
+            | Token::StringConcat
+            | Token::Eq
+            | Token::Neq
+            | Token::Lt
+            | Token::Gt
+            | Token::LtEq
+            | Token::GtEq
+            | Token::Ampersand
+            | Token::Pipe
+            | Token::Caret => {
+                if let Some(n) = levels.last_mut() {
+                    *n += 1;
+                    longest = longest.max(*n);
+                }
+            }
+            Token::Word(w) => match w.keyword {
+                Keyword::AND | Keyword::OR => {
+                    if let Some(n) = levels.last_mut() {
+                        *n += 1;
+                        longest = longest.max(*n);
+                    }
+                }
+                Keyword::SELECT
+                | Keyword::FROM
+                | Keyword::WHERE
+                | Keyword::GROUP
+                | Keyword::HAVING
+                | Keyword::ORDER
+                | Keyword::LIMIT
+                | Keyword::ON
+                | Keyword::CASE
+                | Keyword::WHEN
+                | Keyword::THEN
+                | Keyword::ELSE
+                | Keyword::END
+                | Keyword::UNION
+                | Keyword::INTERSECT
+                | Keyword::EXCEPT => *levels.last_mut().unwrap_or(&mut 0) = 0,
+                _ => {}
+            },
+            _ => {}
+        }
+    }
+    longest
+}
+
+/// Parses `sql` and passes it only if it is one query (or `EXPLAIN` of one), within the
+/// size limits of [`check_size`].
 pub fn check_read_only(
     state: &datafusion::execution::SessionState,
     sql: &str,
 ) -> Result<DfStatement, QueryError> {
+    check_size(sql)?;
     let dialect = state.config().options().sql_parser.dialect;
     let statement = state
         .sql_to_statement(sql, &dialect)
@@ -458,6 +663,8 @@ fn refuse_unless_query(statement: &DfStatement) -> Result<(), QueryError> {
 pub struct QueryStream {
     schema: SchemaRef,
     inner: SendableRecordBatchStream,
+    /// The query's place in the budget, given back when the stream is dropped.
+    _permit: tokio::sync::OwnedSemaphorePermit,
     deadline: Pin<Box<tokio::time::Sleep>>,
     limits: Limits,
     done: bool,
@@ -496,5 +703,65 @@ impl Stream for QueryStream {
             Poll::Ready(Some(Ok(batch))) => Poll::Ready(Some(Ok(batch))),
             Poll::Pending => Poll::Pending,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_statements_past_the_limits_are_refused_by_name() {
+        let sum = format!("SELECT {} FROM decisions", vec!["1"; 5_000].join(" + "));
+        let err = check_size(&sum).unwrap_err();
+        assert_eq!(err.kind(), "query_too_large");
+        assert!(
+            err.to_string().contains("tokens; the limit is 8192"),
+            "{err}"
+        );
+        let union = vec!["SELECT 1"; 100].join(" UNION ALL ");
+        let err = check_size(&union).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("100 branches of UNION, INTERSECT or EXCEPT; the limit is 64"),
+            "{err}"
+        );
+        let long = format!("SELECT '{}'", "x".repeat(70_000));
+        assert!(
+            check_size(&long)
+                .unwrap_err()
+                .to_string()
+                .contains("70009 bytes")
+        );
+        // An analyst's long query passes: the limits are far above what people write.
+        let report = crate::reports::catalog()
+            .into_iter()
+            .map(|r| {
+                crate::reports::render(
+                    &r,
+                    &Default::default(),
+                    &Default::default(),
+                    chrono::Utc::now(),
+                )
+                .unwrap()
+            })
+            .max_by_key(String::len)
+            .unwrap();
+        check_size(&report).unwrap();
+        check_size(&vec!["SELECT 1"; 64].join(" UNION ALL ")).unwrap();
+        // A chain of operators is as deep as it is long: 2,000 terms are refused, 120 pass.
+        let sum = |n: usize| format!("SELECT {} AS s", vec!["1"; n].join(" + "));
+        let err = check_size(&sum(2_000)).unwrap_err().to_string();
+        assert!(
+            err.contains("chains 1999 operators; the limit is 128"),
+            "{err}"
+        );
+        check_size(&sum(120)).unwrap();
+        // The count restarts at commas and parentheses.
+        let wide = (0..30)
+            .map(|_| format!("({})", vec!["1"; 120].join(" + ")))
+            .collect::<Vec<_>>()
+            .join(", ");
+        check_size(&format!("SELECT {wide}")).unwrap();
     }
 }

@@ -122,19 +122,28 @@ impl From<QueryError> for ApiError {
 
 fn status_of(e: &QueryError) -> StatusCode {
     match e {
-        QueryError::Refused(_) | QueryError::Invalid(_) => StatusCode::BAD_REQUEST,
-        QueryError::NotFound(_) => StatusCode::NOT_FOUND,
-        QueryError::MemoryLimit { .. } | QueryError::RowLimit { .. } => {
-            StatusCode::UNPROCESSABLE_ENTITY
+        QueryError::Refused(_) | QueryError::Invalid(_) | QueryError::TooLarge(_) => {
+            StatusCode::BAD_REQUEST
         }
+        QueryError::NotFound(_) => StatusCode::NOT_FOUND,
+        QueryError::MemoryLimit { .. }
+        | QueryError::RowLimit { .. }
+        | QueryError::AnswerTooLarge { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         QueryError::TimeLimit { .. } => StatusCode::REQUEST_TIMEOUT,
+        QueryError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
         QueryError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        error_response(status_of(&self.0), self.0.kind(), &self.0.to_string())
+        let mut response = error_response(status_of(&self.0), self.0.kind(), &self.0.to_string());
+        if let QueryError::Busy { retry_after_s } = self.0 {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
+        }
+        response
     }
 }
 
@@ -153,6 +162,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/sql", post(sql))
         .route("/v1/reports", get(list_reports))
         .route("/v1/reports/{name}", get(report))
+        .route("/v1/what-if", post(what_if))
         .route("/v1/tables", get(tables))
         .route("/v1/openapi.json", get(openapi))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
@@ -167,7 +177,53 @@ pub fn router(state: Arc<AppState>) -> Router {
                 "no such route; GET /v1/openapi.json lists them",
             )
         })
+        .layer(middleware::map_response(json_errors))
         .with_state(state)
+}
+
+/// Every error answer in the documented JSON form, the framework's own rejections included
+/// (a wrong method, a body too large or not UTF-8, a malformed query string): their plain
+/// text is replaced by a message that does not echo the request. Headers such as `Allow`
+/// stay.
+async fn json_errors(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (kind, message) = match status {
+        StatusCode::METHOD_NOT_ALLOWED => (
+            "method_not_allowed",
+            "this route does not take that method; GET /v1/openapi.json lists the routes",
+        ),
+        StatusCode::PAYLOAD_TOO_LARGE => (
+            "body_too_large",
+            "the request body is larger than the service takes (2 MiB)",
+        ),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => (
+            "unsupported_media_type",
+            "send the body as text/plain (SQL, a policy) or application/json",
+        ),
+        s if s.is_server_error() => (
+            "internal",
+            "the request failed; the service log has the detail",
+        ),
+        _ => (
+            "bad_request",
+            "the request could not be read: check the query string and that the body is UTF-8 text",
+        ),
+    };
+    let (mut parts, _) = response.into_parts();
+    let fresh = error_response(status, kind, message);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Response::from_parts(parts, fresh.into_body())
 }
 
 /// Binds `addr` and serves until `shutdown` resolves. Without tokens, only a loopback
@@ -349,6 +405,57 @@ async fn report(
     answer(&state, "report", &sql, &params, &headers).await
 }
 
+/// `POST /v1/what-if?from=…&to=…&keys=N`, the candidate policy (TOML) in the body.
+async fn what_if(
+    State(state): State<Arc<AppState>>,
+    Query(params): Query<BTreeMap<String, String>>,
+    body: String,
+) -> Response {
+    let answer = async {
+        for name in params.keys() {
+            if !["from", "to", "keys"].contains(&name.as_str()) {
+                return Err(QueryError::Invalid(format!(
+                    "what-if has no parameter {name:?}; it takes: from, to, keys"
+                )));
+            }
+        }
+        let keys = match params.get("keys") {
+            Some(k) => k
+                .parse::<usize>()
+                .ok()
+                .filter(|k| *k <= 10_000)
+                .ok_or_else(|| {
+                    QueryError::Invalid("parameter keys: a whole number from 0 to 10000".into())
+                })?,
+            None => 10,
+        };
+        let range = crate::reports::Range::parse(
+            params.get("from").map(String::as_str),
+            params.get("to").map(String::as_str),
+            chrono::Utc::now(),
+            7,
+        )?;
+        let candidate = crate::whatif::candidate(&body)?;
+        crate::whatif::what_if(&state.engine, candidate, range, keys).await
+    }
+    .await;
+    match answer {
+        Ok(w) => {
+            state
+                .metrics
+                .requests
+                .with_label_values(&["what_if", "ok"])
+                .inc();
+            (
+                [(header::CONTENT_TYPE, "application/json")],
+                serde_json::to_string(&w).unwrap_or_default(),
+            )
+                .into_response()
+        }
+        Err(e) => answer_error(&state, "what_if", e),
+    }
+}
+
 fn answer_error(state: &AppState, endpoint: &str, e: QueryError) -> Response {
     state
         .metrics
@@ -403,8 +510,11 @@ async fn answer(
 }
 
 async fn json_answer(state: &AppState, sql: &str) -> Result<(Response, Option<usize>), QueryError> {
-    let limit = state.engine.limits().json_rows;
-    let (schema, batches) = state.engine.collect(sql, limit).await?;
+    let limits = state.engine.limits();
+    let (schema, batches) = state
+        .engine
+        .collect_bounded(sql, limits.json_rows, limits.json_bytes)
+        .await?;
     let rows = batches.iter().map(|b| b.num_rows()).sum();
     let body = json(&schema, &batches).map_err(|e| {
         tracing::warn!(error = %e, "encoding JSON failed");
@@ -516,7 +626,8 @@ pub fn openapi_document() -> serde_json::Value {
         "401": {"$ref": "#/components/responses/Error"},
         "404": {"$ref": "#/components/responses/Error"},
         "408": {"$ref": "#/components/responses/Error"},
-        "422": {"$ref": "#/components/responses/Error"}
+        "422": {"$ref": "#/components/responses/Error"},
+        "503": {"$ref": "#/components/responses/Error"}
     });
     let mut report_params = vec![
         json!({"name": "name", "in": "path", "required": true, "schema": {"type": "string", "enum": catalog().iter().map(|r| r.name).collect::<Vec<_>>()}}),
@@ -546,11 +657,27 @@ pub fn openapi_document() -> serde_json::Value {
                 "responses": answer.clone()
             }},
             "/v1/reports": {"get": {"summary": "The named reports and their parameters",
-                "responses": {"200": {"description": "reports", "content": {"application/json": {}}}}}},
+                "responses": {"200": {"description": "reports", "content": {"application/json": {}}}, "401": {"$ref": "#/components/responses/Error"}}}},
             "/v1/reports/{name}": {"get": {"summary": "Run a named report", "parameters": report_params, "responses": answer}},
+            "/v1/what-if": {"post": {
+                "summary": "Replay the recorded requests of a range under a candidate policy (the limiter's decision core): per tier × route class, what it would have refused beside what was refused, and the keys that change most",
+                "parameters": [
+                    {"name": "from", "in": "query", "required": false, "description": "start, inclusive (default: to minus 7 days)", "schema": {"type": "string"}},
+                    {"name": "to", "in": "query", "required": false, "description": "end, exclusive (default: the next full hour)", "schema": {"type": "string"}},
+                    {"name": "keys", "in": "query", "required": false, "description": "keys to list (default 10, at most 10000)", "schema": {"type": "integer"}}
+                ],
+                "requestBody": {"required": true, "content": {"application/toml": {"schema": {"type": "string"}}, "text/plain": {"schema": {"type": "string"}}}},
+                "responses": {
+                    "200": {"description": "the replay", "content": {"application/json": {}}},
+                    "400": {"$ref": "#/components/responses/Error"},
+                    "401": {"$ref": "#/components/responses/Error"},
+                    "404": {"$ref": "#/components/responses/Error"},
+                    "408": {"$ref": "#/components/responses/Error"}
+                }
+            }},
             "/v1/tables": {"get": {"summary": "The tables and their columns",
-                "responses": {"200": {"description": "tables", "content": {"application/json": {}}}}}},
-            "/v1/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3.1"}}}},
+                "responses": {"200": {"description": "tables", "content": {"application/json": {}}}, "401": {"$ref": "#/components/responses/Error"}}}},
+            "/v1/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3.1"}, "401": {"$ref": "#/components/responses/Error"}}}},
             "/healthz": {"get": {"summary": "Liveness", "security": [], "responses": {"200": {"description": "ok"}}}},
             "/metrics": {"get": {"summary": "Prometheus metrics", "security": [], "responses": {"200": {"description": "text format 0.0.4"}}}}
         },
@@ -563,7 +690,7 @@ pub fn openapi_document() -> serde_json::Value {
                     "row_count": {"type": "integer"}
                 }},
                 "Error": {"type": "object", "properties": {"error": {"type": "object", "properties": {
-                    "kind": {"type": "string", "enum": ["refused", "invalid_query", "not_found", "memory_limit", "time_limit", "row_limit", "internal", "unauthorized"]},
+                    "kind": {"type": "string", "enum": ["refused", "invalid_query", "query_too_large", "bad_request", "method_not_allowed", "body_too_large", "unsupported_media_type", "not_found", "memory_limit", "time_limit", "row_limit", "answer_too_large", "busy", "internal", "unauthorized"]},
                     "message": {"type": "string"}
                 }}}}
             },

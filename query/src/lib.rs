@@ -2,6 +2,7 @@
 //! reports that answer "which limits were wrong?", and the read-only HTTP and PostgreSQL-wire
 //! front ends.
 
+pub mod budget;
 pub mod engine;
 pub mod format;
 pub mod http;
@@ -12,6 +13,7 @@ pub mod pruning;
 pub mod reports;
 pub mod tables;
 pub mod view;
+pub mod whatif;
 
 pub use engine::{Engine, Limits, QueryError, QueryStream};
 pub use tables::PoliciesTable;

@@ -1,20 +1,24 @@
 //! The same tables over the PostgreSQL wire protocol, so `psql` and BI tools connect
 //! (`datafusion-postgres` on `pgwire`).
 //!
-//! Read-only as over HTTP: a hook refuses every statement but queries (and the `SET`, `SHOW`,
-//! transaction and cursor statements clients send on their own), before DataFusion plans it.
-//! With tokens configured, the password must be one of them (any user name); with none, the
-//! listener must be on loopback. The session has the engine's memory limit.
+//! Read-only as over HTTP: a hook refuses every statement but queries (and the `SHOW`,
+//! transaction and cursor statements clients send on their own), before DataFusion plans it,
+//! and `SELECT … INTO` with them. A `SET` of a client's own setting (`client_encoding`,
+//! `DateStyle`, …, see [`CLIENT_SETTINGS`]) is answered and ignored; any other `SET` (the
+//! engine's `datafusion.*` options) is refused. Each connection has a session of its own, with
+//! the engine's memory limit drawing from the shared budget. With tokens configured, the
+//! password must be one of them (any user name); with none, the listener must be on
+//! loopback.
 
 use std::fmt::Debug;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::common::ParamValues;
-use datafusion::logical_expr::LogicalPlan;
+use datafusion::common::{DFSchema, ParamValues};
+use datafusion::logical_expr::{EmptyRelation, LogicalPlan};
 use datafusion::prelude::SessionContext;
-use datafusion::sql::sqlparser::ast::Statement;
+use datafusion::sql::sqlparser::ast::{Query, Set, SetExpr, Statement};
 use datafusion_postgres::DfSessionService;
 use datafusion_postgres::auth::AuthManager;
 use datafusion_postgres::datafusion_pg_catalog::pg_catalog::setup_pg_catalog;
@@ -28,7 +32,7 @@ use datafusion_postgres::pgwire::api::auth::{
 };
 use datafusion_postgres::pgwire::api::cancel::DefaultCancelHandler;
 use datafusion_postgres::pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
-use datafusion_postgres::pgwire::api::results::Response;
+use datafusion_postgres::pgwire::api::results::{Response, Tag};
 use datafusion_postgres::pgwire::api::{
     ClientInfo, ConnectionManager, PgWireConnectionState, PgWireServerHandlers,
     PidSecretKeyGenerator, RandomPidSecretKeyGenerator,
@@ -46,13 +50,101 @@ use crate::http::{check_exposure, constant_time_eq};
 #[derive(Debug)]
 pub struct ReadOnlyHook;
 
+/// The session settings clients send by themselves on connecting (psql, JDBC, BI tools):
+/// acknowledged and ignored, so a connection can change nothing of the engine's.
+pub const CLIENT_SETTINGS: [&str; 14] = [
+    "application_name",
+    "bytea_output",
+    "client_encoding",
+    "client_min_messages",
+    "datestyle",
+    "extra_float_digits",
+    "intervalstyle",
+    "lc_messages",
+    "lc_monetary",
+    "lc_numeric",
+    "search_path",
+    "standard_conforming_strings",
+    "statement_timeout",
+    "timezone",
+];
+
+/// True when `query` (or a query inside it) selects `INTO` a new table.
+fn selects_into(query: &Query) -> bool {
+    // An explicit stack: a long chain of set operations is a deep tree.
+    fn push<'a>(stack: &mut Vec<&'a SetExpr>, q: &'a Query) {
+        stack.push(q.body.as_ref());
+        if let Some(with) = &q.with {
+            stack.extend(with.cte_tables.iter().map(|c| c.query.body.as_ref()));
+        }
+    }
+    let mut stack = Vec::new();
+    push(&mut stack, query);
+    while let Some(e) = stack.pop() {
+        match e {
+            SetExpr::Select(s) if s.into.is_some() => return true,
+            SetExpr::Query(inner) => push(&mut stack, inner),
+            SetExpr::SetOperation { left, right, .. } => {
+                stack.push(left);
+                stack.push(right);
+            }
+            _ => {}
+        }
+    }
+    false
+}
+
+/// What a `SET` is: a client's own setting (acknowledged and ignored), or a refusal.
+fn set_refusal(set: &Set) -> Option<String> {
+    let names: Vec<String> = match set {
+        Set::SingleAssignment { variable, .. } => vec![variable.to_string()],
+        Set::MultipleAssignments { assignments } => {
+            assignments.iter().map(|a| a.name.to_string()).collect()
+        }
+        Set::ParenthesizedAssignments { variables, .. } => {
+            variables.iter().map(ToString::to_string).collect()
+        }
+        Set::SetTimeZone { .. } | Set::SetNames { .. } | Set::SetNamesDefault {} => return None,
+        _ => return Some("this SET statement is refused".into()),
+    };
+    names
+        .into_iter()
+        .find(|n| !CLIENT_SETTINGS.contains(&n.to_ascii_lowercase().as_str()))
+        .map(|n| {
+            format!(
+                "the query service is read-only and its settings are its own: SET {} is refused",
+                crate::reports::shown(&n)
+            )
+        })
+}
+
+/// True for a `SET` a client sends by itself: answered "SET" and ignored.
+pub fn is_client_setting(statement: &Statement) -> bool {
+    matches!(statement, Statement::Set(set) if set_refusal(set).is_none())
+}
+
 /// Why `statement` is refused, or `None` if it may run.
 pub fn refusal(statement: &Statement) -> Option<String> {
+    let read_only = |what: &str| {
+        format!("the query service is read-only and runs only SELECT queries: {what} is refused")
+    };
+    match statement {
+        Statement::Query(q) if selects_into(q) => return Some(read_only("SELECT … INTO")),
+        Statement::Set(set) => return set_refusal(set),
+        Statement::Declare { stmts }
+            if stmts
+                .iter()
+                .filter_map(|d| d.for_query.as_deref())
+                .any(selects_into) =>
+        {
+            return Some(read_only("DECLARE … FOR SELECT … INTO"));
+        }
+        _ => {}
+    }
     let allowed = match statement {
         Statement::Query(_) => true,
         Statement::Explain { statement, .. } => matches!(statement.as_ref(), Statement::Query(_)),
-        Statement::Set(_)
-        | Statement::ShowVariable { .. }
+        Statement::ShowVariable { .. }
         | Statement::ShowVariables { .. }
         | Statement::ShowTables { .. }
         | Statement::ShowColumns { .. }
@@ -94,6 +186,9 @@ impl QueryHook for ReadOnlyHook {
         _: &SessionContext,
         _: &mut dyn HookClient,
     ) -> Option<PgWireResult<Response>> {
+        if is_client_setting(statement) {
+            return Some(Ok(Response::Execution(Tag::new("SET"))));
+        }
         refusal(statement).map(|m| Err(refused(m)))
     }
 
@@ -103,6 +198,12 @@ impl QueryHook for ReadOnlyHook {
         _: &SessionContext,
         _: &(dyn ClientInfo + Send + Sync),
     ) -> Option<PgWireResult<LogicalPlan>> {
+        if is_client_setting(statement) {
+            return Some(Ok(LogicalPlan::EmptyRelation(EmptyRelation {
+                produce_one_row: false,
+                schema: Arc::new(DFSchema::empty()),
+            })));
+        }
         refusal(statement).map(|m| Err(refused(m)))
     }
 
@@ -114,6 +215,9 @@ impl QueryHook for ReadOnlyHook {
         _: &SessionContext,
         _: &mut dyn HookClient,
     ) -> Option<PgWireResult<Response>> {
+        if is_client_setting(statement) {
+            return Some(Ok(Response::Execution(Tag::new("SET"))));
+        }
         refusal(statement).map(|m| Err(refused(m)))
     }
 }
@@ -212,14 +316,9 @@ impl PgWireServerHandlers for Handlers {
     }
 }
 
-/// Binds `addr` (refusing a non-loopback address without tokens) and serves the engine's
-/// tables over the PostgreSQL protocol until the task is dropped.
-pub async fn serve(
-    engine: &Engine,
-    tokens: Vec<String>,
-    addr: SocketAddr,
-) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    check_exposure(&tokens, addr)?;
+/// A session of its own for one connection: the engine's catalog, a memory pool drawing from
+/// the shared budget, `pg_catalog` for the tools that browse it, and the read-only hook first.
+fn connection_session(engine: &Engine) -> std::io::Result<Arc<DfSessionService>> {
     let ctx = engine.session();
     setup_pg_catalog(&ctx, "datafusion", Arc::new(AuthManager::default()))
         .map_err(|e| std::io::Error::other(format!("setting up pg_catalog: {e}")))?;
@@ -229,20 +328,34 @@ pub async fn serve(
         Arc::new(SetShowHook),
         Arc::new(TransactionStatementHook),
     ];
+    Ok(Arc::new(DfSessionService::new_with_hooks(
+        Arc::new(ctx),
+        hooks,
+    )))
+}
+
+/// Binds `addr` (refusing a non-loopback address without tokens) and serves the engine's
+/// tables over the PostgreSQL protocol until the task is dropped.
+pub async fn serve(
+    engine: &Engine,
+    tokens: Vec<String>,
+    addr: SocketAddr,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    check_exposure(&tokens, addr)?;
+    // Checked once here, so a connection's own setup cannot fail later.
+    connection_session(engine)?;
     let mut parameters = DefaultServerParameterProvider::default();
     parameters.default_transaction_read_only = true;
     parameters.is_superuser = false;
-    let handlers = Arc::new(Handlers {
-        session: Arc::new(DfSessionService::new_with_hooks(Arc::new(ctx), hooks)),
-        startup: Arc::new(TokenStartup {
-            tokens,
-            parameters,
-            pids: RandomPidSecretKeyGenerator::default(),
-        }),
-        cancel: Arc::new(DefaultCancelHandler::new(
-            Arc::new(ConnectionManager::new()),
-        )),
+    let startup = Arc::new(TokenStartup {
+        tokens,
+        parameters,
+        pids: RandomPidSecretKeyGenerator::default(),
     });
+    let cancel = Arc::new(DefaultCancelHandler::new(
+        Arc::new(ConnectionManager::new()),
+    ));
+    let engine = engine.clone();
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
         std::io::Error::new(
             e.kind(),
@@ -255,7 +368,20 @@ pub async fn serve(
         loop {
             match listener.accept().await {
                 Ok((socket, peer)) => {
-                    let handlers = Arc::clone(&handlers);
+                    // One session per connection: what one connection does to its session
+                    // (a cursor, a transaction) is never seen by another.
+                    let session = match connection_session(&engine) {
+                        Ok(session) => session,
+                        Err(e) => {
+                            tracing::warn!(%peer, error = %e, "PostgreSQL session setup failed");
+                            continue;
+                        }
+                    };
+                    let handlers = Arc::new(Handlers {
+                        session,
+                        startup: Arc::clone(&startup),
+                        cancel: Arc::clone(&cancel),
+                    });
                     tokio::spawn(async move {
                         if let Err(e) = process_socket(socket, None, handlers).await {
                             tracing::info!(%peer, error = %e, "PostgreSQL connection ended with an error");

@@ -4,6 +4,7 @@
 //! | --- | --- | --- |
 //! | `decisions` | the raw table, one row per decision, 7 days | `raw/date=…/hour=…/*.parquet`; `date` and `hour` are partition columns, so a filter on them prunes folders |
 //! | `denied_hourly` | the rollup, one row per hour × key × route class × tier × region with a refusal, 5 years | `rollup/denied_hourly/date=…/hour=…/`; `date` is a partition column |
+//! | `demand_hourly` | per hour × tier × route class × region, keys by level of demand (log-spaced buckets), 5 years | `rollup/demand_hourly/date=…/hour=…/`; `date` is a partition column |
 //! | `overage` | per key per day, requests over the hourly quota, for pricing | `overage/date=…/` |
 //! | `policies` | the policy in force: one row per tier × route class, and one per override × route class | the limiter's policy source (TOML file or PostgreSQL) |
 //!
@@ -33,14 +34,24 @@ use datafusion::prelude::SessionContext;
 use tokio::sync::Mutex;
 use verdict_limiter::policy::ALL_ROUTES;
 use verdict_limiter::{PolicySnapshot, PolicySource};
-use verdict_schemas::layout::{DENIED_HOURLY_PREFIX, OVERAGE_PREFIX, RAW_PREFIX};
-use verdict_schemas::tables::{denied_hourly_schema, overage_schema, raw_schema};
+use verdict_schemas::layout::{
+    DEMAND_HOURLY_PREFIX, DENIED_HOURLY_PREFIX, OVERAGE_PREFIX, RAW_PREFIX,
+};
+use verdict_schemas::tables::{
+    demand_hourly_schema, denied_hourly_schema, overage_schema, raw_schema,
+};
 
 /// The URL under which the lake is known to DataFusion.
 pub const LAKE_URL: &str = "verdict://lake";
 
 /// The table names, in the order `GET /v1/tables` lists them.
-pub const TABLES: [&str; 4] = ["decisions", "denied_hourly", "overage", "policies"];
+pub const TABLES: [&str; 5] = [
+    "decisions",
+    "denied_hourly",
+    "demand_hourly",
+    "overage",
+    "policies",
+];
 
 /// Registers the four tables in `ctx`, whose runtime must know the lake as [`LAKE_URL`].
 pub fn register(ctx: &SessionContext, policies: Arc<PoliciesTable>) -> DfResult<()> {
@@ -78,6 +89,14 @@ pub fn register(ctx: &SessionContext, policies: Arc<PoliciesTable>) -> DfResult<
             DENIED_HOURLY_PREFIX,
             parquet().with_table_partition_cols(vec![("date".to_string(), DataType::Date32)]),
             denied_hourly_schema(),
+        )?,
+    )?;
+    ctx.register_table(
+        "demand_hourly",
+        listing(
+            DEMAND_HOURLY_PREFIX,
+            parquet().with_table_partition_cols(vec![("date".to_string(), DataType::Date32)]),
+            demand_hourly_schema(),
         )?,
     )?;
     ctx.register_table(

@@ -125,6 +125,10 @@ pub struct RollupReport {
     pub path: Path,
     /// The fingerprint of the raw files read.
     pub fingerprint: String,
+    /// Rows of the demand histogram written beside it (see [`crate::demand`]).
+    pub demand_rows: usize,
+    /// Bytes of the demand histogram object.
+    pub demand_bytes: usize,
 }
 
 /// What an existing rollup object says about itself.
@@ -179,7 +183,19 @@ impl Rollup {
         for f in &files.foreign {
             tracing::warn!(path = %f, "not a raw file name; left out of the rollup");
         }
+        // The fold checks every raw file (a foreign one is refused by path and column), so
+        // it runs first; the demand histogram is written before the denied rollup, so a
+        // denied rollup that is there (what the late-data job looks at) has its histogram.
         let (batch, events) = self.compute(hour, &files).await?;
+        let demand = self.compute_demand(hour, &files).await?;
+        let demand_body = encode_parquet(&demand, &[])?;
+        let demand_bytes = demand_body.len();
+        self.store
+            .put(
+                &crate::demand::demand_path(&hour),
+                PutPayload::from(demand_body),
+            )
+            .await?;
         let fingerprint = files.fingerprint();
         let body = encode(&batch, &fingerprint, files.files.len(), events)?;
         let path = rollup_path(&hour);
@@ -195,6 +211,8 @@ impl Rollup {
             bytes,
             path,
             fingerprint,
+            demand_rows: demand.num_rows(),
+            demand_bytes,
         };
         tracing::info!(
             hour = %hour.partition_path(),
@@ -202,6 +220,7 @@ impl Rollup {
             events = report.events,
             rows = report.rows,
             bytes = report.bytes,
+            demand_rows = report.demand_rows,
             "rollup written"
         );
         Ok(report)

@@ -4,12 +4,15 @@
 //!
 //! [`sources`] decides which raw files a reader takes (covered files are left out, so a
 //! compaction in progress never doubles a row); [`fold`] groups their rows as
-//! [`ROLLUP_SQL`] defines; [`hour`] writes the rollup object.
+//! [`ROLLUP_SQL`] defines; [`hour`] writes the rollup object, and [`demand`] the histogram of
+//! every key's demand beside it.
 
+pub mod demand;
 pub mod fold;
 pub mod hour;
 pub mod sources;
 
+pub use demand::{DEMAND_FILE, DEMAND_SQL, demand_path};
 pub use hour::{
     Footer, ROLLUP_FILE, ROLLUP_SQL, Rollup, RollupError, RollupReport, RollupState, conform,
     encode_parquet, read_footer, rollup_path,

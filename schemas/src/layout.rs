@@ -18,6 +18,8 @@ use chrono::{DateTime, NaiveDate, NaiveDateTime, Timelike, Utc};
 pub const RAW_PREFIX: &str = "raw";
 /// Prefix of the denied-only hourly rollup.
 pub const DENIED_HOURLY_PREFIX: &str = "rollup/denied_hourly";
+/// Prefix of the hourly histogram of per-key demand.
+pub const DEMAND_HOURLY_PREFIX: &str = "rollup/demand_hourly";
 /// Prefix of the daily overage table.
 pub const OVERAGE_PREFIX: &str = "overage";
 /// File extension of every table file.
@@ -127,6 +129,11 @@ impl HourPartition {
     /// `rollup/denied_hourly/date=YYYY-MM-DD/hour=HH`, the rollup's folder for this hour.
     pub fn denied_hourly_prefix(&self) -> String {
         format!("{DENIED_HOURLY_PREFIX}/{}", self.partition_path())
+    }
+
+    /// `rollup/demand_hourly/date=YYYY-MM-DD/hour=HH`, the demand histogram's folder.
+    pub fn demand_hourly_prefix(&self) -> String {
+        format!("{DEMAND_HOURLY_PREFIX}/{}", self.partition_path())
     }
 
     /// Finds `date=YYYY-MM-DD/hour=HH` among the segments of an object path.

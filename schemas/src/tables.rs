@@ -123,6 +123,52 @@ pub mod overage {
     pub const POLICY_VERSION: &str = "policy_version";
 }
 
+/// Column names of the `demand_hourly` table: per hour × tier × route class × region, how
+/// many keys had each level of demand (requests in the hour over the quota they had), in
+/// log-spaced buckets. Kept as long as the rollup, so a limit's demand can be judged over
+/// years, not only over the raw table's week.
+pub mod demand_hourly {
+    /// Start of the hour, UTC.
+    pub const HOUR: &str = "hour";
+    /// Tier id.
+    pub const TIER: &str = "tier";
+    /// Route class id.
+    pub const ROUTE_CLASS: &str = "route_class";
+    /// Region id.
+    pub const REGION: &str = "region";
+    /// The demand bucket: a key with demand d (requests over quota) is in bucket
+    /// ⌊4 · log2 d⌋, clamped to [`MIN_BUCKET`](super::DEMAND_MIN_BUCKET) …
+    /// [`MAX_BUCKET`](super::DEMAND_MAX_BUCKET); its upper bound is 2^((bucket + 1) / 4).
+    pub const BUCKET: &str = "bucket";
+    /// Keys in the bucket.
+    pub const KEYS: &str = "keys";
+    /// Their requests.
+    pub const REQUESTS: &str = "requests";
+    /// The largest quota (per key, the whole of a split key) in force during the hour.
+    pub const WINDOW_QUOTA: &str = "window_quota";
+}
+
+/// Demand buckets per doubling: each bucket spans a factor of 2^(1/4) ≈ 1.19.
+pub const DEMAND_BUCKETS_PER_OCTAVE: i32 = 4;
+/// The lowest bucket: demand up to 2^-10 (about 0.001) of the quota, and none.
+pub const DEMAND_MIN_BUCKET: i16 = -40;
+/// The highest bucket: demand of 2^6 = 64 times the quota and more.
+pub const DEMAND_MAX_BUCKET: i16 = 24;
+
+/// The bucket of a demand (requests over quota).
+pub fn demand_bucket(demand: f64) -> i16 {
+    if demand.is_nan() || demand <= 0.0 {
+        return DEMAND_MIN_BUCKET;
+    }
+    let b = (f64::from(DEMAND_BUCKETS_PER_OCTAVE) * demand.log2()).floor();
+    b.clamp(f64::from(DEMAND_MIN_BUCKET), f64::from(DEMAND_MAX_BUCKET)) as i16
+}
+
+/// The upper bound of a bucket's demand.
+pub fn demand_bucket_upper(bucket: i16) -> f64 {
+    2f64.powf(f64::from(i32::from(bucket) + 1) / f64::from(DEMAND_BUCKETS_PER_OCTAVE))
+}
+
 /// The version of the `overage` table's schema.
 pub const OVERAGE_SCHEMA_VERSION: u32 = 1;
 
@@ -192,6 +238,25 @@ static OVERAGE_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new(POLICY_VERSION, DataType::UInt64, false),
     ]))
 });
+
+static DEMAND_HOURLY_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
+    use demand_hourly::*;
+    Arc::new(Schema::new(vec![
+        Field::new(HOUR, ts(), false),
+        Field::new(TIER, DataType::UInt8, false),
+        Field::new(ROUTE_CLASS, DataType::UInt8, false),
+        Field::new(REGION, DataType::UInt16, false),
+        Field::new(BUCKET, DataType::Int16, false),
+        Field::new(KEYS, DataType::UInt64, false),
+        Field::new(REQUESTS, DataType::UInt64, false),
+        Field::new(WINDOW_QUOTA, DataType::UInt32, false),
+    ]))
+});
+
+/// The schema of the `demand_hourly` table's Parquet files.
+pub fn demand_hourly_schema() -> SchemaRef {
+    Arc::clone(&DEMAND_HOURLY_SCHEMA)
+}
 
 /// The schema of the `overage` table's Parquet files (version `OVERAGE_SCHEMA_VERSION`).
 pub fn overage_schema() -> SchemaRef {

@@ -6,6 +6,7 @@ pub mod ingest_check;
 pub mod private;
 pub mod query_fixture;
 pub mod regions;
+pub mod review_world;
 pub mod rollup_check;
 
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};

@@ -361,9 +361,20 @@ pub async fn report(
     name: &str,
     params: &[(&str, &str)],
 ) -> Vec<serde_json::Value> {
+    report_in(engine, name, "2026-11-30", "2026-12-01", params).await
+}
+
+/// Runs report `name` with `params` from `from` to `to` (unless `params` say otherwise).
+pub async fn report_in(
+    engine: &verdict_query::Engine,
+    name: &str,
+    from: &str,
+    to: &str,
+    params: &[(&str, &str)],
+) -> Vec<serde_json::Value> {
     let mut given: std::collections::BTreeMap<String, String> = [
-        ("from".to_string(), "2026-11-30".to_string()),
-        ("to".to_string(), "2026-12-01".to_string()),
+        ("from".to_string(), from.to_string()),
+        ("to".to_string(), to.to_string()),
     ]
     .into();
     for (k, v) in params {

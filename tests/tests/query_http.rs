@@ -73,7 +73,16 @@ async fn every_endpoint_answers_in_every_format() {
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["decisions", "denied_hourly", "overage", "policies"]);
+    assert_eq!(
+        names,
+        [
+            "decisions",
+            "denied_hourly",
+            "demand_hourly",
+            "overage",
+            "policies"
+        ]
+    );
     let decisions: Vec<&str> = tables["tables"][0]["columns"]
         .as_array()
         .unwrap()
@@ -96,6 +105,8 @@ async fn every_endpoint_answers_in_every_format() {
         names,
         [
             "wrong-limits",
+            "limit-outliers",
+            "demand-history",
             "shadow-impact",
             "top-denied",
             "overage",
@@ -116,15 +127,23 @@ async fn every_endpoint_answers_in_every_format() {
             "to",
             "tier",
             "route_class",
+            "percentile",
             "too_low_share",
-            "too_high_use"
+            "too_high_use",
+            "constrained_share",
+            "engaged_use",
+            "min_keys",
+            "headroom"
         ]
     );
 
-    let r = get("/v1/reports/wrong-limits?from=2026-11-30T10:00:00Z&to=2026-11-30T11:00:00Z").await;
+    let r = get(
+        "/v1/reports/wrong-limits?from=2026-11-30T10:00:00Z&to=2026-11-30T11:00:00Z&min_keys=5",
+    )
+    .await;
     assert_eq!(r.status(), StatusCode::OK);
     let body = json(&r.bytes().await.unwrap());
-    assert_eq!(body["row_count"], 4);
+    assert_eq!(body["row_count"], 5);
     assert_eq!(body["rows"][0]["tier"], "tight");
     assert_eq!(body["rows"][0]["verdict"], "too low");
     assert!(
@@ -132,8 +151,57 @@ async fn every_endpoint_answers_in_every_format() {
             .as_array()
             .unwrap()
             .iter()
-            .any(|c| c["name"] == "busiest_use")
+            .any(|c| c["name"] == "recommended_quota")
     );
+
+    // What-if over HTTP: the known policy with tight's bucket doubled refuses fewer of its
+    // requests; a candidate that does not validate is refused with its row and field.
+    let candidate = verdict_tests::query_fixture::POLICY_TOML.replacen(
+        "capacity = 10\nrefill_per_s = 0.01",
+        "capacity = 20\nrefill_per_s = 0.01",
+        1,
+    );
+    let what_if = |body: String, query: &'static str| {
+        let url = format!("{base}/v1/what-if{query}");
+        async move { client().post(url).body(body).send().await.unwrap() }
+    };
+    let r = what_if(
+        candidate,
+        "?from=2026-11-30T10:00:00Z&to=2026-11-30T12:00:00Z&keys=3",
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let w = json(&r.bytes().await.unwrap());
+    let tight = w["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["tier"] == "tight")
+        .unwrap()
+        .clone();
+    assert_eq!(tight["recorded"]["refused"], 200, "{tight}");
+    assert!(tight["refused_change"].as_i64().unwrap() < 0, "{tight}");
+    assert_eq!(w["keys"].as_array().unwrap().len(), 3, "{w}");
+    let r = what_if(
+        verdict_tests::query_fixture::POLICY_TOML.replacen("capacity = 10", "capacity = 0", 1),
+        "",
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let e = json(&r.bytes().await.unwrap());
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("(tier=tight, route_class=*): capacity"),
+        "{e}"
+    );
+    let r = what_if(
+        verdict_tests::query_fixture::POLICY_TOML.to_string(),
+        "?from=2026-01-01&to=2026-01-02",
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
 
     // The overage export in each streamed format.
     let csv = get("/v1/reports/overage?from=2026-11-30&to=2026-12-01&format=csv").await;
@@ -307,6 +375,8 @@ async fn memory_time_and_row_limits_fail_one_query_and_the_service_keeps_serving
         memory_bytes: 16 << 20,
         timeout: Duration::from_secs(2),
         json_rows: 10,
+        json_bytes: 4 << 20,
+        ..Limits::default()
     };
     let (base, _dir) = service("http-limits", limits, &[]).await;
 
@@ -350,6 +420,66 @@ async fn memory_time_and_row_limits_fail_one_query_and_the_service_keeps_serving
     .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(String::from_utf8_lossy(&body).lines().count(), 1001);
+
+    // Few rows of huge strings: bounded by the JSON answer's bytes, not only its rows.
+    let (status, _, body) = post_sql(
+        &base,
+        "SELECT repeat('x', 1000000) AS s FROM generate_series(1, 8)",
+        "",
+    )
+    .await;
+    let v = json(&body);
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert_eq!(v["error"]["kind"], "answer_too_large");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("4 MiB"),
+        "{v}"
+    );
+
+    // Generated statements past the size limits: a 400 that names the limit, before any
+    // planning (a sum of 5,000 terms, 5,000 ORs, 5,000 UNION ALL branches).
+    let sum = format!("SELECT {} AS s", vec!["1"; 5_000].join(" + "));
+    let ors = format!(
+        "SELECT COUNT(*) FROM decisions WHERE {}",
+        (0..5_000)
+            .map(|i| format!("tier = {}", i % 10))
+            .collect::<Vec<_>>()
+            .join(" OR ")
+    );
+    let unions = vec!["SELECT 1 AS one"; 5_000].join(" UNION ALL ");
+    for (sql, limit) in [
+        (sum, "the limit is 8192"),
+        (ors, "the limit is 8192"),
+        (unions, "bytes; the limit is 65536"),
+        (
+            vec!["SELECT 1 AS one"; 100].join(" UNION ALL "),
+            "100 branches of UNION, INTERSECT or EXCEPT; the limit is 64",
+        ),
+    ] {
+        let (status, _, body) = post_sql(&base, &sql, "").await;
+        let v = json(&body);
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+        assert_eq!(v["error"]["kind"], "query_too_large");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(limit),
+            "{v}"
+        );
+    }
+    // A flat sum of 2,000 terms (about 8 KB of SQL) is a tree 2,000 deep: refused by its
+    // chain of operators; one of 120 terms is planned and answered (on the test's 2 MiB
+    // worker stacks, in a debug build).
+    let sum = |n: usize| format!("SELECT {} AS s", vec!["1"; n].join(" + "));
+    let (status, _, body) = post_sql(&base, &sum(2_000), "").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        json(&body)["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("chains 1999 operators; the limit is 128")
+    );
+    let (status, _, body) = post_sql(&base, &sum(120), "").await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(json(&body)["rows"][0]["s"], 120);
 
     // Still serving after each failure.
     let (status, _, body) = post_sql(&base, "SELECT COUNT(*) AS n FROM decisions", "").await;
@@ -414,4 +544,89 @@ async fn tokens_guard_every_v1_route_and_no_token_means_loopback_only() {
     assert!(e.to_string().contains("loopback only"), "{e}");
     assert!(check_exposure(&[TOKEN.to_string()], open).is_ok());
     assert!(check_exposure(&[], SocketAddr::from(([127, 0, 0, 1], 0))).is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_shared_budget_a_query_is_refused_as_busy_and_errors_are_json() {
+    // One place (the budget holds one query's memory), a short line.
+    let limits = Limits {
+        memory_bytes: 64 << 20,
+        budget_bytes: 64 << 20,
+        queue_timeout: Duration::from_millis(200),
+        timeout: Duration::from_secs(3),
+        ..Limits::default()
+    };
+    let (base, _dir) = service("http-busy", limits, &[]).await;
+    let slow = {
+        let base = base.clone();
+        tokio::spawn(async move {
+            post_sql(
+                &base,
+                "SELECT COUNT(*) FROM generate_series(1, 100000000000)",
+                "",
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r = client()
+        .post(format!("{base}/v1/sql"))
+        .body("SELECT 1 AS one")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.headers()["retry-after"], "5");
+    let v = json(&r.bytes().await.unwrap());
+    assert_eq!(v["error"]["kind"], "busy", "{v}");
+    let (status, _, _) = slow.await.unwrap();
+    assert_eq!(status, StatusCode::REQUEST_TIMEOUT);
+    // The place is free again.
+    let (status, _, body) = post_sql(&base, "SELECT 1 AS one", "").await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+
+    // The framework's rejections answer the documented JSON, without echoing the request.
+    let c = client();
+    let r = c.get(format!("{base}/v1/sql")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert!(r.headers().contains_key("allow"));
+    assert_eq!(
+        json(&r.bytes().await.unwrap())["error"]["kind"],
+        "method_not_allowed"
+    );
+    let r = c
+        .post(format!("{base}/v1/sql"))
+        .body(vec![0xffu8, 0xfe, b'S'])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        json(&r.bytes().await.unwrap())["error"]["kind"],
+        "bad_request"
+    );
+    let r = c
+        .post(format!("{base}/v1/sql"))
+        .body(format!("SELECT '{}'", "x".repeat(3 << 20)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        json(&r.bytes().await.unwrap())["error"]["kind"],
+        "body_too_large"
+    );
+    // A bad parameter is named, and only the start of what was given is shown.
+    let r = c
+        .get(format!(
+            "{base}/v1/reports/top-denied?limit={}",
+            "9".repeat(500)
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let body = r.text().await.unwrap();
+    assert!(body.contains("parameter limit"), "{body}");
+    assert!(body.len() < 300, "{body}");
 }

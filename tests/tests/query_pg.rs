@@ -28,11 +28,13 @@ async fn psql_runs_a_report_over_the_wire_protocol_read_only_and_behind_the_toke
     let params: BTreeMap<String, String> = [
         ("from".to_string(), "2026-11-30T10:00:00Z".to_string()),
         ("to".to_string(), "2026-11-30T11:00:00Z".to_string()),
+        ("min_keys".to_string(), "5".to_string()),
     ]
     .into();
     let sql = engine.report_sql("wrong-limits", &params).await.unwrap();
     let sql = format!(
-        "SELECT tier, route_class, keys, keys_refused, verdict FROM ({sql}) AS r ORDER BY tier_id"
+        "SELECT tier, route_class, keys, constrained_keys, verdict FROM ({sql}) AS r \
+         ORDER BY tier_id, override_key NULLS FIRST"
     );
     let (addr, _task) = verdict_query::pg::serve(
         &engine,
@@ -54,7 +56,8 @@ async fn psql_runs_a_report_over_the_wire_protocol_read_only_and_behind_the_toke
     assert_eq!(
         stdout.lines().collect::<Vec<_>>(),
         [
-            "tight,read,10,10,too low",
+            "tight,read,9,9,too low",
+            "tight,read,1,1,too low",
             "roomy,read,5,0,too high",
             "trial,read,20,1,fine",
             "steady,read,20,1,fine",
@@ -77,6 +80,66 @@ async fn psql_runs_a_report_over_the_wire_protocol_read_only_and_behind_the_toke
         "1",
         "the table is still whole"
     );
+
+    // Read-only and isolated: SELECT … INTO, CREATE and a SET of the engine's options are
+    // refused; a SET a client sends by itself is answered and changes nothing.
+    for (sql, what) in [
+        ("SELECT tier INTO t FROM decisions", "SELECT … INTO"),
+        (
+            "WITH x AS (SELECT 1 AS one) SELECT one INTO t2 FROM x",
+            "SELECT … INTO",
+        ),
+        ("CREATE TABLE t3 AS SELECT 1", "read-only"),
+        (
+            "SET datafusion.execution.batch_size = 1",
+            "SET \"datafusion.execution.batch_size\" is refused",
+        ),
+        ("SET datafusion.runtime.memory_limit = '2M'", "is refused"),
+    ] {
+        let out = tokio::task::spawn_blocking(move || psql(addr, TOKEN, sql))
+            .await
+            .unwrap();
+        assert!(!out.status.success(), "{sql} was not refused");
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(stderr.contains(what), "{sql}: {stderr}");
+    }
+    for sql in ["SET client_encoding = 'UTF8'", "SET DateStyle = 'ISO'"] {
+        let out = tokio::task::spawn_blocking(move || psql(addr, TOKEN, sql))
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // No table was made by any of them, for this connection or another.
+    let out = tokio::task::spawn_blocking(move || psql(addr, TOKEN, "SELECT COUNT(*) FROM t"))
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+
+    // The extended protocol (a driver's prepared statements), read-only the same way.
+    let (client, connection) = tokio_postgres::connect(
+        &format!(
+            "host=127.0.0.1 port={} user=analyst password={TOKEN} dbname=verdict",
+            addr.port()
+        ),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .expect("a driver connects");
+    tokio::spawn(connection);
+    let rows = client
+        .query("SELECT COUNT(*) AS n FROM overage", &[])
+        .await
+        .expect("a query over the extended protocol");
+    assert_eq!(rows.len(), 1);
+    let err = client
+        .query("SELECT tier INTO t4 FROM decisions", &[])
+        .await
+        .unwrap_err();
+    assert!(format!("{err:?}").contains("SELECT … INTO"), "{err:?}");
 
     let out = tokio::task::spawn_blocking(move || psql(addr, "wrong", "SELECT 1"))
         .await

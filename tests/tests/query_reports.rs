@@ -28,38 +28,62 @@ async fn every_report_names_exactly_the_limits_and_keys_the_data_was_built_to_sh
         ("to", "2026-11-30T11:00:00Z"),
     ];
 
-    // wrong-limits, hour 10: tight too low, roomy too high, the others fine.
-    let wrong = report(&engine, "wrong-limits", &hour_10).await;
-    let verdicts: Vec<(String, String, String)> = wrong
+    // wrong-limits, hour 10 (the known lake has 5 to 20 keys a tier, so min_keys=5): tight
+    // too low, and its key with an override too (both need twice their bucket); roomy too
+    // high; trial and steady fine, each with one key refused.
+    let known = [hour_10[0], hour_10[1], ("min_keys", "5")];
+    let wrong = report(&engine, "wrong-limits", &known).await;
+    let verdicts: Vec<(String, String, bool, String)> = wrong
         .iter()
-        .map(|r| (s(r, "tier"), s(r, "route_class"), s(r, "verdict")))
+        .map(|r| {
+            (
+                s(r, "tier"),
+                s(r, "route_class"),
+                r["override_key"].is_string(),
+                s(r, "verdict"),
+            )
+        })
         .collect();
     assert_eq!(
         verdicts,
         [
-            ("tight".into(), "read".into(), "too low".into()),
-            ("roomy".into(), "read".into(), "too high".into()),
-            ("trial".into(), "read".into(), "fine".into()),
-            ("steady".into(), "read".into(), "fine".into()),
+            ("tight".into(), "read".into(), false, "too low".into()),
+            ("tight".into(), "read".into(), true, "too low".into()),
+            ("roomy".into(), "read".into(), false, "too high".into()),
+            ("trial".into(), "read".into(), false, "fine".into()),
+            ("steady".into(), "read".into(), false, "fine".into()),
         ],
         "{wrong:#?}"
     );
-    assert_eq!(n(&wrong[0], "share_keys_refused"), 1.0);
+    assert_eq!(s(&wrong[1], "override_key"), key_hex(TIGHT, 0));
+    assert_eq!(n(&wrong[0], "keys"), 9.0);
+    assert_eq!(n(&wrong[0], "share_keys_constrained"), 1.0);
     assert_eq!(n(&wrong[0], "refusal_rate"), 0.5);
-    assert_eq!(n(&wrong[3], "keys_refused"), 1.0);
-    assert_eq!(n(&wrong[3], "busiest_use"), 1.0);
+    assert_eq!(n(&wrong[0], "refused_by_bucket"), 90.0);
+    // Twenty requests inside one span of the bucket's time scale, a capacity of ten.
+    assert_eq!(n(&wrong[0], "burst_p90"), 2.0);
+    assert_eq!(n(&wrong[4], "constrained_keys"), 1.0);
+    // Steady's keys make 60 requests of a quota of 100, the one over it 105.
+    assert_eq!(n(&wrong[4], "demand_p50"), 0.6);
+    assert_eq!(n(&wrong[4], "demand_max"), 1.05);
+    // Roomy's first key made 10 requests in region 0 and 5 (by the fallback) in region 1:
+    // demand is counted per region against the quota that region enforced, 0.01 at most.
+    assert_eq!(n(&wrong[2], "demand_max"), 0.01, "{}", wrong[2]);
     assert!(
-        (n(&wrong[1], "busiest_use") - 0.01).abs() < 1e-9,
+        s(&wrong[0], "reason").contains("p90 engaged key needs"),
         "{}",
-        wrong[1]
+        wrong[0]
     );
-    // The thresholds are parameters: at 2 % of keys refused, steady's 1 in 20 is too low.
+    // The thresholds are parameters: judged by its busiest key (percentile 1) with 2 % of
+    // the keys constrained enough, steady's limit is too low.
     let strict = report(
         &engine,
         "wrong-limits",
         &[
             hour_10[0],
             hour_10[1],
+            ("min_keys", "5"),
+            ("percentile", "1"),
             ("too_low_share", "0.02"),
             ("tier", "steady"),
         ],
@@ -156,7 +180,7 @@ async fn every_report_names_exactly_the_limits_and_keys_the_data_was_built_to_sh
         ],
         "{degraded:#?}"
     );
-    assert_eq!(n(&wrong[1], "tier_id"), f64::from(ROOMY));
+    assert_eq!(n(&wrong[2], "tier_id"), f64::from(ROOMY));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

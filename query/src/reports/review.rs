@@ -1,0 +1,306 @@
+//! The limit review (`wrong-limits`): per tier × route class, and per key with an override,
+//! the distribution of the active keys' demand against the limit, refusals split and
+//! attributed, a verdict with its reason in words, and a recommended limit.
+//!
+//! It is one SQL statement over `decisions` and `policies`, portable to DuckDB (the benchmark
+//! runs the same text there), so it uses nothing but CTEs, window functions and arithmetic:
+//! percentiles are nearest-rank, taken as the smallest value whose rank is at least
+//! ⌈p·n⌉, rather than an engine's own percentile function.
+//!
+//! The levels, each much smaller than the one before: decisions → per key × region × hour ×
+//! bucket span → per key × region × hour → per key × hour → per key → per limit.
+
+use super::{Args, QueryError};
+
+/// The review's thresholds, checked (see the report's parameters for their meaning).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct ReviewParams {
+    percentile: f64,
+    too_low_share: f64,
+    too_high_use: f64,
+    constrained_share: f64,
+    engaged_use: f64,
+    min_keys: i64,
+    headroom: f64,
+}
+
+impl ReviewParams {
+    pub(super) fn of(a: &Args<'_>) -> Result<Self, QueryError> {
+        let share = |name: &str, lo: f64, hi: f64| -> Result<f64, QueryError> {
+            let v = a.number(name)?;
+            if (lo..=hi).contains(&v) {
+                Ok(v)
+            } else {
+                Err(QueryError::Invalid(format!(
+                    "parameter {name}: {v} is out of range ({lo} to {hi})"
+                )))
+            }
+        };
+        let min_keys = a.integer("min_keys")?.unwrap_or(10);
+        if !(1..=1_000_000).contains(&min_keys) {
+            return Err(QueryError::Invalid(format!(
+                "parameter min_keys: {min_keys} is out of range (1 to 1000000)"
+            )));
+        }
+        Ok(Self {
+            percentile: share("percentile", 0.01, 1.0)?,
+            too_low_share: share("too_low_share", 0.0, 1.0)?,
+            too_high_use: share("too_high_use", 0.0, 1.0)?,
+            constrained_share: share("constrained_share", 0.0001, 1.0)?,
+            engaged_use: share("engaged_use", 0.0, 10.0)?,
+            min_keys,
+            headroom: share("headroom", 1.0, 10.0)?,
+        })
+    }
+}
+
+/// A number rounded to two significant digits, as SQL over a positive `x` (at least 1).
+fn two_digits(x: &str) -> String {
+    format!(
+        "GREATEST(1, CAST(ROUND(({x}) / POWER(10.0, FLOOR(LOG10(GREATEST(({x}), 1.0))) - 1)) \
+         * POWER(10.0, FLOOR(LOG10(GREATEST(({x}), 1.0))) - 1) AS BIGINT))"
+    )
+}
+
+/// `x` as text with two decimals at most, as SQL.
+fn two_decimals(x: &str) -> String {
+    format!("CAST(ROUND(({x}), 2) AS VARCHAR)")
+}
+
+/// `x` (a share) as a whole percentage, as SQL.
+fn percent(x: &str) -> String {
+    format!("CAST(CAST(ROUND(100.0 * ({x})) AS BIGINT) AS VARCHAR)")
+}
+
+/// The review's common part, up to each key ranked within its limit: `WITH lim AS (…), …,
+/// ranked AS (…` (the last CTE left open, for the caller to close).
+fn keyed(range: &str, filters: &str, p: &ReviewParams) -> String {
+    let ReviewParams {
+        constrained_share,
+        engaged_use,
+        ..
+    } = *p;
+    let limit = LIMIT;
+    format!(
+        "WITH lim AS (
+  SELECT tier_id, route_class_id, capacity, refill_per_s, hourly_quota, mode,
+    GREATEST(1.0, CAST(capacity AS DOUBLE) / GREATEST(refill_per_s, 0.001)) AS span_s
+  FROM policies
+  WHERE kind = 'limit'
+), d AS (
+  SELECT x.tier, x.route_class, x.key_id, x.region, x.date, x.hour, x.verdict,
+    x.denied_by_bucket, x.denied_by_window, x.window_quota,
+    CAST(FLOOR(date_part('epoch', x.event_time) / l.span_s) AS BIGINT) AS span
+  FROM decisions x
+  JOIN lim l ON l.tier_id = x.tier AND l.route_class_id = x.route_class
+  WHERE {range} AND x.source IN (0, 1){filters}
+), per_span AS (
+  SELECT tier, route_class, key_id, region, date, hour, span, COUNT(*) AS requests,
+    SUM(CASE WHEN verdict = 1 THEN 1 ELSE 0 END) AS denied,
+    SUM(CASE WHEN verdict = 2 THEN 1 ELSE 0 END) AS would_deny,
+    SUM(CASE WHEN verdict <> 0 AND denied_by_bucket THEN 1 ELSE 0 END) AS by_bucket,
+    SUM(CASE WHEN verdict <> 0 AND denied_by_window THEN 1 ELSE 0 END) AS by_window,
+    MAX(window_quota) AS quota
+  FROM d
+  GROUP BY tier, route_class, key_id, region, date, hour, span
+), per_region_hour AS (
+  SELECT tier, route_class, key_id, region, date, hour, SUM(requests) AS requests,
+    MAX(requests) AS peak_span, MAX(quota) AS quota, SUM(denied) AS denied,
+    SUM(would_deny) AS would_deny, SUM(by_bucket) AS by_bucket, SUM(by_window) AS by_window
+  FROM per_span
+  GROUP BY tier, route_class, key_id, region, date, hour
+), per_hour AS (
+  SELECT tier, route_class, key_id, date, hour, SUM(requests) AS requests,
+    MAX(CAST(requests AS DOUBLE) / GREATEST(quota, 1)) AS demand, MAX(peak_span) AS peak_span,
+    MIN(quota) AS quota_low, MAX(quota) AS quota_high, SUM(denied) AS denied,
+    SUM(would_deny) AS would_deny, SUM(by_bucket) AS by_bucket, SUM(by_window) AS by_window
+  FROM per_region_hour
+  GROUP BY tier, route_class, key_id, date, hour
+), per_key AS (
+  SELECT tier, route_class, key_id, SUM(requests) AS requests, SUM(denied) AS denied,
+    SUM(would_deny) AS would_deny, SUM(by_bucket) AS by_bucket, SUM(by_window) AS by_window,
+    MAX(demand) AS demand, MAX(requests) AS peak_hour, MAX(peak_span) AS peak_span,
+    MIN(quota_low) AS quota_low, MAX(quota_high) AS quota_high
+  FROM per_hour
+  GROUP BY tier, route_class, key_id
+), keyed AS (
+  SELECT k.tier, k.route_class, o.key_id AS override_key, k.key_id, k.requests, k.denied,
+    k.would_deny, k.by_bucket, k.by_window, k.denied + k.would_deny AS refused, k.demand,
+    k.peak_hour, k.quota_low, k.quota_high, l.span_s,
+    COALESCE(o.capacity, l.capacity) AS capacity,
+    COALESCE(o.refill_per_s, l.refill_per_s) AS refill_per_s,
+    COALESCE(o.hourly_quota, l.hourly_quota) AS hourly_quota,
+    COALESCE(o.mode, l.mode) AS mode,
+    CAST(k.peak_span AS DOUBLE) / GREATEST(1, COALESCE(o.capacity, l.capacity)) AS burst
+  FROM per_key k
+  JOIN lim l ON l.tier_id = k.tier AND l.route_class_id = k.route_class
+  LEFT JOIN policies o ON o.kind = 'override' AND o.key_id = k.key_id
+    AND o.route_class_id = k.route_class
+), flagged AS (
+  SELECT *,
+    (demand >= {engaged_use} OR burst >= {engaged_use}) AS engaged,
+    (refused > 0 AND refused >= {constrained_share} * requests) AS constrained
+  FROM keyed
+), ranked AS (
+  SELECT *,
+    COUNT(*) OVER (PARTITION BY {limit}) AS n,
+    SUM(CASE WHEN engaged THEN 1 ELSE 0 END) OVER (PARTITION BY {limit}) AS n_engaged,
+    ROW_NUMBER() OVER (PARTITION BY {limit} ORDER BY demand, key_id) AS rn_demand,
+    ROW_NUMBER() OVER (PARTITION BY {limit} ORDER BY burst, key_id) AS rn_burst,
+    ROW_NUMBER() OVER (PARTITION BY {limit}, engaged ORDER BY demand, key_id) AS rn_e_demand,
+    ROW_NUMBER() OVER (PARTITION BY {limit}, engaged ORDER BY burst, key_id) AS rn_e_burst,
+    ROW_NUMBER() OVER (PARTITION BY {limit}, engaged ORDER BY peak_hour, key_id) AS rn_e_peak_hour,
+    ROW_NUMBER() OVER (PARTITION BY {limit} ORDER BY peak_hour, key_id) AS rn_peak_hour,
+    ROW_NUMBER() OVER (PARTITION BY {limit} ORDER BY refused DESC, key_id) AS rn_refused
+  FROM flagged"
+    )
+}
+
+/// A limit's identity in the review: its tier × route class, and the key of an override.
+const LIMIT: &str = "tier, route_class, override_key";
+
+/// The SQL of `limit-outliers`: per limit, the top 1 % of its keys by refusals (at least
+/// one, and only keys that were refused), with their demand and burst.
+pub(super) fn outliers_sql(range: &str, filters: &str, p: &ReviewParams) -> String {
+    format!(
+        "{ctes}
+)
+SELECT r.tier AS tier_id, pl.tier, r.route_class AS route_class_id, pl.route_class,
+  r.override_key, r.key_id, r.requests, r.denied, r.would_deny, r.by_bucket AS refused_by_bucket,
+  r.by_window AS refused_by_window,
+  CAST(r.refused AS DOUBLE) / r.requests AS refusal_rate,
+  CAST(r.refused AS DOUBLE) / r.limit_refused AS share_of_refusals,
+  r.demand, r.burst, r.peak_hour, r.hourly_quota, r.capacity, r.n AS keys_in_limit
+FROM (SELECT *, SUM(refused) OVER (PARTITION BY {LIMIT}) AS limit_refused FROM ranked) r
+LEFT JOIN policies pl ON pl.kind = 'limit' AND pl.tier_id = r.tier AND pl.route_class_id = r.route_class
+WHERE r.refused > 0 AND r.rn_refused <= GREATEST(1, CEIL(0.01 * r.n))
+ORDER BY r.tier, r.route_class, r.override_key NULLS FIRST, r.refused DESC, r.key_id",
+        ctes = keyed(range, filters, p),
+    )
+}
+
+/// The review's SQL over the decisions within `range` (a condition on `x`, the decisions)
+/// and `filters` (`AND x.…` conditions).
+pub(super) fn review_sql(range: &str, filters: &str, p: &ReviewParams) -> String {
+    let ReviewParams {
+        percentile,
+        too_low_share,
+        too_high_use,
+        min_keys,
+        headroom,
+        ..
+    } = *p;
+    let pct_name = format!("p{}", (percentile * 100.0).round() as i64);
+    let limit = LIMIT;
+    // The nearest-rank percentile `q` of `v`, ranked by `rn` among `n` rows (and only the rows
+    // where `cond` holds, when given).
+    let nearest = |v: &str, rn: &str, n: &str, q: f64, cond: &str| {
+        format!("MIN(CASE WHEN {cond}{rn} >= CEIL({q} * {n}) THEN {v} END)")
+    };
+    let mut dist = String::new();
+    for (column, v, rn) in [
+        ("demand", "demand", "rn_demand"),
+        ("burst", "burst", "rn_burst"),
+    ] {
+        for (suffix, q) in [("p50", 0.5), ("p90", 0.9), ("p99", 0.99)] {
+            dist += &format!(",\n    {} AS {column}_{suffix}", nearest(v, rn, "n", q, ""));
+        }
+        dist += &format!(",\n    MAX({v}) AS {column}_max");
+    }
+    let engaged = |v: &str, rn: &str, q: f64| nearest(v, rn, "n_engaged", q, "engaged AND ");
+    let typical_demand = engaged("demand", "rn_e_demand", percentile);
+    let typical_burst = engaged("burst", "rn_e_burst", percentile);
+    let peak_hour_p99 = engaged("peak_hour", "rn_e_peak_hour", 0.99);
+    let peak_burst_p99 = engaged("burst", "rn_e_burst", 0.99);
+    let all_peak_hour_p99 = nearest("peak_hour", "rn_peak_hour", "n", 0.99, "");
+    let verdict = format!(
+        "CASE WHEN l.override_key IS NULL AND l.keys < {min_keys} THEN 'not enough data'
+       WHEN (l.typical_demand > 1.0 OR l.typical_burst > 1.0)
+         AND l.constrained_keys >= {too_low_share} * l.keys THEN 'too low'
+       WHEN l.demand_p99 < {too_high_use} AND l.burst_p99 < {too_high_use}
+         AND l.constrained_keys = 0 THEN 'too high'
+       ELSE 'fine' END"
+    );
+    let needs = format!(
+        "'{pct_name} engaged key needs ' || {} || '× the hourly quota and ' || {} || '× the bucket'",
+        two_decimals("COALESCE(l.typical_demand, 0.0)"),
+        two_decimals("COALESCE(l.typical_burst, 0.0)"),
+    );
+    let constrained = format!(
+        "{} || ' % of keys constrained'",
+        percent("CAST(l.constrained_keys AS DOUBLE) / l.keys")
+    );
+    let outliers = format!(
+        "CASE WHEN l.refused > 0 THEN '; the top 1 % of keys (' || CAST(l.outlier_keys AS VARCHAR) \
+         || ') made ' || {} || ' % of the refusals' ELSE '' END",
+        percent("CAST(l.outlier_refused AS DOUBLE) / l.refused")
+    );
+    let changed = "CASE WHEN l.quota_low < l.quota_high THEN '; the quota in force changed in the range (' \
+         || CAST(l.quota_low AS VARCHAR) || ' to ' || CAST(l.quota_high AS VARCHAR) || ')' ELSE '' END";
+    let reason = format!(
+        "CASE WHEN l.override_key IS NULL AND l.keys < {min_keys} THEN CAST(l.keys AS VARCHAR) \
+           || ' active keys, fewer than the ' || CAST({min_keys} AS VARCHAR) || ' needed to judge'
+       WHEN (l.typical_demand > 1.0 OR l.typical_burst > 1.0)
+         AND l.constrained_keys >= {too_low_share} * l.keys THEN {needs} || '; ' || {constrained} \
+           || {changed}
+       WHEN l.demand_p99 < {too_high_use} AND l.burst_p99 < {too_high_use}
+         AND l.constrained_keys = 0 THEN 'p99 key uses ' || {p99d} || '× the hourly quota and ' \
+           || {p99b} || '× the bucket; no key constrained'
+       ELSE {needs} || '; ' || {constrained} || {outliers} || {changed} END",
+        p99d = two_decimals("l.demand_p99"),
+        p99b = two_decimals("l.burst_p99"),
+    );
+    let judged = "v.verdict IN ('too low', 'too high')";
+    // Scaling capacity and refill by the same factor keeps the bucket's time scale, and scales
+    // what it admits in one span by that factor: the burst (a share of that) says how much.
+    let rec_quota = two_digits(&format!(
+        "COALESCE(v.peak_hour_p99, v.all_peak_hour_p99) * {headroom}"
+    ));
+    let rec_capacity = two_digits(&format!(
+        "COALESCE(v.peak_burst_p99, v.burst_p99) * {headroom} * v.capacity"
+    ));
+    format!(
+        "{ctes}
+), per_limit AS (
+  SELECT {limit}, MAX(mode) AS mode, MAX(capacity) AS capacity,
+    MAX(refill_per_s) AS refill_per_s, MAX(hourly_quota) AS hourly_quota, MAX(span_s) AS span_s,
+    MIN(quota_low) AS quota_low, MAX(quota_high) AS quota_high,
+    COUNT(*) AS keys, SUM(CASE WHEN engaged THEN 1 ELSE 0 END) AS engaged_keys,
+    SUM(CASE WHEN constrained THEN 1 ELSE 0 END) AS constrained_keys,
+    SUM(requests) AS requests, SUM(denied) AS denied, SUM(would_deny) AS would_deny,
+    SUM(by_bucket) AS refused_by_bucket, SUM(by_window) AS refused_by_window,
+    SUM(refused) AS refused,
+    CAST(MAX(GREATEST(1, CEIL(0.01 * n))) AS BIGINT) AS outlier_keys,
+    SUM(CASE WHEN rn_refused <= GREATEST(1, CEIL(0.01 * n)) THEN refused ELSE 0 END) AS outlier_refused{dist},
+    {typical_demand} AS typical_demand,
+    {typical_burst} AS typical_burst,
+    {peak_hour_p99} AS peak_hour_p99,
+    {peak_burst_p99} AS peak_burst_p99,
+    {all_peak_hour_p99} AS all_peak_hour_p99
+  FROM ranked
+  GROUP BY {limit}
+), judged AS (
+  SELECT l.*, {verdict} AS verdict, {reason} AS reason
+  FROM per_limit l
+)
+SELECT v.tier AS tier_id, p.tier, v.route_class AS route_class_id, p.route_class,
+  v.override_key, v.mode, v.hourly_quota, v.quota_high AS enforced_quota, v.capacity,
+  v.refill_per_s, v.keys, v.engaged_keys, v.constrained_keys,
+  CAST(v.constrained_keys AS DOUBLE) / v.keys AS share_keys_constrained,
+  v.requests, v.denied, v.would_deny, v.refused_by_bucket, v.refused_by_window,
+  CAST(v.refused AS DOUBLE) / v.requests AS refusal_rate,
+  v.outlier_keys,
+  CASE WHEN v.refused > 0 THEN CAST(v.outlier_refused AS DOUBLE) / v.refused ELSE 0.0 END AS outlier_refusal_share,
+  v.demand_p50, v.demand_p90, v.demand_p99, v.demand_max,
+  v.burst_p50, v.burst_p90, v.burst_p99, v.burst_max,
+  v.verdict, v.reason,
+  CASE WHEN {judged} THEN {rec_quota} ELSE v.hourly_quota END AS recommended_quota,
+  CASE WHEN {judged} THEN {rec_capacity} ELSE v.capacity END AS recommended_capacity,
+  CASE WHEN {judged} THEN v.refill_per_s * {rec_capacity} / GREATEST(v.capacity, 1)
+       ELSE v.refill_per_s END AS recommended_refill_per_s
+FROM judged v
+LEFT JOIN policies p ON p.kind = 'limit' AND p.tier_id = v.tier AND p.route_class_id = v.route_class
+ORDER BY v.tier, v.route_class, v.override_key NULLS FIRST",
+        ctes = keyed(range, filters, p),
+    )
+}

@@ -1,0 +1,498 @@
+//! What-if replay: shadow mode run offline on history. Every recorded request of a range
+//! goes, per key in time order, through the limiter's own pure decision core
+//! ([`verdict_limiter::decide`]) under a candidate policy, and the answer says per tier ×
+//! route class what the candidate would have refused, beside what was refused.
+//!
+//! The caveat, said in every answer: recorded demand includes the retries of requests that
+//! were refused, so a candidate looser than the policy in force sees demand that would not
+//! all have been sent, and a stricter one sees too little of it.
+//!
+//! The replay reads the raw table one hour at a time, sorts the hour's requests by key and
+//! time, and carries each counter's state from hour to hour: memory grows with the keys, not
+//! with the range. Decisions of the kill switch and of mode off are not demand the limits
+//! saw and are left out, as in the review. A hot key's sub-key is the recorded one (modulo
+//! the candidate's split); a region enforces its static share of the candidate's limits.
+
+use std::collections::{BTreeMap, HashMap};
+
+use arrow::array::{
+    BooleanArray, FixedSizeBinaryArray, TimestampMillisecondArray, UInt8Array, UInt16Array,
+};
+use arrow::record_batch::RecordBatch;
+use chrono::{DateTime, Duration, Timelike, Utc};
+use serde::Serialize;
+use verdict_limiter::{CounterState, Mode, PolicySnapshot, Resolution, decide};
+use verdict_schemas::{KeyId, RegionId, RouteClassId, TierId};
+
+use crate::engine::{Engine, QueryError};
+use crate::reports::Range;
+
+/// What every answer says about recorded demand.
+pub const CAVEAT: &str = "recorded demand includes the retries of refused requests: a \
+    candidate looser than the policy in force replays retries that would not have been sent, \
+    a stricter one misses the retries it would have caused";
+
+/// One recorded request, as the replay needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Recorded {
+    /// The key id.
+    pub key_id: KeyId,
+    /// Route class id.
+    pub route_class: u8,
+    /// Decision time, ms.
+    pub time_ms: i64,
+    /// Tier id.
+    pub tier: u8,
+    /// Region id.
+    pub region: u16,
+    /// The hot-key sub-key it was counted on.
+    pub sub_key: u8,
+    /// Refused when recorded (denied or would-deny).
+    pub refused: bool,
+    /// Refused by the bucket when recorded.
+    pub by_bucket: bool,
+    /// Refused by the window when recorded.
+    pub by_window: bool,
+}
+
+/// Counts of one tier × route class.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    /// Requests replayed.
+    pub requests: u64,
+    /// Refused (denied, or would-deny in shadow mode).
+    pub refused: u64,
+    /// Of those, would-deny (the limit in shadow mode).
+    pub would_deny: u64,
+    /// Refusals in which the bucket refused.
+    pub refused_by_bucket: u64,
+    /// Refusals in which the window refused.
+    pub refused_by_window: u64,
+    /// Keys with at least one refusal.
+    pub keys_refused: u64,
+}
+
+/// One key's counts, recorded and replayed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct KeyTally {
+    tier: u8,
+    requests: u64,
+    recorded: u64,
+    replayed: u64,
+}
+
+/// The replay's state: the candidate, each counter's state and the tallies.
+#[derive(Debug)]
+pub struct Replay {
+    policy: PolicySnapshot,
+    counters: HashMap<(KeyId, u8, u16, u8), CounterState>,
+    recorded: BTreeMap<(u8, u8), Counts>,
+    replayed: BTreeMap<(u8, u8), Counts>,
+    keys: HashMap<(KeyId, u8), KeyTally>,
+}
+
+impl Replay {
+    /// A replay under `policy`.
+    pub fn new(policy: PolicySnapshot) -> Self {
+        Self {
+            policy,
+            counters: HashMap::new(),
+            recorded: BTreeMap::new(),
+            replayed: BTreeMap::new(),
+            keys: HashMap::new(),
+        }
+    }
+
+    /// Decides `r` under the candidate. Requests must come in time order per key (any order
+    /// across keys). A tier or route class the candidate does not know is an error naming
+    /// it.
+    pub fn feed(&mut self, r: &Recorded) -> Result<(), QueryError> {
+        let limit = (r.tier, r.route_class);
+        let recorded = self.recorded.entry(limit).or_default();
+        recorded.requests += 1;
+        if r.refused {
+            recorded.refused += 1;
+            recorded.refused_by_bucket += u64::from(r.by_bucket);
+            recorded.refused_by_window += u64::from(r.by_window);
+        }
+        let (refused, by_bucket, by_window, shadow) =
+            match self
+                .policy
+                .resolve(&r.key_id, RouteClassId(r.route_class), TierId(r.tier))
+            {
+                Resolution::KillSwitch | Resolution::Off => (false, false, false, false),
+                Resolution::Unknown => {
+                    return Err(QueryError::Invalid(format!(
+                        "the candidate policy has no limit for tier id {} on route class id {}, \
+                     which the recorded decisions have",
+                        r.tier, r.route_class
+                    )));
+                }
+                Resolution::Check {
+                    mut limits,
+                    mode,
+                    sub_keys,
+                    ..
+                } => {
+                    if self.policy.is_multi_region() {
+                        let ppm = self.policy.region_static_ppm(RegionId(r.region));
+                        limits = limits.scaled(ppm, ppm);
+                    }
+                    let counter = (
+                        r.key_id,
+                        r.route_class,
+                        r.region,
+                        r.sub_key % sub_keys.max(1),
+                    );
+                    let state = self.counters.get(&counter).copied();
+                    let (outcome, next) = decide(state, r.time_ms, &limits);
+                    if let Some(next) = next {
+                        self.counters.insert(counter, next);
+                    }
+                    (
+                        !outcome.allowed,
+                        outcome.denied_by_bucket,
+                        outcome.denied_by_window,
+                        mode == Mode::Shadow,
+                    )
+                }
+            };
+        let replayed = self.replayed.entry(limit).or_default();
+        replayed.requests += 1;
+        if refused {
+            replayed.refused += 1;
+            replayed.would_deny += u64::from(shadow);
+            replayed.refused_by_bucket += u64::from(by_bucket);
+            replayed.refused_by_window += u64::from(by_window);
+        }
+        let key = self.keys.entry((r.key_id, r.route_class)).or_default();
+        key.tier = r.tier;
+        key.requests += 1;
+        key.recorded += u64::from(r.refused);
+        key.replayed += u64::from(refused);
+        Ok(())
+    }
+
+    /// Requests replayed so far.
+    pub fn decisions(&self) -> u64 {
+        self.replayed.values().map(|c| c.requests).sum()
+    }
+
+    /// The answer: per tier × route class, and the `keys` keys whose refusals change most.
+    pub fn finish(mut self, range: Range, keys: usize) -> WhatIf {
+        for (&(_, route), t) in &self.keys {
+            if t.recorded > 0 {
+                self.recorded
+                    .entry((t.tier, route))
+                    .or_default()
+                    .keys_refused += 1;
+            }
+            if t.replayed > 0 {
+                self.replayed
+                    .entry((t.tier, route))
+                    .or_default()
+                    .keys_refused += 1;
+            }
+        }
+        let doc = self.policy.document();
+        let tier_name = |id: u8| {
+            doc.tiers
+                .iter()
+                .find(|t| t.id == id)
+                .map(|t| t.name.clone())
+        };
+        let route_name = |id: u8| {
+            doc.route_classes
+                .iter()
+                .find(|r| r.id == id)
+                .map(|r| r.name.clone())
+        };
+        let limits = self
+            .recorded
+            .iter()
+            .map(|(&(tier, route), recorded)| {
+                let replayed = self
+                    .replayed
+                    .get(&(tier, route))
+                    .cloned()
+                    .unwrap_or_default();
+                LimitWhatIf {
+                    tier_id: tier,
+                    tier: tier_name(tier),
+                    route_class_id: route,
+                    route_class: route_name(route),
+                    refused_change: replayed.refused as i64 - recorded.refused as i64,
+                    candidate: replayed,
+                    recorded: recorded.clone(),
+                }
+            })
+            .collect();
+        let mut changed: Vec<KeyWhatIf> = self
+            .keys
+            .iter()
+            .filter(|(_, t)| t.recorded != t.replayed)
+            .map(|(&(key_id, route), t)| KeyWhatIf {
+                key_id: key_id.to_string(),
+                tier_id: t.tier,
+                tier: tier_name(t.tier),
+                route_class_id: route,
+                route_class: route_name(route),
+                requests: t.requests,
+                recorded_refused: t.recorded,
+                candidate_refused: t.replayed,
+                refused_change: t.replayed as i64 - t.recorded as i64,
+            })
+            .collect();
+        changed.sort_by(|a, b| {
+            b.refused_change
+                .unsigned_abs()
+                .cmp(&a.refused_change.unsigned_abs())
+                .then_with(|| a.key_id.cmp(&b.key_id))
+                .then_with(|| a.route_class_id.cmp(&b.route_class_id))
+        });
+        changed.truncate(keys);
+        WhatIf {
+            from: range.from,
+            to: range.to,
+            policy_version: self.policy.version(),
+            decisions: self.replayed.values().map(|c| c.requests).sum(),
+            caveat: CAVEAT,
+            limits,
+            keys: changed,
+        }
+    }
+}
+
+/// The answer for one tier × route class.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LimitWhatIf {
+    /// Tier id.
+    pub tier_id: u8,
+    /// Tier name in the candidate.
+    pub tier: Option<String>,
+    /// Route class id.
+    pub route_class_id: u8,
+    /// Route class name in the candidate.
+    pub route_class: Option<String>,
+    /// What the candidate would have done.
+    pub candidate: Counts,
+    /// What was recorded.
+    pub recorded: Counts,
+    /// Candidate refusals minus recorded refusals.
+    pub refused_change: i64,
+}
+
+/// One key whose refusals change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KeyWhatIf {
+    /// The key id, 32 hex digits.
+    pub key_id: String,
+    /// Tier id.
+    pub tier_id: u8,
+    /// Tier name in the candidate.
+    pub tier: Option<String>,
+    /// Route class id.
+    pub route_class_id: u8,
+    /// Route class name in the candidate.
+    pub route_class: Option<String>,
+    /// Its requests in the range.
+    pub requests: u64,
+    /// Refused when recorded.
+    pub recorded_refused: u64,
+    /// Refused under the candidate.
+    pub candidate_refused: u64,
+    /// The difference.
+    pub refused_change: i64,
+}
+
+/// The what-if answer.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WhatIf {
+    /// Start of the range, inclusive.
+    pub from: DateTime<Utc>,
+    /// End of the range, exclusive.
+    pub to: DateTime<Utc>,
+    /// The candidate's version.
+    pub policy_version: u64,
+    /// Requests replayed.
+    pub decisions: u64,
+    /// What recorded demand is (see [`CAVEAT`]).
+    pub caveat: &'static str,
+    /// Per tier × route class.
+    pub limits: Vec<LimitWhatIf>,
+    /// The keys whose refusals change most, most first.
+    pub keys: Vec<KeyWhatIf>,
+}
+
+/// Parses and validates a candidate policy (TOML), refusing it the way the limiter does: the
+/// row and the field named.
+pub fn candidate(toml: &str) -> Result<PolicySnapshot, QueryError> {
+    let doc = verdict_limiter::policy::parse_toml(toml)
+        .map_err(|e| QueryError::Invalid(format!("the candidate policy: {e}")))?;
+    PolicySnapshot::build(doc)
+        .map_err(|e| QueryError::Invalid(format!("the candidate policy: {e}")))
+}
+
+/// The requests of one batch of `decisions` (the columns of [`HOUR_SQL`]).
+pub fn recorded(batch: &RecordBatch) -> Result<Vec<Recorded>, QueryError> {
+    let bad = || QueryError::Internal;
+    let col = |i: usize| batch.column(i);
+    let time = col(0)
+        .as_any()
+        .downcast_ref::<TimestampMillisecondArray>()
+        .ok_or_else(bad)?;
+    let key = col(1)
+        .as_any()
+        .downcast_ref::<FixedSizeBinaryArray>()
+        .ok_or_else(bad)?;
+    let u8s = |i: usize| col(i).as_any().downcast_ref::<UInt8Array>().ok_or_else(bad);
+    let (tier, route, sub_key, verdict) = (u8s(2)?, u8s(3)?, u8s(5)?, u8s(6)?);
+    let region = col(4)
+        .as_any()
+        .downcast_ref::<UInt16Array>()
+        .ok_or_else(bad)?;
+    let flags = |i: usize| {
+        col(i)
+            .as_any()
+            .downcast_ref::<BooleanArray>()
+            .ok_or_else(bad)
+    };
+    let (by_bucket, by_window) = (flags(7)?, flags(8)?);
+    let mut out = Vec::with_capacity(batch.num_rows());
+    for i in 0..batch.num_rows() {
+        let mut id = [0u8; 16];
+        id.copy_from_slice(key.value(i));
+        out.push(Recorded {
+            key_id: KeyId(id),
+            route_class: route.value(i),
+            time_ms: time.value(i),
+            tier: tier.value(i),
+            region: region.value(i),
+            sub_key: sub_key.value(i),
+            refused: verdict.value(i) != 0,
+            by_bucket: by_bucket.value(i),
+            by_window: by_window.value(i),
+        });
+    }
+    Ok(out)
+}
+
+/// The columns the replay reads, in [`recorded`]'s order.
+pub const HOUR_COLUMNS: &str = "event_time, key_id, tier, route_class, region, sub_key, \
+    verdict, denied_by_bucket, denied_by_window";
+
+/// The recorded requests of the hour starting at `hour` that lie in `range`, sorted by key,
+/// route class and time (the order [`Replay::feed`] needs).
+pub async fn recorded_hour(
+    engine: &Engine,
+    hour: DateTime<Utc>,
+    range: Range,
+) -> Result<Vec<Recorded>, QueryError> {
+    let next = hour + Duration::hours(1);
+    let sql = format!(
+        "SELECT {HOUR_COLUMNS} FROM decisions WHERE date = DATE '{}' AND hour = {} \
+         AND source IN (0, 1) AND event_time >= TIMESTAMP '{}' AND event_time < TIMESTAMP '{}'",
+        hour.format("%Y-%m-%d"),
+        hour.hour(),
+        range.from.max(hour).format("%Y-%m-%d %H:%M:%S%.3f"),
+        range.to.min(next).format("%Y-%m-%d %H:%M:%S%.3f"),
+    );
+    let (_, batches) = engine.collect(&sql, usize::MAX).await?;
+    let mut requests = Vec::new();
+    for batch in &batches {
+        requests.extend(recorded(batch)?);
+    }
+    requests.sort_unstable();
+    Ok(requests)
+}
+
+/// The first hour of `range` (its start, on the hour).
+pub fn first_hour(range: Range) -> Result<DateTime<Utc>, QueryError> {
+    range
+        .from
+        .with_minute(0)
+        .and_then(|t| t.with_second(0))
+        .and_then(|t| t.with_nanosecond(0))
+        .ok_or(QueryError::Internal)
+}
+
+/// Replays `range` of the raw table under `policy`; lists the `keys` keys that change most.
+/// A range with no recorded decisions is an error that says so.
+pub async fn what_if(
+    engine: &Engine,
+    policy: PolicySnapshot,
+    range: Range,
+    keys: usize,
+) -> Result<WhatIf, QueryError> {
+    let mut replay = Replay::new(policy);
+    let mut hour = first_hour(range)?;
+    while hour < range.to {
+        for r in &recorded_hour(engine, hour, range).await? {
+            replay.feed(r)?;
+        }
+        hour += Duration::hours(1);
+    }
+    if replay.decisions() == 0 {
+        return Err(QueryError::NotFound(format!(
+            "the raw table has no decisions from {} to {} (it keeps 7 days): nothing to replay",
+            range.from.to_rfc3339(),
+            range.to.to_rfc3339()
+        )));
+    }
+    Ok(replay.finish(range, keys))
+}
+
+/// The answer as text for a terminal: one line per tier × route class, then the keys.
+pub fn render(w: &WhatIf) -> String {
+    let name = |n: &Option<String>, id: u8| n.clone().unwrap_or_else(|| format!("#{id}"));
+    let mut t = format!(
+        "What-if: {} recorded requests from {} to {} replayed under candidate policy version {}\n",
+        w.decisions,
+        w.from.to_rfc3339(),
+        w.to.to_rfc3339(),
+        w.policy_version
+    );
+    t += &format!(
+        "  {:<12} {:<10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8}\n",
+        "tier",
+        "route",
+        "requests",
+        "refused",
+        "candidate",
+        "by bucket",
+        "by window",
+        "keys",
+        "keys now"
+    );
+    for l in &w.limits {
+        t += &format!(
+            "  {:<12} {:<10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8}\n",
+            name(&l.tier, l.tier_id),
+            name(&l.route_class, l.route_class_id),
+            l.recorded.requests,
+            l.recorded.refused,
+            l.candidate.refused,
+            l.candidate.refused_by_bucket,
+            l.candidate.refused_by_window,
+            l.candidate.keys_refused,
+            l.recorded.keys_refused,
+        );
+    }
+    if !w.keys.is_empty() {
+        t += "Keys whose refusals change most:\n";
+        for k in &w.keys {
+            t += &format!(
+                "  {} {:<12} {:<10} {:>8} requests: refused {} → {} ({:+})\n",
+                k.key_id,
+                name(&k.tier, k.tier_id),
+                name(&k.route_class, k.route_class_id),
+                k.requests,
+                k.recorded_refused,
+                k.candidate_refused,
+                k.refused_change
+            );
+        }
+    }
+    t += &format!("Caveat: {}.\n", w.caveat);
+    t
+}

@@ -1,0 +1,323 @@
+//! The limit review (`wrong-limits`) judged against worlds with known answers
+//! (`verdict_tests::review_world`): three seeds at two scales, each decided by the limiter's
+//! own pure core and written as raw files to a local folder. The review must name exactly the
+//! truth of every limit, and recommend a quota within ±20 % of the world's p99 demand.
+//!
+//! `cargo test -p verdict-tests --test limit_review -- --nocapture` prints every world's rows.
+
+use std::sync::Arc;
+
+use object_store::ObjectStore;
+use object_store::local::LocalFileSystem;
+use serde_json::Value;
+use verdict_query::reports::Range;
+use verdict_query::whatif;
+use verdict_query::{Engine, Limits, PoliciesTable};
+use verdict_schemas::layout::HourPartition;
+use verdict_schemas::{DecisionEvent, Verdict};
+use verdict_tests::query_fixture::report_in;
+use verdict_tests::review_world::{
+    HOURS, START_MS, TIERS, decide_all, limits, policy_text, snapshot_of, world, write_world,
+};
+
+/// An engine over a local folder holding `events` as raw files, with the world's policy.
+async fn lake(events: &[DecisionEvent]) -> (Engine, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(LocalFileSystem::new_with_prefix(dir.path()).expect("a local store"));
+    let policy = write_world(&store, dir.path(), events).await;
+    // The hourly rollup, as the jobs run it: the denied rollup and the demand histogram.
+    let rollup = verdict_rollup::Rollup::new(Arc::clone(&store), 2);
+    for h in 0..HOURS {
+        let hour = HourPartition::from_event_time_ms(START_MS + h * 3_600_000).unwrap();
+        rollup.run_hour(hour).await.expect("the rollup of an hour");
+    }
+    let source = verdict_limiter::PolicySource::File(verdict_limiter::FileSource::new(policy));
+    let engine = Engine::new(
+        Arc::clone(&store),
+        PoliciesTable::new(Some(source)),
+        2,
+        Limits::default(),
+    )
+    .expect("an engine");
+    (engine, dir)
+}
+
+fn world_range() -> Range {
+    Range {
+        from: chrono::DateTime::from_timestamp_millis(START_MS).unwrap(),
+        to: chrono::DateTime::from_timestamp_millis(START_MS + HOURS * 3_600_000).unwrap(),
+    }
+}
+
+async fn review(events: &[DecisionEvent], params: &[(&str, &str)]) -> Vec<Value> {
+    named_report(events, "wrong-limits", params).await
+}
+
+async fn named_report(events: &[DecisionEvent], name: &str, params: &[(&str, &str)]) -> Vec<Value> {
+    let (engine, _dir) = lake(events).await;
+    let range = world_range();
+    let (from, to) = (range.from.to_rfc3339(), range.to.to_rfc3339());
+    report_in(&engine, name, &from, &to, params).await
+}
+
+fn text(v: &Value, field: &str) -> String {
+    v[field].as_str().unwrap_or_default().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_review_names_the_truth_of_every_limit_in_every_world() {
+    for scale in [1, 3] {
+        for seed in [1, 2, 3] {
+            let w = world(seed, scale);
+            let events = w.events().await;
+            let got = review(&events, &[]).await;
+            println!(
+                "seed {seed}, scale {scale}: {} decisions, {} keys",
+                events.len(),
+                w.demand.len()
+            );
+            let named: Vec<(String, Option<String>, String)> = got
+                .iter()
+                .map(|r| {
+                    (
+                        text(r, "tier"),
+                        r["override_key"].as_str().map(str::to_owned),
+                        text(r, "verdict"),
+                    )
+                })
+                .collect();
+            let truth: Vec<(String, Option<String>, String)> = w
+                .truth
+                .iter()
+                .map(|t| {
+                    (
+                        t.tier.to_string(),
+                        t.override_key.map(|k| k.to_string()),
+                        t.verdict.to_string(),
+                    )
+                })
+                .collect();
+            assert_eq!(named, truth, "seed {seed}, scale {scale}: {got:#?}");
+            for (row, t) in got.iter().zip(&w.truth) {
+                let recommended = row["recommended_quota"].as_f64().unwrap();
+                println!(
+                    "  {:<8} {:<9} {:<16} p90 demand {:>5.2} p99 {:>5.2} burst p99 {:>5.2}  \
+                     recommended quota {:>5} (world p99 busiest hour {:>5})  {}",
+                    t.tier,
+                    if t.override_key.is_some() {
+                        "override"
+                    } else {
+                        "tier"
+                    },
+                    t.verdict,
+                    row["demand_p90"].as_f64().unwrap_or(f64::NAN),
+                    row["demand_p99"].as_f64().unwrap_or(f64::NAN),
+                    row["burst_p99"].as_f64().unwrap_or(f64::NAN),
+                    recommended,
+                    t.p99_peak_hour.map_or("-".to_string(), |p| p.to_string()),
+                    text(row, "reason"),
+                );
+                assert!(!text(row, "reason").is_empty(), "{row}");
+                if matches!(t.verdict, "too low" | "too high") {
+                    let p99 = t.p99_peak_hour.unwrap() as f64;
+                    assert!(
+                        (recommended - p99).abs() <= 0.2 * p99,
+                        "seed {seed}, scale {scale}, {}: recommended {recommended} against the \
+                         world's p99 {p99}: {row}",
+                        t.tier
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_review_splits_and_attributes_the_refusals_of_a_fine_limit() {
+    let events = world(7, 1).events().await;
+    let got = review(&events, &[]).await;
+    let fine = got
+        .iter()
+        .find(|r| r["tier"] == "fine" && r["override_key"].is_null())
+        .expect("the fine tier's row");
+    // The two scrapers are the top 1 % (at least one key: one of them) and make about half
+    // of the refusals each; most refusals are by the window (the scrapers' quota).
+    assert_eq!(fine["outlier_keys"], 1, "{fine}");
+    let outlier = fine["outlier_refusal_share"].as_f64().unwrap();
+    assert!((0.4..0.6).contains(&outlier), "{fine}");
+    let by_window = fine["refused_by_window"].as_f64().unwrap();
+    let denied = fine["denied"].as_f64().unwrap();
+    assert!(by_window > 0.5 * denied, "{fine}");
+    // Only the scrapers are constrained: the bursty keys lose a handful each.
+    assert_eq!(fine["constrained_keys"], 2, "{fine}");
+    assert_eq!(fine["would_deny"], 0, "{fine}");
+    // The outliers, listed: the scraper that made the most refusals.
+    let outliers = named_report(&events, "limit-outliers", &[("tier", "fine")]).await;
+    assert_eq!(outliers.len(), 2, "{outliers:#?}");
+    assert!(outliers[0]["override_key"].is_null());
+    let scrapers = [
+        verdict_tests::review_world::key(1, 200).to_string(),
+        verdict_tests::review_world::key(1, 201).to_string(),
+    ];
+    assert!(
+        scrapers.contains(&text(&outliers[0], "key_id")),
+        "{outliers:#?}"
+    );
+    let share = outliers[0]["share_of_refusals"].as_f64().unwrap();
+    assert!((0.4..0.6).contains(&share), "{outliers:#?}");
+    // The override's row: its one key.
+    assert_eq!(
+        text(&outliers[1], "key_id"),
+        verdict_tests::review_world::override_key().to_string()
+    );
+    // The shadow tier's refusals are all would-deny.
+    let shadow = got.iter().find(|r| r["tier"] == "shadow").unwrap();
+    assert_eq!(shadow["denied"], 0, "{shadow}");
+    assert!(shadow["would_deny"].as_f64().unwrap() > 0.0, "{shadow}");
+    assert_eq!(shadow["mode"], "shadow", "{shadow}");
+    // The changed tier's reason names the change of quota.
+    let changed = got.iter().find(|r| r["tier"] == "changed").unwrap();
+    assert!(
+        text(changed, "reason").contains("changed in the range (100 to 400)"),
+        "{changed}"
+    );
+    // The thresholds are parameters: with min_keys above every tier's count, only the
+    // override row is judged.
+    let strict = review(&events, &[("min_keys", "1000")]).await;
+    let judged: Vec<String> = strict
+        .iter()
+        .filter(|r| r["verdict"] != "not enough data")
+        .map(|r| text(r, "tier"))
+        .collect();
+    assert_eq!(judged, ["fine"], "{strict:#?}");
+}
+
+/// A candidate that changes every kind of limit: a quota raised, a bucket halved, a
+/// generous quota cut below demand, a shadow limit enforced.
+fn candidate_toml() -> String {
+    let mut l = limits(2);
+    l[0].3 = 250;
+    l[1].1 = 10;
+    l[2].3 = 150;
+    l[3].4 = "enforce";
+    policy_text(9, &l)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_if_predicts_what_the_limiter_does_under_the_candidate() {
+    for seed in [1, 2, 3] {
+        let w = world(seed, 1);
+        let (engine, _dir) = lake(&w.events().await).await;
+        let candidate = candidate_toml();
+        // The truth: the same demand through the limiter under the candidate.
+        let truth = decide_all(
+            &w.demand,
+            [snapshot_of(&candidate), snapshot_of(&candidate)],
+        )
+        .await;
+        let answer = whatif::what_if(
+            &engine,
+            whatif::candidate(&candidate).unwrap(),
+            world_range(),
+            5,
+        )
+        .await
+        .unwrap();
+        assert_eq!(answer.decisions as usize, truth.len());
+        assert_eq!(answer.limits.len(), TIERS.len(), "{answer:#?}");
+        for l in &answer.limits {
+            let refused = truth
+                .iter()
+                .filter(|e| e.tier.0 == l.tier_id && e.verdict != Verdict::Allowed)
+                .count() as f64;
+            let predicted = l.candidate.refused as f64;
+            println!(
+                "seed {seed} {:<8} recorded refusals {:>6}, what-if {:>6}, limiter {:>6}",
+                l.tier.as_deref().unwrap_or("?"),
+                l.recorded.refused,
+                predicted,
+                refused
+            );
+            assert!(
+                (predicted - refused).abs() <= 0.02 * refused.max(1.0),
+                "seed {seed}, tier {:?}: what-if {predicted}, limiter {refused}",
+                l.tier
+            );
+        }
+        // The candidate raised low's quota (fewer refusals) and cut high's (more).
+        let by = |tier: &str| {
+            answer
+                .limits
+                .iter()
+                .find(|l| l.tier.as_deref() == Some(tier))
+                .unwrap()
+        };
+        assert!(by("low").refused_change < 0, "{:?}", by("low"));
+        assert!(by("high").refused_change > 0, "{:?}", by("high"));
+        assert_eq!(by("shadow").candidate.would_deny, 0);
+        assert_eq!(answer.keys.len(), 5);
+        assert!(
+            answer
+                .keys
+                .windows(2)
+                .all(|k| k[0].refused_change.abs() >= k[1].refused_change.abs())
+        );
+        assert!(whatif::render(&answer).contains("Caveat: recorded demand includes the retries"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_if_refuses_an_invalid_candidate_and_an_empty_range_by_name() {
+    let bad = candidate_toml().replace("capacity = 10", "capacity = 0");
+    let err = whatif::candidate(&bad).unwrap_err().to_string();
+    assert!(
+        err.contains("limits[1] (tier=fine, route_class=*): capacity"),
+        "{err}"
+    );
+    let (engine, _dir) = lake(&world(1, 1).events().await).await;
+    let empty = Range {
+        from: chrono::DateTime::from_timestamp_millis(START_MS - 48 * 3_600_000).unwrap(),
+        to: chrono::DateTime::from_timestamp_millis(START_MS - 24 * 3_600_000).unwrap(),
+    };
+    let err = whatif::what_if(
+        &engine,
+        whatif::candidate(&candidate_toml()).unwrap(),
+        empty,
+        5,
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("the raw table has no decisions from"), "{err}");
+}
+
+/// The demand histogram the rollup keeps (5 years) says the same of the generous limit as the
+/// raw table's review: too high; the others are not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demand_history_finds_the_limit_too_high_from_the_rollup_alone() {
+    let w = world(4, 1);
+    let got = named_report(&w.events().await, "demand-history", &[]).await;
+    let verdicts: Vec<(String, String)> = got
+        .iter()
+        .map(|r| (text(r, "tier"), text(r, "verdict")))
+        .collect();
+    assert_eq!(
+        verdicts,
+        [
+            ("low".to_string(), "not too high".to_string()),
+            ("fine".into(), "not too high".into()),
+            ("high".into(), "too high".into()),
+            ("shadow".into(), "not too high".into()),
+            ("sparse".into(), "not enough data".into()),
+            ("changed".into(), "not too high".into()),
+        ],
+        "{got:#?}"
+    );
+    // Each percentile is the upper bound of its bucket, within a factor of 2^(1/4) above
+    // the truth: the high tier's busiest keys send at most 220 of 5000 an hour.
+    let high = &got[2];
+    let p99 = high["demand_p99"].as_f64().unwrap();
+    assert!((0.04..0.06).contains(&p99), "{high}");
+    assert_eq!(high["key_hours"], 120, "{high}");
+}
