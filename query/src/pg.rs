@@ -14,9 +14,12 @@ use std::fmt::Debug;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use arrow::datatypes::DataType;
 use async_trait::async_trait;
-use datafusion::common::{DFSchema, ParamValues};
-use datafusion::logical_expr::{EmptyRelation, LogicalPlan};
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::{Column, DFSchema, ParamValues};
+use datafusion::logical_expr::{EmptyRelation, Expr, LogicalPlan, LogicalPlanBuilder, cast};
+use datafusion::optimizer::AnalyzerRule;
 use datafusion::prelude::SessionContext;
 use datafusion::sql::sqlparser::ast::{Query, Set, SetExpr, Statement};
 use datafusion_postgres::DfSessionService;
@@ -316,10 +319,61 @@ impl PgWireServerHandlers for Handlers {
     }
 }
 
+/// Shows 16-byte key ids to PostgreSQL clients as `bytea`: the wire encoder has no
+/// fixed-size binary, so the answer's fixed-size binary columns are cast to binary at the
+/// root of every plan (filters below still compare the 16 bytes as stored).
+#[derive(Debug)]
+pub struct KeysAsBytea;
+
+impl AnalyzerRule for KeysAsBytea {
+    fn analyze(
+        &self,
+        plan: LogicalPlan,
+        _: &ConfigOptions,
+    ) -> datafusion::error::Result<LogicalPlan> {
+        let fixed = plan
+            .schema()
+            .fields()
+            .iter()
+            .any(|f| matches!(f.data_type(), DataType::FixedSizeBinary(_)));
+        // Only a query's answer; what is not a query never reaches the wire (refused).
+        let not_a_query = matches!(
+            plan,
+            LogicalPlan::Dml(_)
+                | LogicalPlan::Ddl(_)
+                | LogicalPlan::Statement(_)
+                | LogicalPlan::Copy(_)
+                | LogicalPlan::Explain(_)
+                | LogicalPlan::Analyze(_)
+        );
+        if !fixed || not_a_query {
+            return Ok(plan);
+        }
+        let columns: Vec<Expr> = plan
+            .schema()
+            .iter()
+            .map(|(qualifier, field)| {
+                let column = Expr::Column(Column::new(qualifier.cloned(), field.name()));
+                if matches!(field.data_type(), DataType::FixedSizeBinary(_)) {
+                    cast(column, DataType::Binary).alias(field.name())
+                } else {
+                    column
+                }
+            })
+            .collect();
+        LogicalPlanBuilder::from(plan).project(columns)?.build()
+    }
+
+    fn name(&self) -> &str {
+        "keys_as_bytea"
+    }
+}
+
 /// A session of its own for one connection: the engine's catalog, a memory pool drawing from
 /// the shared budget, `pg_catalog` for the tools that browse it, and the read-only hook first.
 fn connection_session(engine: &Engine) -> std::io::Result<Arc<DfSessionService>> {
     let ctx = engine.session();
+    ctx.add_analyzer_rule(Arc::new(KeysAsBytea));
     setup_pg_catalog(&ctx, "datafusion", Arc::new(AuthManager::default()))
         .map_err(|e| std::io::Error::other(format!("setting up pg_catalog: {e}")))?;
     let hooks: Vec<Arc<dyn QueryHook>> = vec![

@@ -81,6 +81,26 @@ async fn psql_runs_a_report_over_the_wire_protocol_read_only_and_behind_the_toke
         "the table is still whole"
     );
 
+    let out = tokio::task::spawn_blocking(move || {
+        psql(
+            addr,
+            TOKEN,
+            "SELECT * FROM decisions ORDER BY key_id, event_time LIMIT 1",
+        )
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "SELECT * FROM decisions: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(",\\xa0000000000000000000000000"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
     // Read-only and isolated: SELECT … INTO, CREATE and a SET of the engine's options are
     // refused; a SET a client sends by itself is answered and changes nothing.
     for (sql, what) in [
@@ -135,6 +155,16 @@ async fn psql_runs_a_report_over_the_wire_protocol_read_only_and_behind_the_toke
         .await
         .expect("a query over the extended protocol");
     assert_eq!(rows.len(), 1);
+    // Key ids are bytea on the wire: the main table shows in a driver as in psql.
+    let rows = client
+        .query(
+            "SELECT key_id, tier FROM decisions ORDER BY key_id LIMIT 2",
+            &[],
+        )
+        .await
+        .expect("key ids over the extended protocol");
+    let key: Vec<u8> = rows[0].get(0);
+    assert_eq!(key.len(), 16);
     let err = client
         .query("SELECT tier INTO t4 FROM decisions", &[])
         .await
