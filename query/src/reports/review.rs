@@ -8,7 +8,10 @@
 //! ⌈p·n⌉, rather than an engine's own percentile function.
 //!
 //! The levels, each much smaller than the one before: decisions → per key × region × hour ×
-//! bucket span → per key × region × hour → per key × hour → per key → per limit.
+//! bucket span (a count and the quota only: the span level has the most groups, so it
+//! carries the fewest columns) → per key × region × hour → per key × hour → per key → per
+//! limit. Refusals are counted per key from the refused decisions alone, a few percent of
+//! the rows, and joined at the key level.
 
 use super::{Args, QueryError};
 
@@ -88,44 +91,47 @@ fn keyed(range: &str, filters: &str, p: &ReviewParams) -> String {
   FROM policies
   WHERE kind = 'limit'
 ), d AS (
-  SELECT x.tier, x.route_class, x.key_id, x.region, x.date, x.hour, x.verdict,
-    x.denied_by_bucket, x.denied_by_window, x.window_quota,
+  SELECT x.tier, x.route_class, x.key_id, x.region, x.date, x.hour, x.window_quota,
     CAST(FLOOR(date_part('epoch', x.event_time) / l.span_s) AS BIGINT) AS span
   FROM decisions x
   JOIN lim l ON l.tier_id = x.tier AND l.route_class_id = x.route_class
   WHERE {range} AND x.source IN (0, 1){filters}
+), refused AS (
+  SELECT x.tier, x.route_class, x.key_id,
+    SUM(CASE WHEN x.verdict = 1 THEN 1 ELSE 0 END) AS denied,
+    SUM(CASE WHEN x.verdict = 2 THEN 1 ELSE 0 END) AS would_deny,
+    SUM(CASE WHEN x.denied_by_bucket THEN 1 ELSE 0 END) AS by_bucket,
+    SUM(CASE WHEN x.denied_by_window THEN 1 ELSE 0 END) AS by_window
+  FROM decisions x
+  WHERE {range} AND x.source IN (0, 1) AND x.verdict <> 0{filters}
+  GROUP BY x.tier, x.route_class, x.key_id
 ), per_span AS (
   SELECT tier, route_class, key_id, region, date, hour, span, COUNT(*) AS requests,
-    SUM(CASE WHEN verdict = 1 THEN 1 ELSE 0 END) AS denied,
-    SUM(CASE WHEN verdict = 2 THEN 1 ELSE 0 END) AS would_deny,
-    SUM(CASE WHEN verdict <> 0 AND denied_by_bucket THEN 1 ELSE 0 END) AS by_bucket,
-    SUM(CASE WHEN verdict <> 0 AND denied_by_window THEN 1 ELSE 0 END) AS by_window,
     MAX(window_quota) AS quota
   FROM d
   GROUP BY tier, route_class, key_id, region, date, hour, span
 ), per_region_hour AS (
   SELECT tier, route_class, key_id, region, date, hour, SUM(requests) AS requests,
-    MAX(requests) AS peak_span, MAX(quota) AS quota, SUM(denied) AS denied,
-    SUM(would_deny) AS would_deny, SUM(by_bucket) AS by_bucket, SUM(by_window) AS by_window
+    MAX(requests) AS peak_span, MAX(quota) AS quota
   FROM per_span
   GROUP BY tier, route_class, key_id, region, date, hour
 ), per_hour AS (
   SELECT tier, route_class, key_id, date, hour, SUM(requests) AS requests,
     MAX(CAST(requests AS DOUBLE) / GREATEST(quota, 1)) AS demand, MAX(peak_span) AS peak_span,
-    MIN(quota) AS quota_low, MAX(quota) AS quota_high, SUM(denied) AS denied,
-    SUM(would_deny) AS would_deny, SUM(by_bucket) AS by_bucket, SUM(by_window) AS by_window
+    MIN(quota) AS quota_low, MAX(quota) AS quota_high
   FROM per_region_hour
   GROUP BY tier, route_class, key_id, date, hour
 ), per_key AS (
-  SELECT tier, route_class, key_id, SUM(requests) AS requests, SUM(denied) AS denied,
-    SUM(would_deny) AS would_deny, SUM(by_bucket) AS by_bucket, SUM(by_window) AS by_window,
-    MAX(demand) AS demand, MAX(requests) AS peak_hour, MAX(peak_span) AS peak_span,
-    MIN(quota_low) AS quota_low, MAX(quota_high) AS quota_high
-  FROM per_hour
-  GROUP BY tier, route_class, key_id
+  SELECT h.tier, h.route_class, h.key_id, SUM(h.requests) AS requests,
+    MAX(h.demand) AS demand, MAX(h.requests) AS peak_hour, MAX(h.peak_span) AS peak_span,
+    MIN(h.quota_low) AS quota_low, MAX(h.quota_high) AS quota_high
+  FROM per_hour h
+  GROUP BY h.tier, h.route_class, h.key_id
 ), keyed AS (
-  SELECT k.tier, k.route_class, o.key_id AS override_key, k.key_id, k.requests, k.denied,
-    k.would_deny, k.by_bucket, k.by_window, k.denied + k.would_deny AS refused, k.demand,
+  SELECT k.tier, k.route_class, o.key_id AS override_key, k.key_id, k.requests,
+    COALESCE(r.denied, 0) AS denied, COALESCE(r.would_deny, 0) AS would_deny,
+    COALESCE(r.by_bucket, 0) AS by_bucket, COALESCE(r.by_window, 0) AS by_window,
+    COALESCE(r.denied + r.would_deny, 0) AS refused, k.demand,
     k.peak_hour, k.quota_low, k.quota_high, l.span_s,
     COALESCE(o.capacity, l.capacity) AS capacity,
     COALESCE(o.refill_per_s, l.refill_per_s) AS refill_per_s,
@@ -134,6 +140,8 @@ fn keyed(range: &str, filters: &str, p: &ReviewParams) -> String {
     CAST(k.peak_span AS DOUBLE) / GREATEST(1, COALESCE(o.capacity, l.capacity)) AS burst
   FROM per_key k
   JOIN lim l ON l.tier_id = k.tier AND l.route_class_id = k.route_class
+  LEFT JOIN refused r ON r.tier = k.tier AND r.route_class = k.route_class
+    AND r.key_id = k.key_id
   LEFT JOIN policies o ON o.kind = 'override' AND o.key_id = k.key_id
     AND o.route_class_id = k.route_class
 ), flagged AS (
