@@ -13,13 +13,14 @@
 //! saw and are left out, as in the review. A hot key's sub-key is the recorded one (modulo
 //! the candidate's split); a region enforces its static share of the candidate's limits.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use arrow::array::{
     BooleanArray, FixedSizeBinaryArray, TimestampMillisecondArray, UInt8Array, UInt16Array,
 };
 use arrow::record_batch::RecordBatch;
 use chrono::{DateTime, Duration, Timelike, Utc};
+use rustc_hash::FxHashMap;
 use serde::Serialize;
 use verdict_limiter::{CounterState, Mode, PolicySnapshot, Resolution, decide};
 use verdict_schemas::{KeyId, RegionId, RouteClassId, TierId};
@@ -85,10 +86,13 @@ struct KeyTally {
 #[derive(Debug)]
 pub struct Replay {
     policy: PolicySnapshot,
-    counters: HashMap<(KeyId, u8, u16, u8), CounterState>,
-    recorded: BTreeMap<(u8, u8), Counts>,
-    replayed: BTreeMap<(u8, u8), Counts>,
-    keys: HashMap<(KeyId, u8), KeyTally>,
+    counters: FxHashMap<(KeyId, u8, u16, u8), CounterState>,
+    /// Per tier × route class: what was recorded, and what the candidate does.
+    limits: FxHashMap<(u8, u8), (Counts, Counts)>,
+    keys: FxHashMap<(KeyId, u8), KeyTally>,
+    /// The resolution of the last (key, route class, tier): requests come sorted by key, so
+    /// one lookup in the policy serves a run of them.
+    last: Option<((KeyId, u8, u8), Resolution)>,
 }
 
 impl Replay {
@@ -96,10 +100,24 @@ impl Replay {
     pub fn new(policy: PolicySnapshot) -> Self {
         Self {
             policy,
-            counters: HashMap::new(),
-            recorded: BTreeMap::new(),
-            replayed: BTreeMap::new(),
-            keys: HashMap::new(),
+            counters: FxHashMap::default(),
+            limits: FxHashMap::default(),
+            keys: FxHashMap::default(),
+            last: None,
+        }
+    }
+
+    fn resolve(&mut self, r: &Recorded) -> Resolution {
+        let id = (r.key_id, r.route_class, r.tier);
+        match self.last {
+            Some((last, resolution)) if last == id => resolution,
+            _ => {
+                let resolution =
+                    self.policy
+                        .resolve(&r.key_id, RouteClassId(r.route_class), TierId(r.tier));
+                self.last = Some((id, resolution));
+                resolution
+            }
         }
     }
 
@@ -107,57 +125,51 @@ impl Replay {
     /// across keys). A tier or route class the candidate does not know is an error naming
     /// it.
     pub fn feed(&mut self, r: &Recorded) -> Result<(), QueryError> {
-        let limit = (r.tier, r.route_class);
-        let recorded = self.recorded.entry(limit).or_default();
+        let (refused, by_bucket, by_window, shadow) = match self.resolve(r) {
+            Resolution::KillSwitch | Resolution::Off => (false, false, false, false),
+            Resolution::Unknown => {
+                return Err(QueryError::Invalid(format!(
+                    "the candidate policy has no limit for tier id {} on route class id {}, \
+                     which the recorded decisions have",
+                    r.tier, r.route_class
+                )));
+            }
+            Resolution::Check {
+                mut limits,
+                mode,
+                sub_keys,
+                ..
+            } => {
+                if self.policy.is_multi_region() {
+                    let ppm = self.policy.region_static_ppm(RegionId(r.region));
+                    limits = limits.scaled(ppm, ppm);
+                }
+                let counter = (
+                    r.key_id,
+                    r.route_class,
+                    r.region,
+                    r.sub_key % sub_keys.max(1),
+                );
+                let state = self.counters.get(&counter).copied();
+                let (outcome, next) = decide(state, r.time_ms, &limits);
+                if let Some(next) = next {
+                    self.counters.insert(counter, next);
+                }
+                (
+                    !outcome.allowed,
+                    outcome.denied_by_bucket,
+                    outcome.denied_by_window,
+                    mode == Mode::Shadow,
+                )
+            }
+        };
+        let (recorded, replayed) = self.limits.entry((r.tier, r.route_class)).or_default();
         recorded.requests += 1;
         if r.refused {
             recorded.refused += 1;
             recorded.refused_by_bucket += u64::from(r.by_bucket);
             recorded.refused_by_window += u64::from(r.by_window);
         }
-        let (refused, by_bucket, by_window, shadow) =
-            match self
-                .policy
-                .resolve(&r.key_id, RouteClassId(r.route_class), TierId(r.tier))
-            {
-                Resolution::KillSwitch | Resolution::Off => (false, false, false, false),
-                Resolution::Unknown => {
-                    return Err(QueryError::Invalid(format!(
-                        "the candidate policy has no limit for tier id {} on route class id {}, \
-                     which the recorded decisions have",
-                        r.tier, r.route_class
-                    )));
-                }
-                Resolution::Check {
-                    mut limits,
-                    mode,
-                    sub_keys,
-                    ..
-                } => {
-                    if self.policy.is_multi_region() {
-                        let ppm = self.policy.region_static_ppm(RegionId(r.region));
-                        limits = limits.scaled(ppm, ppm);
-                    }
-                    let counter = (
-                        r.key_id,
-                        r.route_class,
-                        r.region,
-                        r.sub_key % sub_keys.max(1),
-                    );
-                    let state = self.counters.get(&counter).copied();
-                    let (outcome, next) = decide(state, r.time_ms, &limits);
-                    if let Some(next) = next {
-                        self.counters.insert(counter, next);
-                    }
-                    (
-                        !outcome.allowed,
-                        outcome.denied_by_bucket,
-                        outcome.denied_by_window,
-                        mode == Mode::Shadow,
-                    )
-                }
-            };
-        let replayed = self.replayed.entry(limit).or_default();
         replayed.requests += 1;
         if refused {
             replayed.refused += 1;
@@ -175,24 +187,16 @@ impl Replay {
 
     /// Requests replayed so far.
     pub fn decisions(&self) -> u64 {
-        self.replayed.values().map(|c| c.requests).sum()
+        self.limits.values().map(|(_, c)| c.requests).sum()
     }
 
     /// The answer: per tier × route class, and the `keys` keys whose refusals change most.
-    pub fn finish(mut self, range: Range, keys: usize) -> WhatIf {
+    pub fn finish(self, range: Range, keys: usize) -> WhatIf {
+        let mut tallies: BTreeMap<(u8, u8), (Counts, Counts)> = self.limits.into_iter().collect();
         for (&(_, route), t) in &self.keys {
-            if t.recorded > 0 {
-                self.recorded
-                    .entry((t.tier, route))
-                    .or_default()
-                    .keys_refused += 1;
-            }
-            if t.replayed > 0 {
-                self.replayed
-                    .entry((t.tier, route))
-                    .or_default()
-                    .keys_refused += 1;
-            }
+            let (recorded, replayed) = tallies.entry((t.tier, route)).or_default();
+            recorded.keys_refused += u64::from(t.recorded > 0);
+            replayed.keys_refused += u64::from(t.replayed > 0);
         }
         let doc = self.policy.document();
         let tier_name = |id: u8| {
@@ -207,24 +211,17 @@ impl Replay {
                 .find(|r| r.id == id)
                 .map(|r| r.name.clone())
         };
-        let limits = self
-            .recorded
-            .iter()
-            .map(|(&(tier, route), recorded)| {
-                let replayed = self
-                    .replayed
-                    .get(&(tier, route))
-                    .cloned()
-                    .unwrap_or_default();
-                LimitWhatIf {
-                    tier_id: tier,
-                    tier: tier_name(tier),
-                    route_class_id: route,
-                    route_class: route_name(route),
-                    refused_change: replayed.refused as i64 - recorded.refused as i64,
-                    candidate: replayed,
-                    recorded: recorded.clone(),
-                }
+        let decisions = tallies.values().map(|(_, c)| c.requests).sum();
+        let limits = tallies
+            .into_iter()
+            .map(|((tier, route), (recorded, replayed))| LimitWhatIf {
+                tier_id: tier,
+                tier: tier_name(tier),
+                route_class_id: route,
+                route_class: route_name(route),
+                refused_change: replayed.refused as i64 - recorded.refused as i64,
+                candidate: replayed,
+                recorded,
             })
             .collect();
         let mut changed: Vec<KeyWhatIf> = self
@@ -255,7 +252,7 @@ impl Replay {
             from: range.from,
             to: range.to,
             policy_version: self.policy.version(),
-            decisions: self.replayed.values().map(|c| c.requests).sum(),
+            decisions,
             caveat: CAVEAT,
             limits,
             keys: changed,
