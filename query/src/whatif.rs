@@ -150,11 +150,23 @@ impl Replay {
                     r.region,
                     r.sub_key % sub_keys.max(1),
                 );
-                let state = self.counters.get(&counter).copied();
-                let (outcome, next) = decide(state, r.time_ms, &limits);
-                if let Some(next) = next {
-                    self.counters.insert(counter, next);
-                }
+                // One lookup: a counter seen before is updated where it lies.
+                let outcome = match self.counters.get_mut(&counter) {
+                    Some(state) => {
+                        let (outcome, next) = decide(Some(*state), r.time_ms, &limits);
+                        if let Some(next) = next {
+                            *state = next;
+                        }
+                        outcome
+                    }
+                    None => {
+                        let (outcome, next) = decide(None, r.time_ms, &limits);
+                        if let Some(next) = next {
+                            self.counters.insert(counter, next);
+                        }
+                        outcome
+                    }
+                };
                 (
                     !outcome.allowed,
                     outcome.denied_by_bucket,
