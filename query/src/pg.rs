@@ -374,7 +374,10 @@ impl AnalyzerRule for KeysAsBytea {
 fn connection_session(engine: &Engine) -> std::io::Result<Arc<DfSessionService>> {
     let ctx = engine.session();
     ctx.add_analyzer_rule(Arc::new(KeysAsBytea));
-    setup_pg_catalog(&ctx, "datafusion", Arc::new(AuthManager::default()))
+    // The provider by value: datafusion-pg-catalog 0.19's impl of its provider trait for
+    // `Arc<T>` calls itself, so an `Arc` here made `SELECT * FROM pg_catalog.pg_roles`
+    // recurse until the stack overflowed and the process aborted.
+    setup_pg_catalog(&ctx, "datafusion", AuthManager::default())
         .map_err(|e| std::io::Error::other(format!("setting up pg_catalog: {e}")))?;
     let hooks: Vec<Arc<dyn QueryHook>> = vec![
         Arc::new(ReadOnlyHook),

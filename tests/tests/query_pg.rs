@@ -101,6 +101,23 @@ async fn psql_runs_a_report_over_the_wire_protocol_read_only_and_behind_the_toke
         String::from_utf8_lossy(&out.stdout)
     );
 
+    // pg_catalog, which tools browse, answers (pg_roles once overflowed the stack and took
+    // the whole process down), and the service answers after it.
+    for sql in [
+        "SELECT * FROM pg_catalog.pg_roles",
+        "SELECT COUNT(*) FROM pg_catalog.pg_class",
+        "SELECT COUNT(*) FROM pg_catalog.pg_namespace",
+    ] {
+        let out = tokio::task::spawn_blocking(move || psql(addr, TOKEN, sql))
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     // Read-only and isolated: SELECT … INTO, CREATE and a SET of the engine's options are
     // refused; a SET a client sends by itself is answered and changes nothing.
     for (sql, what) in [
