@@ -22,6 +22,18 @@ fn psql(addr: SocketAddr, password: &str, sql: &str) -> Output {
         })
 }
 
+/// Runs `sql` through psql on a blocking thread and fails the test if psql fails.
+async fn psql_ok(addr: SocketAddr, sql: &'static str) {
+    let out = tokio::task::spawn_blocking(move || psql(addr, TOKEN, sql))
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn psql_runs_a_report_over_the_wire_protocol_read_only_and_behind_the_token() {
     let (engine, _store, _dir) = known_engine("pg", Limits::default()).await;
@@ -108,14 +120,7 @@ async fn psql_runs_a_report_over_the_wire_protocol_read_only_and_behind_the_toke
         "SELECT COUNT(*) FROM pg_catalog.pg_class",
         "SELECT COUNT(*) FROM pg_catalog.pg_namespace",
     ] {
-        let out = tokio::task::spawn_blocking(move || psql(addr, TOKEN, sql))
-            .await
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{sql}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        psql_ok(addr, sql).await;
     }
 
     // Read-only and isolated: SELECT … INTO, CREATE and a SET of the engine's options are
@@ -141,14 +146,7 @@ async fn psql_runs_a_report_over_the_wire_protocol_read_only_and_behind_the_toke
         assert!(stderr.contains(what), "{sql}: {stderr}");
     }
     for sql in ["SET client_encoding = 'UTF8'", "SET DateStyle = 'ISO'"] {
-        let out = tokio::task::spawn_blocking(move || psql(addr, TOKEN, sql))
-            .await
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{sql}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        psql_ok(addr, sql).await;
     }
     // No table was made by any of them, for this connection or another.
     let out = tokio::task::spawn_blocking(move || psql(addr, TOKEN, "SELECT COUNT(*) FROM t"))
