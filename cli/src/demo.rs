@@ -147,6 +147,8 @@ pub struct DemoReport {
     pub rollup_s: f64,
     /// The `wrong-limits` report over the demo's hours.
     pub wrong_limits: Vec<WrongLimit>,
+    /// The review's recommendation replayed over the demo's hours.
+    pub recommendation: Option<verdict_query::recommend::Replayed>,
     /// The `shadow-impact` report over the demo's hours.
     pub shadow_impact: Vec<ShadowImpact>,
     /// Seconds the reports took.
@@ -432,6 +434,8 @@ pub async fn demo(args: &DemoArgs) -> anyhow::Result<DemoReport> {
             recommended_quota: number(r, "recommended_quota") as u64,
         })
         .collect();
+    report.recommendation =
+        Some(verdict_query::recommend::replay(&engine, &range, chrono::Utc::now(), 0).await?);
     let sql = engine.report_sql("shadow-impact", &range).await?;
     report.shadow_impact = rows(&engine, &sql)
         .await?
@@ -754,10 +758,14 @@ pub fn render(r: &DemoReport, args: &DemoArgs) -> String {
         undecodable = r.undecodable,
     );
     t += &format!(
-        "\nWhich limits were wrong? wrong-limits over {} to {} ({:.2} s for both reports):\n",
+        "\nWhich limits were wrong? wrong-limits over {} to {} ({:.2} s for the reports and the replay):\n",
         r.first_hour, r.last_hour, r.query_s
     );
     t += &render_review(&r.wrong_limits);
+    if let Some(replayed) = &r.recommendation {
+        t += "\nWhat would the recommended limits have refused? ";
+        t += &verdict_query::recommend::render(replayed);
+    }
     t += "\nWhat would enforcing the tiers in shadow mode do? shadow-impact:\n";
     if r.shadow_impact.is_empty() {
         t += "  (no tier in shadow mode sent traffic)\n";

@@ -243,8 +243,22 @@ pub async fn sql(args: SqlArgs) -> anyhow::Result<()> {
 pub struct WhatIfArgs {
     /// The candidate policy (the limiter's TOML). It is validated as the limiter validates a
     /// policy: an invalid row is refused with its field named.
-    #[arg(long = "policy", value_name = "CANDIDATE.toml")]
-    pub candidate: PathBuf,
+    #[arg(
+        long = "policy",
+        value_name = "CANDIDATE.toml",
+        required_unless_present = "recommended"
+    )]
+    pub candidate: Option<PathBuf>,
+    /// Replay the limit review's own recommendation instead: run `wrong-limits` over the
+    /// range, put every recommended quota, capacity and refill into the policy in force
+    /// (--policy-file or --policy-pg), and say what share of keys and of requests it would
+    /// have refused.
+    #[arg(long, conflicts_with = "candidate")]
+    pub recommended: bool,
+    /// A parameter of the review, with --recommended: name=value (repeatable), e.g.
+    /// -p headroom=1.2 -p tier=free.
+    #[arg(short = 'p', long = "param", value_parser = parse_param, requires = "recommended")]
+    pub params: Vec<(String, String)>,
     /// Start of the range, inclusive (RFC 3339, 2026-11-30T14:00 or a date; UTC). Default:
     /// `--to` minus 7 days.
     #[arg(long)]
@@ -264,28 +278,47 @@ pub struct WhatIfArgs {
 
 /// Runs `verdict what-if`.
 pub async fn what_if(args: WhatIfArgs) -> anyhow::Result<()> {
-    let toml = std::fs::read_to_string(&args.candidate)
-        .with_context(|| format!("reading the candidate policy {}", args.candidate.display()))?;
-    let candidate = verdict_query::whatif::candidate(&toml)
-        .with_context(|| format!("in {}", args.candidate.display()))?;
-    let range = verdict_query::reports::Range::parse(
-        args.from.as_deref(),
-        args.to.as_deref(),
-        chrono::Utc::now(),
-        7,
-    )?;
+    let now = chrono::Utc::now();
+    let range =
+        verdict_query::reports::Range::parse(args.from.as_deref(), args.to.as_deref(), now, 7)?;
     let engine = args.engine.engine()?;
     let started = std::time::Instant::now();
-    let answer = verdict_query::whatif::what_if(&engine, candidate, range, args.keys).await?;
+    let (text, json, decisions) = match &args.candidate {
+        None => {
+            let mut params: BTreeMap<String, String> = args.params.iter().cloned().collect();
+            params.insert("from".into(), range.from.to_rfc3339());
+            params.insert("to".into(), range.to.to_rfc3339());
+            let answer = verdict_query::recommend::replay(&engine, &params, now, args.keys).await?;
+            (
+                verdict_query::recommend::render(&answer),
+                serde_json::to_string_pretty(&answer)?,
+                answer.what_if.decisions,
+            )
+        }
+        Some(path) => {
+            let toml = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the candidate policy {}", path.display()))?;
+            let candidate = verdict_query::whatif::candidate(&toml)
+                .with_context(|| format!("in {}", path.display()))?;
+            let answer =
+                verdict_query::whatif::what_if(&engine, candidate, range, args.keys).await?;
+            (
+                verdict_query::whatif::render(&answer),
+                serde_json::to_string_pretty(&answer)?,
+                answer.decisions,
+            )
+        }
+    };
     tracing::info!(
-        decisions = answer.decisions,
+        decisions,
         seconds = started.elapsed().as_secs_f64(),
+        recommended = args.recommended,
         "replayed"
     );
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&answer)?);
+        println!("{json}");
     } else {
-        print!("{}", verdict_query::whatif::render(&answer));
+        print!("{text}");
     }
     Ok(())
 }

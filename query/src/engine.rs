@@ -99,6 +99,10 @@ pub enum QueryError {
     /// branches); the message names the limit.
     #[error("{0}")]
     TooLarge(String),
+    /// A function would make a value larger than the service allows (see
+    /// [`crate::bounded_fns`]); the message names the function and the limit.
+    #[error("{0}")]
+    ValueTooLarge(String),
     /// A JSON answer would carry more rows than allowed.
     #[error(
         "the answer has more than {limit} rows, the limit for JSON: add a LIMIT, aggregate, or \
@@ -138,6 +142,7 @@ impl QueryError {
             Self::Refused(_) => "refused",
             Self::Invalid(_) => "invalid_query",
             Self::TooLarge(_) => "query_too_large",
+            Self::ValueTooLarge(_) => "value_too_large",
             Self::NotFound(_) => "not_found",
             Self::MemoryLimit { .. } => "memory_limit",
             Self::TimeLimit { .. } => "time_limit",
@@ -165,6 +170,9 @@ impl QueryError {
             | DataFusionError::SchemaError(..)
             | DataFusionError::NotImplemented(_)
             | DataFusionError::Configuration(_) => Self::Invalid(root.message().to_string()),
+            DataFusionError::Execution(m) if m.contains(crate::bounded_fns::REFUSED) => {
+                Self::ValueTooLarge(m.clone())
+            }
             DataFusionError::Execution(m) if is_user_error(m) => Self::Invalid(m.clone()),
             DataFusionError::ArrowError(a, _) if is_arrow_user_error(a) => {
                 Self::Invalid(a.to_string())
@@ -249,8 +257,14 @@ impl Engine {
             .with_runtime_env(runtime)
             .with_default_features()
             .with_physical_optimizer_rule(Arc::new(RawScanPruning))
+            // Last: whatever the rules before made, every operator yields (see
+            // `crate::yielding`).
+            .with_physical_optimizer_rule(Arc::new(crate::yielding::YieldEverywhere))
             .build();
         let base = SessionContext::new_with_state(state);
+        // The functions that make huge values from small queries are bounded (see
+        // `crate::bounded_fns`).
+        crate::bounded_fns::register(&base)?;
         // Sums of `CASE WHEN p THEN 1 ELSE 0 END` counted with a filter instead (see
         // `crate::indicator`), and group keys packed into one integer (see `crate::pack`):
         // the reports' aggregations hash and compare one column rather than three or four.
@@ -363,7 +377,7 @@ impl Engine {
         Ok(QueryStream {
             schema: started.schema(),
             inner: started,
-            _permit: permit,
+            permit: Some(permit),
             deadline: Box::pin(tokio::time::sleep_until(deadline)),
             limits: self.limits,
             done: false,
@@ -663,8 +677,8 @@ fn refuse_unless_query(statement: &DfStatement) -> Result<(), QueryError> {
 pub struct QueryStream {
     schema: SchemaRef,
     inner: SendableRecordBatchStream,
-    /// The query's place in the budget, given back when the stream is dropped.
-    _permit: tokio::sync::OwnedSemaphorePermit,
+    /// The query's place in the budget, given back when the query ends or is dropped.
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
     deadline: Pin<Box<tokio::time::Sleep>>,
     limits: Limits,
     done: bool,
@@ -674,6 +688,16 @@ impl QueryStream {
     /// The schema of the rows.
     pub fn schema(&self) -> SchemaRef {
         Arc::clone(&self.schema)
+    }
+
+    /// Ends the query: its plan (the tasks running it, the memory it holds) and its place in
+    /// line are dropped now, not when the stream is.
+    fn finish(&mut self) {
+        self.done = true;
+        self.inner = Box::pin(datafusion::physical_plan::EmptyRecordBatchStream::new(
+            Arc::clone(&self.schema),
+        ));
+        self.permit = None;
     }
 }
 
@@ -685,19 +709,19 @@ impl Stream for QueryStream {
             return Poll::Ready(None);
         }
         if self.deadline.as_mut().poll(cx).is_ready() {
-            self.done = true;
+            self.finish();
             return Poll::Ready(Some(Err(QueryError::TimeLimit {
                 seconds: self.limits.timeout.as_secs(),
             })));
         }
         match self.inner.poll_next_unpin(cx) {
             Poll::Ready(Some(Err(e))) => {
-                self.done = true;
+                self.finish();
                 let limits = self.limits;
                 Poll::Ready(Some(Err(QueryError::from_datafusion(e, &limits))))
             }
             Poll::Ready(None) => {
-                self.done = true;
+                self.finish();
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Ok(batch))) => Poll::Ready(Some(Ok(batch))),

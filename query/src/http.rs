@@ -128,7 +128,8 @@ fn status_of(e: &QueryError) -> StatusCode {
         QueryError::NotFound(_) => StatusCode::NOT_FOUND,
         QueryError::MemoryLimit { .. }
         | QueryError::RowLimit { .. }
-        | QueryError::AnswerTooLarge { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        | QueryError::AnswerTooLarge { .. }
+        | QueryError::ValueTooLarge(_) => StatusCode::UNPROCESSABLE_ENTITY,
         QueryError::TimeLimit { .. } => StatusCode::REQUEST_TIMEOUT,
         QueryError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
         QueryError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -177,8 +178,56 @@ pub fn router(state: Arc<AppState>) -> Router {
                 "no such route; GET /v1/openapi.json lists them",
             )
         })
+        .layer(middleware::from_fn(head_limits))
         .layer(middleware::map_response(json_errors))
         .with_state(state)
+}
+
+/// The longest request target the service reads (path and query string), bytes.
+pub const MAX_URI_BYTES: usize = 8 << 10;
+/// The most header fields, and header bytes, the service reads.
+pub const MAX_HEADERS: usize = 64;
+/// See [`MAX_HEADERS`].
+pub const MAX_HEADER_BYTES: usize = 32 << 10;
+/// What hyper itself reads before it answers 414 or 431 without a body: well past the
+/// service's own limits, so that below these every refusal is the documented JSON.
+const HYPER_MAX_HEADERS: usize = 1_024;
+const HYPER_BUFFER_BYTES: usize = 1 << 20;
+
+/// Refuses a request target or a header section past the service's limits with 414 or
+/// 431 in the documented JSON.
+async fn head_limits(request: Request, next: Next) -> Response {
+    let target = request
+        .uri()
+        .path_and_query()
+        .map_or(0, |p| p.as_str().len());
+    if target > MAX_URI_BYTES {
+        return error_response(
+            StatusCode::URI_TOO_LONG,
+            "uri_too_long",
+            &format!(
+                "the request target is {target} bytes; the service reads {MAX_URI_BYTES} at \
+                 most: send long SQL in the body of POST /v1/sql"
+            ),
+        );
+    }
+    let headers = request.headers();
+    let bytes: usize = headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    if headers.len() > MAX_HEADERS || bytes > MAX_HEADER_BYTES {
+        return error_response(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers_too_large",
+            &format!(
+                "the request has {} header fields in {bytes} bytes; the service reads \
+                 {MAX_HEADERS} fields and {MAX_HEADER_BYTES} bytes at most",
+                headers.len()
+            ),
+        );
+    }
+    next.run(request).await
 }
 
 /// Every error answer in the documented JSON form, the framework's own rejections included
@@ -226,8 +275,8 @@ async fn json_errors(response: Response) -> Response {
     Response::from_parts(parts, fresh.into_body())
 }
 
-/// Binds `addr` and serves until `shutdown` resolves. Without tokens, only a loopback
-/// address is accepted.
+/// Binds `addr` and serves until `shutdown` resolves, then lets the requests in flight
+/// finish. Without tokens, only a loopback address is accepted.
 pub async fn serve(
     state: Arc<AppState>,
     addr: SocketAddr,
@@ -235,9 +284,8 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let listener = bind(&state, addr).await?;
     tracing::info!(addr = %listener.local_addr()?, auth = !state.tokens.is_empty(), "query service listening");
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    accept_loop(listener, router(state), shutdown).await;
+    Ok(())
 }
 
 /// Binds `addr` and serves in the background; returns the bound address (port 0 picks one).
@@ -247,12 +295,62 @@ pub async fn spawn(
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = bind(&state, addr).await?;
     let bound = listener.local_addr()?;
-    let task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router(state)).await {
-            tracing::error!(error = %e, "the query service stopped");
-        }
-    });
+    let task = tokio::spawn(accept_loop(listener, router(state), std::future::pending()));
     Ok((bound, task))
+}
+
+/// Serves HTTP/1.1 connections from `listener` until `shutdown`, then waits for the open
+/// ones to finish their requests. hyper reads more of a request's head than the service
+/// takes ([`MAX_URI_BYTES`], [`MAX_HEADERS`]), so that the service, not hyper, refuses it,
+/// in JSON.
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut connections = tokio::task::JoinSet::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting an HTTP connection failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let mut stop = stop_rx.clone();
+        connections.spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .max_headers(HYPER_MAX_HEADERS)
+                .max_buf_size(HYPER_BUFFER_BYTES);
+            let connection =
+                builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let mut connection = std::pin::pin!(connection);
+            let ended = tokio::select! {
+                ended = connection.as_mut() => ended,
+                () = async {
+                    let _ = stop.wait_for(|stop| *stop).await;
+                } => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(e) = ended {
+                tracing::debug!(%peer, error = %e, "HTTP connection ended with an error");
+            }
+        });
+        // Finished connections leave the set as they go.
+        while connections.try_join_next().is_some() {}
+    }
+    stop_tx.send_replace(true);
+    while connections.join_next().await.is_some() {}
 }
 
 /// Binds `addr`, refusing a non-loopback address when no token is configured.
@@ -608,6 +706,30 @@ async fn openapi() -> Response {
     axum::Json(openapi_document()).into_response()
 }
 
+/// What every route may answer: a wrong method, a request head past the limits.
+const HEAD_ERRORS: &[&str] = &["405", "414", "431"];
+/// Every `/v1` route: the same, and a missing token.
+const V1_ERRORS: &[&str] = &["401", "405", "414", "431"];
+/// A route that runs a query.
+const QUERY_ERRORS: &[&str] = &[
+    "400", "401", "404", "405", "408", "414", "422", "431", "500", "503",
+];
+/// A route that reads a body.
+const BODY_ERRORS: &[&str] = &["413", "415"];
+
+/// `responses` with the documented error answer for each of `codes`.
+fn with_errors(mut responses: serde_json::Value, codes: &[&str]) -> serde_json::Value {
+    if let Some(map) = responses.as_object_mut() {
+        for code in codes {
+            map.insert(
+                (*code).to_owned(),
+                json!({"$ref": "#/components/responses/Error"}),
+            );
+        }
+    }
+    responses
+}
+
 /// The OpenAPI 3.1 document of this API.
 pub fn openapi_document() -> serde_json::Value {
     let formats = json!({
@@ -622,13 +744,8 @@ pub fn openapi_document() -> serde_json::Value {
             "application/vnd.apache.arrow.stream": {"schema": {"type": "string", "format": "binary"}},
             "application/vnd.apache.parquet": {"schema": {"type": "string", "format": "binary"}}
         }},
-        "400": {"$ref": "#/components/responses/Error"},
-        "401": {"$ref": "#/components/responses/Error"},
-        "404": {"$ref": "#/components/responses/Error"},
-        "408": {"$ref": "#/components/responses/Error"},
-        "422": {"$ref": "#/components/responses/Error"},
-        "503": {"$ref": "#/components/responses/Error"}
     });
+    let answer = with_errors(answer, QUERY_ERRORS);
     let mut report_params = vec![
         json!({"name": "name", "in": "path", "required": true, "schema": {"type": "string", "enum": catalog().iter().map(|r| r.name).collect::<Vec<_>>()}}),
         formats.clone(),
@@ -654,10 +771,10 @@ pub fn openapi_document() -> serde_json::Value {
                     "text/plain": {"schema": {"type": "string"}},
                     "application/json": {"schema": {"type": "object", "required": ["sql"], "properties": {"sql": {"type": "string"}}}}
                 }},
-                "responses": answer.clone()
+                "responses": with_errors(answer.clone(), BODY_ERRORS)
             }},
             "/v1/reports": {"get": {"summary": "The named reports and their parameters",
-                "responses": {"200": {"description": "reports", "content": {"application/json": {}}}, "401": {"$ref": "#/components/responses/Error"}}}},
+                "responses": with_errors(json!({"200": {"description": "reports", "content": {"application/json": {}}}}), V1_ERRORS)}},
             "/v1/reports/{name}": {"get": {"summary": "Run a named report", "parameters": report_params, "responses": answer}},
             "/v1/what-if": {"post": {
                 "summary": "Replay the recorded requests of a range under a candidate policy (the limiter's decision core): per tier × route class, what it would have refused beside what was refused, and the keys that change most",
@@ -667,19 +784,16 @@ pub fn openapi_document() -> serde_json::Value {
                     {"name": "keys", "in": "query", "required": false, "description": "keys to list (default 10, at most 10000)", "schema": {"type": "integer"}}
                 ],
                 "requestBody": {"required": true, "content": {"application/toml": {"schema": {"type": "string"}}, "text/plain": {"schema": {"type": "string"}}}},
-                "responses": {
-                    "200": {"description": "the replay", "content": {"application/json": {}}},
-                    "400": {"$ref": "#/components/responses/Error"},
-                    "401": {"$ref": "#/components/responses/Error"},
-                    "404": {"$ref": "#/components/responses/Error"},
-                    "408": {"$ref": "#/components/responses/Error"}
-                }
+                "responses": with_errors(
+                    with_errors(json!({"200": {"description": "the replay", "content": {"application/json": {}}}}), QUERY_ERRORS),
+                    BODY_ERRORS
+                )
             }},
             "/v1/tables": {"get": {"summary": "The tables and their columns",
-                "responses": {"200": {"description": "tables", "content": {"application/json": {}}}, "401": {"$ref": "#/components/responses/Error"}}}},
-            "/v1/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3.1"}, "401": {"$ref": "#/components/responses/Error"}}}},
-            "/healthz": {"get": {"summary": "Liveness", "security": [], "responses": {"200": {"description": "ok"}}}},
-            "/metrics": {"get": {"summary": "Prometheus metrics", "security": [], "responses": {"200": {"description": "text format 0.0.4"}}}}
+                "responses": with_errors(json!({"200": {"description": "tables", "content": {"application/json": {}}}}), &["401", "405", "414", "431", "500"])}},
+            "/v1/openapi.json": {"get": {"summary": "This document", "responses": with_errors(json!({"200": {"description": "OpenAPI 3.1"}}), V1_ERRORS)}},
+            "/healthz": {"get": {"summary": "Liveness", "security": [], "responses": with_errors(json!({"200": {"description": "ok"}}), HEAD_ERRORS)}},
+            "/metrics": {"get": {"summary": "Prometheus metrics", "security": [], "responses": with_errors(json!({"200": {"description": "text format 0.0.4"}}), HEAD_ERRORS)}}
         },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
@@ -690,7 +804,7 @@ pub fn openapi_document() -> serde_json::Value {
                     "row_count": {"type": "integer"}
                 }},
                 "Error": {"type": "object", "properties": {"error": {"type": "object", "properties": {
-                    "kind": {"type": "string", "enum": ["refused", "invalid_query", "query_too_large", "bad_request", "method_not_allowed", "body_too_large", "unsupported_media_type", "not_found", "memory_limit", "time_limit", "row_limit", "answer_too_large", "busy", "internal", "unauthorized"]},
+                    "kind": {"type": "string", "enum": ["refused", "invalid_query", "query_too_large", "bad_request", "method_not_allowed", "body_too_large", "uri_too_long", "headers_too_large", "unsupported_media_type", "not_found", "memory_limit", "time_limit", "row_limit", "answer_too_large", "value_too_large", "busy", "internal", "unauthorized"]},
                     "message": {"type": "string"}
                 }}}}
             },

@@ -2,6 +2,7 @@
 //! reports that answer "which limits were wrong?", and the read-only HTTP and PostgreSQL-wire
 //! front ends.
 
+pub mod bounded_fns;
 pub mod budget;
 pub mod engine;
 pub mod format;
@@ -10,10 +11,12 @@ pub mod indicator;
 pub mod pack;
 pub mod pg;
 pub mod pruning;
+pub mod recommend;
 pub mod reports;
 pub mod tables;
 pub mod view;
 pub mod whatif;
+pub mod yielding;
 
 pub use engine::{Engine, Limits, QueryError, QueryStream};
 pub use tables::PoliciesTable;

@@ -1,11 +1,13 @@
 //! The same tables over the PostgreSQL wire protocol, so `psql` and BI tools connect
 //! (`datafusion-postgres` on `pgwire`).
 //!
-//! Read-only as over HTTP: a hook refuses every statement but queries (and the `SHOW`,
+//! Bounded as over HTTP (admission, time limit, cancel, size: see `bounds`), and read-only as
+//! over HTTP: a hook refuses every statement but queries (and the `SHOW`,
 //! transaction and cursor statements clients send on their own), before DataFusion plans it,
 //! and `SELECT … INTO` with them. A `SET` of a client's own setting (`client_encoding`,
-//! `DateStyle`, …, see [`CLIENT_SETTINGS`]) is answered and ignored; any other `SET` (the
-//! engine's `datafusion.*` options) is refused. Each connection has a session of its own, with
+//! `DateStyle`, …, see [`CLIENT_SETTINGS`]) is answered and ignored, but for
+//! `statement_timeout`, which the session keeps and its statements run under; any other `SET`
+//! (the engine's `datafusion.*` options) is refused. Each connection has a session of its own, with
 //! the engine's memory limit drawing from the shared budget. With tokens configured, the
 //! password must be one of them (any user name); with none, the listener must be on
 //! loopback.
@@ -33,14 +35,13 @@ use datafusion_postgres::pgwire::api::auth::{
     DefaultServerParameterProvider, LoginInfo, StartupHandler, finish_authentication,
     protocol_negotiation, save_startup_parameters_to_metadata,
 };
-use datafusion_postgres::pgwire::api::cancel::DefaultCancelHandler;
 use datafusion_postgres::pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
 use datafusion_postgres::pgwire::api::results::{Response, Tag};
 use datafusion_postgres::pgwire::api::{
-    ClientInfo, ConnectionManager, PgWireConnectionState, PgWireServerHandlers,
-    PidSecretKeyGenerator, RandomPidSecretKeyGenerator,
+    ClientInfo, PgWireConnectionState, PgWireServerHandlers, PidSecretKeyGenerator,
+    RandomPidSecretKeyGenerator,
 };
-use datafusion_postgres::pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+use datafusion_postgres::pgwire::error::{PgWireError, PgWireResult};
 use datafusion_postgres::pgwire::messages::startup::Authentication;
 use datafusion_postgres::pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use datafusion_postgres::pgwire::tokio::process_socket;
@@ -48,6 +49,10 @@ use futures::{Sink, SinkExt};
 
 use crate::engine::Engine;
 use crate::http::{check_exposure, constant_time_eq};
+
+mod bounds;
+
+use bounds::{Bounded, CancelRequests, Cancels};
 
 /// Refuses every statement that is not a query or a client's session housekeeping.
 #[derive(Debug)]
@@ -121,9 +126,21 @@ fn set_refusal(set: &Set) -> Option<String> {
         })
 }
 
-/// True for a `SET` a client sends by itself: answered "SET" and ignored.
+/// True for a `SET` a client sends by itself: answered "SET" and ignored (but
+/// `statement_timeout`, which the session keeps: see [`is_statement_timeout`]).
 pub fn is_client_setting(statement: &Statement) -> bool {
     matches!(statement, Statement::Set(set) if set_refusal(set).is_none())
+        && !is_statement_timeout(statement)
+}
+
+/// True for `SET statement_timeout …`: the session keeps it, and a statement then runs
+/// under the shorter of it and the service's time limit.
+pub fn is_statement_timeout(statement: &Statement) -> bool {
+    matches!(
+        statement,
+        Statement::Set(Set::SingleAssignment { variable, .. })
+            if variable.to_string().eq_ignore_ascii_case("statement_timeout")
+    )
 }
 
 /// Why `statement` is refused, or `None` if it may run.
@@ -173,12 +190,8 @@ pub fn refusal(statement: &Statement) -> Option<String> {
 }
 
 fn refused(message: String) -> PgWireError {
-    // 25006: read_only_sql_transaction.
-    PgWireError::UserError(Box::new(ErrorInfo::new(
-        "ERROR".to_owned(),
-        "25006".to_owned(),
-        message,
-    )))
+    // read_only_sql_transaction
+    bounds::pg_error("25006", message)
 }
 
 #[async_trait]
@@ -191,6 +204,9 @@ impl QueryHook for ReadOnlyHook {
     ) -> Option<PgWireResult<Response>> {
         if is_client_setting(statement) {
             return Some(Ok(Response::Execution(Tag::new("SET"))));
+        }
+        if is_statement_timeout(statement) {
+            return None;
         }
         refusal(statement).map(|m| Err(refused(m)))
     }
@@ -207,6 +223,9 @@ impl QueryHook for ReadOnlyHook {
                 schema: Arc::new(DFSchema::empty()),
             })));
         }
+        if is_statement_timeout(statement) {
+            return None;
+        }
         refusal(statement).map(|m| Err(refused(m)))
     }
 
@@ -221,6 +240,9 @@ impl QueryHook for ReadOnlyHook {
         if is_client_setting(statement) {
             return Some(Ok(Response::Execution(Tag::new("SET"))));
         }
+        if is_statement_timeout(statement) {
+            return None;
+        }
         refusal(statement).map(|m| Err(refused(m)))
     }
 }
@@ -231,6 +253,7 @@ struct TokenStartup {
     tokens: Vec<String>,
     parameters: DefaultServerParameterProvider,
     pids: RandomPidSecretKeyGenerator,
+    cancels: Arc<Cancels>,
 }
 
 #[async_trait]
@@ -289,6 +312,8 @@ impl TokenStartup {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let (pid, secret) = self.pids.generate(client);
+        let slot = self.cancels.register(pid, secret.to_bytes().to_vec());
+        client.session_extensions().insert(slot);
         client.set_pid_and_secret_key(pid, secret);
         finish_authentication(client, &self.parameters).await
     }
@@ -296,9 +321,9 @@ impl TokenStartup {
 
 /// The handlers of one listener.
 struct Handlers {
-    session: Arc<DfSessionService>,
+    session: Arc<Bounded>,
     startup: Arc<TokenStartup>,
-    cancel: Arc<DefaultCancelHandler>,
+    cancel: Arc<CancelRequests>,
 }
 
 impl PgWireServerHandlers for Handlers {
@@ -404,14 +429,14 @@ pub async fn serve(
     let mut parameters = DefaultServerParameterProvider::default();
     parameters.default_transaction_read_only = true;
     parameters.is_superuser = false;
+    let cancels = Arc::new(Cancels::default());
     let startup = Arc::new(TokenStartup {
         tokens,
         parameters,
         pids: RandomPidSecretKeyGenerator::default(),
+        cancels: Arc::clone(&cancels),
     });
-    let cancel = Arc::new(DefaultCancelHandler::new(
-        Arc::new(ConnectionManager::new()),
-    ));
+    let cancel = Arc::new(CancelRequests(cancels));
     let engine = engine.clone();
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
         std::io::Error::new(
@@ -425,6 +450,13 @@ pub async fn serve(
         loop {
             match listener.accept().await {
                 Ok((socket, peer)) => {
+                    let (socket, gone) = match bounds::watch_gone(socket) {
+                        Ok(split) => split,
+                        Err(e) => {
+                            tracing::warn!(%peer, error = %e, "PostgreSQL connection setup failed");
+                            continue;
+                        }
+                    };
                     // One session per connection: what one connection does to its session
                     // (a cursor, a transaction) is never seen by another.
                     let session = match connection_session(&engine) {
@@ -435,7 +467,7 @@ pub async fn serve(
                         }
                     };
                     let handlers = Arc::new(Handlers {
-                        session,
+                        session: Arc::new(Bounded::new(session, engine.clone(), gone)),
                         startup: Arc::clone(&startup),
                         cancel: Arc::clone(&cancel),
                     });

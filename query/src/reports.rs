@@ -398,6 +398,11 @@ impl Names {
     }
 }
 
+/// `t` on the hour: its minutes, seconds and fraction dropped.
+pub fn start_of_hour(t: DateTime<Utc>) -> DateTime<Utc> {
+    DateTime::from_timestamp(t.timestamp().div_euclid(3_600) * 3_600, 0).unwrap_or(t)
+}
+
 /// A UTC time range `[from, to)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Range {
@@ -418,14 +423,7 @@ impl Range {
     ) -> Result<Self, QueryError> {
         let to = match to {
             Some(t) => parse_time("to", t)?,
-            None => {
-                let hour = now
-                    .with_minute(0)
-                    .and_then(|t| t.with_second(0))
-                    .and_then(|t| t.with_nanosecond(0))
-                    .unwrap_or(now);
-                hour + Duration::hours(1)
-            }
+            None => start_of_hour(now) + Duration::hours(1),
         };
         let from = match from {
             Some(t) => parse_time("from", t)?,

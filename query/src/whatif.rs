@@ -69,8 +69,30 @@ pub struct Counts {
     pub refused_by_bucket: u64,
     /// Refusals in which the window refused.
     pub refused_by_window: u64,
+    /// Keys (key × route class) that sent requests.
+    pub keys: u64,
     /// Keys with at least one refusal.
     pub keys_refused: u64,
+}
+
+impl Counts {
+    /// Refusals over requests (0 without requests).
+    pub fn share_of_requests_refused(&self) -> f64 {
+        ratio(self.refused, self.requests)
+    }
+
+    /// Keys refused at least once over keys (0 without keys).
+    pub fn share_of_keys_refused(&self) -> f64 {
+        ratio(self.keys_refused, self.keys)
+    }
+}
+
+fn ratio(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
 }
 
 /// One key's counts, recorded and replayed.
@@ -207,6 +229,8 @@ impl Replay {
         let mut tallies: BTreeMap<(u8, u8), (Counts, Counts)> = self.limits.into_iter().collect();
         for (&(_, route), t) in &self.keys {
             let (recorded, replayed) = tallies.entry((t.tier, route)).or_default();
+            recorded.keys += 1;
+            replayed.keys += 1;
             recorded.keys_refused += u64::from(t.recorded > 0);
             replayed.keys_refused += u64::from(t.replayed > 0);
         }
@@ -416,13 +440,8 @@ pub async fn recorded_hour(
 }
 
 /// The first hour of `range` (its start, on the hour).
-pub fn first_hour(range: Range) -> Result<DateTime<Utc>, QueryError> {
-    range
-        .from
-        .with_minute(0)
-        .and_then(|t| t.with_second(0))
-        .and_then(|t| t.with_nanosecond(0))
-        .ok_or(QueryError::Internal)
+pub fn first_hour(range: Range) -> DateTime<Utc> {
+    crate::reports::start_of_hour(range.from)
 }
 
 /// Replays `range` of the raw table under `policy`; lists the `keys` keys that change most.
@@ -434,7 +453,7 @@ pub async fn what_if(
     keys: usize,
 ) -> Result<WhatIf, QueryError> {
     let mut replay = Replay::new(policy);
-    let mut hour = first_hour(range)?;
+    let mut hour = first_hour(range);
     while hour < range.to {
         for r in &recorded_hour(engine, hour, range).await? {
             replay.feed(r)?;

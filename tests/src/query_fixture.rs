@@ -386,3 +386,45 @@ pub async fn report_in(
         .unwrap_or_else(|e| panic!("report {name}: {e}"));
     rows(engine, &sql).await
 }
+
+/// A sum of `n` terms: a flat expression `n` deep once parsed.
+pub fn long_sum(n: usize) -> String {
+    format!("SELECT {} AS s", vec!["1"; n].join(" + "))
+}
+
+/// A filter of `n` ORs on the raw table.
+pub fn long_or(n: usize) -> String {
+    format!(
+        "SELECT COUNT(*) FROM decisions WHERE {}",
+        (0..n)
+            .map(|i| format!("tier = {}", i % 10))
+            .collect::<Vec<_>>()
+            .join(" OR ")
+    )
+}
+
+/// `n` branches of UNION ALL.
+pub fn long_union(n: usize) -> String {
+    vec!["SELECT 1 AS one"; n].join(" UNION ALL ")
+}
+
+/// A tokio-postgres client (the extended protocol) on the query service's PostgreSQL
+/// listener at `addr`, and the task driving its connection.
+pub async fn pg_driver(
+    addr: std::net::SocketAddr,
+    password: &str,
+) -> (tokio_postgres::Client, tokio::task::JoinHandle<()>) {
+    let (client, connection) = tokio_postgres::connect(
+        &format!(
+            "host=127.0.0.1 port={} user=analyst password={password} dbname=verdict",
+            addr.port()
+        ),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .expect("a driver connects");
+    let task = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    (client, task)
+}

@@ -11,8 +11,8 @@ use object_store::ObjectStore;
 use object_store::local::LocalFileSystem;
 use serde_json::Value;
 use verdict_query::reports::Range;
-use verdict_query::whatif;
 use verdict_query::{Engine, Limits, PoliciesTable};
+use verdict_query::{recommend, whatif};
 use verdict_schemas::layout::HourPartition;
 use verdict_schemas::{DecisionEvent, Verdict};
 use verdict_tests::query_fixture::report_in;
@@ -264,6 +264,76 @@ async fn what_if_predicts_what_the_limiter_does_under_the_candidate() {
                 .all(|k| k[0].refused_change.abs() >= k[1].refused_change.abs())
         );
         assert!(whatif::render(&answer).contains("Caveat: recorded demand includes the retries"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_recommendation_replayed_says_what_it_would_have_refused() {
+    for seed in [1, 2, 3] {
+        let w = world(seed, 1);
+        let (engine, _dir) = lake(&w.events().await).await;
+        let range = world_range();
+        let params = [
+            ("from".to_string(), range.from.to_rfc3339()),
+            ("to".to_string(), range.to.to_rfc3339()),
+        ]
+        .into();
+        let answer = recommend::replay(&engine, &params, chrono::Utc::now(), 5)
+            .await
+            .unwrap();
+        print!("seed {seed}: {}", recommend::render(&answer));
+        // The truth: the same demand through the limiter under the recommended policy.
+        let in_force = engine.policies().snapshot().await.unwrap().unwrap();
+        let recommended = recommend::apply(in_force.document(), &answer.review).unwrap();
+        let truth = decide_all(&w.demand, [recommended.clone(), recommended]).await;
+        assert_eq!(answer.what_if.decisions as usize, truth.len());
+        assert_eq!(answer.limits.len(), TIERS.len(), "{answer:#?}");
+        for l in &answer.limits {
+            let of_tier = || truth.iter().filter(|e| e.tier.0 == l.tier_id);
+            let refused = of_tier().filter(|e| e.verdict != Verdict::Allowed).count() as f64;
+            let requests = of_tier().count() as f64;
+            let predicted = l.share_of_requests_refused.1 * l.requests as f64;
+            assert!(
+                (predicted - refused).abs() <= 0.02 * refused.max(1.0),
+                "seed {seed}, tier {:?}: replay {predicted}, limiter {refused}",
+                l.tier
+            );
+            assert_eq!(l.requests as f64, requests);
+            let verdict = l.verdict.as_deref().unwrap();
+            let ((now, rec), (refused_now, refused_rec)) =
+                (l.hourly_quota, l.share_of_requests_refused);
+            match verdict {
+                // Raised: it refuses less, of requests and of keys.
+                "too low" => {
+                    assert!(rec > now, "seed {seed}: {l:?}");
+                    assert!(refused_rec < refused_now, "seed {seed}: {l:?}");
+                    assert!(
+                        l.share_of_keys_refused.1 < l.share_of_keys_refused.0,
+                        "seed {seed}: {l:?}"
+                    );
+                }
+                // Lowered to the busiest keys' need, with headroom: it still refuses next to
+                // nothing.
+                "too high" => {
+                    assert!(rec < now, "seed {seed}: {l:?}");
+                    assert!(refused_rec < 0.01, "seed {seed}: {l:?}");
+                }
+                _ => assert_eq!(
+                    (rec, l.capacity.1),
+                    (now, l.capacity.0),
+                    "seed {seed}: {l:?}"
+                ),
+            }
+        }
+        // The override the review judged is changed in the candidate's overrides.
+        let rendered = recommend::render(&answer);
+        for o in answer.review.iter().filter(|o| o.override_key.is_some()) {
+            assert_eq!(
+                rendered.contains(o.override_key.as_deref().unwrap()),
+                o.changes(),
+                "{rendered}"
+            );
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use reqwest::StatusCode;
 use serde_json::Value;
 use verdict_query::Limits;
 use verdict_query::http::{AppState, QueryMetrics, check_exposure, spawn};
-use verdict_tests::query_fixture::known_engine;
+use verdict_tests::query_fixture::{known_engine, long_or, long_sum, long_union};
 
 const TOKEN: &str = "analyst-token-1";
 
@@ -424,7 +424,7 @@ async fn memory_time_and_row_limits_fail_one_query_and_the_service_keeps_serving
     // Few rows of huge strings: bounded by the JSON answer's bytes, not only its rows.
     let (status, _, body) = post_sql(
         &base,
-        "SELECT repeat('x', 1000000) AS s FROM generate_series(1, 8)",
+        "SELECT repeat('x', 1000000 + value % 2) AS s FROM generate_series(1, 8)",
         "",
     )
     .await;
@@ -438,21 +438,12 @@ async fn memory_time_and_row_limits_fail_one_query_and_the_service_keeps_serving
 
     // Generated statements past the size limits: a 400 that names the limit, before any
     // planning (a sum of 5,000 terms, 5,000 ORs, 5,000 UNION ALL branches).
-    let sum = format!("SELECT {} AS s", vec!["1"; 5_000].join(" + "));
-    let ors = format!(
-        "SELECT COUNT(*) FROM decisions WHERE {}",
-        (0..5_000)
-            .map(|i| format!("tier = {}", i % 10))
-            .collect::<Vec<_>>()
-            .join(" OR ")
-    );
-    let unions = vec!["SELECT 1 AS one"; 5_000].join(" UNION ALL ");
     for (sql, limit) in [
-        (sum, "the limit is 8192"),
-        (ors, "the limit is 8192"),
-        (unions, "bytes; the limit is 65536"),
+        (long_sum(5_000), "the limit is 8192"),
+        (long_or(5_000), "the limit is 8192"),
+        (long_union(5_000), "bytes; the limit is 65536"),
         (
-            vec!["SELECT 1 AS one"; 100].join(" UNION ALL "),
+            long_union(100),
             "100 branches of UNION, INTERSECT or EXCEPT; the limit is 64",
         ),
     ] {
@@ -468,8 +459,7 @@ async fn memory_time_and_row_limits_fail_one_query_and_the_service_keeps_serving
     // A flat sum of 2,000 terms (about 8 KB of SQL) is a tree 2,000 deep: refused by its
     // chain of operators; one of 120 terms is planned and answered (on the test's 2 MiB
     // worker stacks, in a debug build).
-    let sum = |n: usize| format!("SELECT {} AS s", vec!["1"; n].join(" + "));
-    let (status, _, body) = post_sql(&base, &sum(2_000), "").await;
+    let (status, _, body) = post_sql(&base, &long_sum(2_000), "").await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(
         json(&body)["error"]["message"]
@@ -477,7 +467,7 @@ async fn memory_time_and_row_limits_fail_one_query_and_the_service_keeps_serving
             .unwrap()
             .contains("chains 1999 operators; the limit is 128")
     );
-    let (status, _, body) = post_sql(&base, &sum(120), "").await;
+    let (status, _, body) = post_sql(&base, &long_sum(120), "").await;
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
     assert_eq!(json(&body)["rows"][0]["s"], 120);
 
@@ -616,6 +606,36 @@ async fn past_the_shared_budget_a_query_is_refused_as_busy_and_errors_are_json()
         json(&r.bytes().await.unwrap())["error"]["kind"],
         "body_too_large"
     );
+    // A request head past the service's limits: 414 and 431, in the same JSON.
+    let r = c
+        .get(format!(
+            "{base}/v1/reports/top-denied?x={}",
+            "a".repeat(10_000)
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::URI_TOO_LONG);
+    let v = json(&r.bytes().await.unwrap());
+    assert_eq!(v["error"]["kind"], "uri_too_long", "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().len() < 200, "{v}");
+    let mut many = c.get(format!("{base}/healthz"));
+    for i in 0..100 {
+        many = many.header(format!("x-field-{i}"), "v");
+    }
+    let r = many.send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    assert_eq!(
+        json(&r.bytes().await.unwrap())["error"]["kind"],
+        "headers_too_large"
+    );
+    let r = c
+        .get(format!("{base}/healthz"))
+        .header("x-big", "b".repeat(40 << 10))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
     // A bad parameter is named, and only the start of what was given is shown.
     let r = c
         .get(format!(

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::process::{Command, Output};
 
 use verdict_query::Limits;
-use verdict_tests::query_fixture::known_engine;
+use verdict_tests::query_fixture::{known_engine, pg_driver};
 
 const TOKEN: &str = "pg-token-7";
 
@@ -155,16 +155,7 @@ async fn psql_runs_a_report_over_the_wire_protocol_read_only_and_behind_the_toke
     assert!(!out.status.success());
 
     // The extended protocol (a driver's prepared statements), read-only the same way.
-    let (client, connection) = tokio_postgres::connect(
-        &format!(
-            "host=127.0.0.1 port={} user=analyst password={TOKEN} dbname=verdict",
-            addr.port()
-        ),
-        tokio_postgres::NoTls,
-    )
-    .await
-    .expect("a driver connects");
-    tokio::spawn(connection);
+    let (client, _connection) = pg_driver(addr, TOKEN).await;
     let rows = client
         .query("SELECT COUNT(*) AS n FROM overage", &[])
         .await

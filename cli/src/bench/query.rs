@@ -350,7 +350,7 @@ async fn replay(
     let answer = whatif::what_if(engine, candidate.clone(), range, 10).await?;
     let end_to_end = started.elapsed().as_secs_f64();
     let mut requests = Vec::new();
-    let mut hour = whatif::first_hour(range)?;
+    let mut hour = whatif::first_hour(range);
     while hour < range.to {
         requests.extend(whatif::recorded_hour(engine, hour, range).await?);
         hour += chrono::Duration::hours(1);

@@ -1,0 +1,343 @@
+//! Hostile and heavy queries against one query service (HTTP and PostgreSQL wire together,
+//! on the known lake in the real S3 server), each class as a hostile client with a valid
+//! token would send it: every answer is the documented refusal, the service answers a
+//! normal query afterwards on both front ends, a stopped query gives its memory and its
+//! place back at once, and the process's peak memory over the whole suite stays under the
+//! shared budget (`VmHWM` in `/proc/self/status`, over what the process held before).
+//!
+//! One test, so that nothing else runs in the process while its peak is measured.
+
+use std::net::SocketAddr;
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::StatusCode;
+use serde_json::Value;
+use verdict_query::http::{AppState, QueryMetrics, spawn};
+use verdict_query::{Engine, Limits};
+use verdict_tests::query_fixture::{known_engine, long_or, long_sum, long_union, pg_driver};
+
+const TOKEN: &str = "hostile-token-3";
+/// Each query's pool, and the budget they share (four places).
+const PER_QUERY: usize = 64 << 20;
+const BUDGET: usize = 256 << 20;
+/// A query that runs until stopped, and whose join makes output for seconds without reading
+/// its input again (it never yielded, so it ran on after its 408 until the process was
+/// killed).
+const ENDLESS: &str = "SELECT COUNT(*) AS n FROM generate_series(1, 1000000) AS a, \
+    generate_series(1, 1000000) AS b WHERE a.value <> b.value";
+
+/// One of `/proc/self/status`'s sizes, bytes.
+fn status_bytes(field: &str) -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+        .map(|kb| kb << 10)
+        .unwrap_or_else(|| panic!("{field} in /proc/self/status"))
+}
+
+fn psql(addr: SocketAddr, commands: &[&str]) -> Output {
+    let mut c = Command::new("psql");
+    c.env("PGPASSWORD", TOKEN)
+        .env("PGCONNECT_TIMEOUT", "10")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &addr.port().to_string(),
+            "-U",
+            "analyst",
+            "-d",
+            "verdict",
+        ])
+        .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1"]);
+    for sql in commands {
+        c.args(["-c", sql]);
+    }
+    c.output().unwrap_or_else(|e| {
+        panic!("running psql: {e}. It comes with Debian's postgresql-client: start the services with `scripts/services.sh up`, which installs it")
+    })
+}
+
+/// psql's answer to `commands` (one session): its stdout when it succeeded, else its stderr.
+async fn psql_says(addr: SocketAddr, commands: &[&str]) -> Result<String, String> {
+    let commands: Vec<String> = commands.iter().map(|c| c.to_string()).collect();
+    let out = tokio::task::spawn_blocking(move || {
+        let refs: Vec<&str> = commands.iter().map(String::as_str).collect();
+        psql(addr, &refs)
+    })
+    .await
+    .unwrap();
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+async fn driver(addr: SocketAddr) -> (tokio_postgres::Client, tokio::task::JoinHandle<()>) {
+    pg_driver(addr, TOKEN).await
+}
+
+fn http(timeout: Duration) -> reqwest::Client {
+    reqwest::Client::builder().timeout(timeout).build().unwrap()
+}
+
+async fn post_sql(base: &str, sql: &str) -> (StatusCode, Value) {
+    let r = http(Duration::from_secs(60))
+        .post(format!("{base}/v1/sql"))
+        .bearer_auth(TOKEN)
+        .body(sql.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let body: Bytes = r.bytes().await.unwrap();
+    let v = serde_json::from_slice(&body).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}",
+            String::from_utf8_lossy(&body[..body.len().min(300)])
+        )
+    });
+    (status, v)
+}
+
+/// The service answers a normal query on both front ends.
+async fn still_serving(base: &str, pg: SocketAddr, after: &str) {
+    let (status, v) = post_sql(base, "SELECT COUNT(*) AS n FROM decisions").await;
+    assert_eq!(status, StatusCode::OK, "HTTP after {after}: {v}");
+    let n = v["rows"][0]["n"].as_i64().unwrap();
+    assert!(n > 0);
+    let said = psql_says(pg, &["SELECT COUNT(*) FROM decisions"]).await;
+    assert_eq!(said, Ok(n.to_string()), "psql after {after}");
+}
+
+/// Every query has given its memory and its place back within `within` of `since`: nothing
+/// of a stopped query runs on.
+async fn settled(engine: &Engine, places: usize, after: &str) {
+    let since = tokio::time::Instant::now();
+    while engine.budget().reserved() > 0 || engine.budget().slots() < places {
+        assert!(
+            since.elapsed() < Duration::from_secs(1),
+            "1 s after {after}: {} bytes still reserved, {} of {places} places free",
+            engine.budget().reserved(),
+            engine.budget().slots()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_queries_cost_only_themselves_on_both_front_ends() {
+    let limits = Limits {
+        memory_bytes: PER_QUERY,
+        budget_bytes: BUDGET,
+        timeout: Duration::from_secs(6),
+        json_bytes: 8 << 20,
+        queue_timeout: Duration::from_secs(1),
+        ..Limits::default()
+    };
+    let places = BUDGET / PER_QUERY;
+    let (engine, _store, _dir) = known_engine("hostile", limits).await;
+    let state = Arc::new(AppState {
+        engine: engine.clone(),
+        tokens: vec![TOKEN.to_string()],
+        metrics: QueryMetrics::new(),
+    });
+    let (addr, _http) = spawn(state, SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .expect("the service binds");
+    let base = format!("http://{addr}");
+    let (pg, _pg) = verdict_query::pg::serve(
+        &engine,
+        vec![TOKEN.to_string()],
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+    )
+    .await
+    .expect("the PostgreSQL listener binds");
+    still_serving(&base, pg, "start").await;
+    let before = status_bytes("VmRSS:");
+
+    // 1. Statements that overflowed the stack and aborted the process: refused by the
+    // limit they pass, on both front ends (a sum of 2,000 terms, 5,000 ORs, UNION ALL
+    // branches); pg_roles answers.
+    let (sum, ors) = (long_sum(2_000), long_or(5_000));
+    // 4,000 branches: past the byte limit, and within what one argument to psql may be.
+    let unions = long_union(4_000);
+    for (sql, limit) in [
+        (&sum, "chains 1999 operators; the limit is 128"),
+        (&ors, "tokens; the limit is 8192"),
+        (&unions, "bytes; the limit is 65536"),
+    ] {
+        let (status, v) = post_sql(&base, sql).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+        assert_eq!(v["error"]["kind"], "query_too_large");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(limit),
+            "{v}"
+        );
+        let err = psql_says(pg, &[sql]).await.unwrap_err();
+        assert!(err.contains(limit), "psql: {err}");
+    }
+    let roles = psql_says(pg, &["SELECT COUNT(*) FROM pg_catalog.pg_roles"]).await;
+    assert!(roles.is_ok(), "{roles:?}");
+    still_serving(&base, pg, "the statements past the size limits").await;
+
+    // 2. A query past its time limit stops, and frees its memory, at once: over HTTP (408),
+    // over psql (the service's limit, and a shorter statement_timeout of the session).
+    let (status, v) = post_sql(&base, ENDLESS).await;
+    assert_eq!(status, StatusCode::REQUEST_TIMEOUT, "{v}");
+    assert_eq!(v["error"]["kind"], "time_limit");
+    settled(&engine, places, "a 408").await;
+    let err = psql_says(pg, &[ENDLESS]).await.unwrap_err();
+    assert!(err.contains("time limit of 6 s"), "{err}");
+    settled(&engine, places, "psql's time limit").await;
+    let err = psql_says(pg, &["SET statement_timeout = 500", ENDLESS])
+        .await
+        .unwrap_err();
+    assert!(
+        err.contains("canceling statement due to statement timeout"),
+        "{err}"
+    );
+    settled(&engine, places, "psql's statement_timeout").await;
+
+    // ... and when its client goes away: an HTTP client that gives up, a driver's cancel
+    // request, a driver that closes its connection.
+    let gave_up = http(Duration::from_millis(700))
+        .post(format!("{base}/v1/sql"))
+        .bearer_auth(TOKEN)
+        .body(ENDLESS)
+        .send()
+        .await;
+    assert!(gave_up.unwrap_err().is_timeout());
+    settled(&engine, places, "an HTTP client gave up").await;
+
+    let (client, _connection) = driver(pg).await;
+    let cancel = client.cancel_token();
+    let running = tokio::spawn(async move { client.query(ENDLESS, &[]).await });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    cancel
+        .cancel_query(tokio_postgres::NoTls)
+        .await
+        .expect("the cancel request is sent");
+    let err = running.await.unwrap().unwrap_err();
+    let db = err.as_db_error().expect("a database error");
+    assert_eq!(db.code().code(), "57014", "{db:?}");
+    assert!(db.message().contains("user request"), "{db:?}");
+    settled(&engine, places, "a driver's cancel").await;
+
+    let (client, connection) = driver(pg).await;
+    let running = tokio::spawn(async move { client.query(ENDLESS, &[]).await });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    connection.abort();
+    running.abort();
+    settled(&engine, places, "a driver closed its connection").await;
+    still_serving(&base, pg, "the stopped queries").await;
+
+    // 3. Memory no pool sees: a huge value is refused by its function, on both front ends;
+    // a JSON answer of few rows of big strings is refused by its size.
+    let (status, v) = post_sql(&base, "SELECT repeat('x', 1000000000) AS s").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert_eq!(v["error"]["kind"], "value_too_large");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("repeat() would make"),
+        "{v}"
+    );
+    let err = psql_says(pg, &["SELECT length(repeat('x', 1000000000))"])
+        .await
+        .unwrap_err();
+    assert!(err.contains("repeat() would make"), "{err}");
+    let (status, v) = post_sql(
+        &base,
+        "SELECT repeat('x', 1000000 + value % 2) AS s FROM generate_series(1, 60)",
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert_eq!(v["error"]["kind"], "answer_too_large");
+
+    // Twenty heavy sorts at once, each within its own pool: the shared budget admits four at
+    // a time; the rest wait, then are answered busy. Nobody overcommits.
+    let sort = "SELECT value FROM (SELECT value, row_number() OVER (ORDER BY value DESC) AS rn \
+                FROM generate_series(1, 1000000)) AS s WHERE rn = 2";
+    let mut sorts = Vec::new();
+    for _ in 0..20 {
+        let base = base.clone();
+        sorts.push(tokio::spawn(async move { post_sql(&base, sort).await }));
+    }
+    let (mut answered, mut busy) = (0, 0);
+    for s in sorts {
+        let (status, v) = s.await.unwrap();
+        match status {
+            StatusCode::OK => {
+                assert_eq!(v["rows"][0]["value"], 999_999, "{v}");
+                answered += 1;
+            }
+            StatusCode::SERVICE_UNAVAILABLE => {
+                assert_eq!(v["error"]["kind"], "busy", "{v}");
+                busy += 1;
+            }
+            other => panic!("a sort answered {other}: {v}"),
+        }
+    }
+    assert_eq!(answered + busy, 20);
+    assert!(answered >= places, "{answered} sorts answered, {busy} busy");
+    settled(&engine, places, "the sorts").await;
+
+    // 4. One statement per query, in both protocols.
+    let err = psql_says(pg, &["SELECT 1; SELECT 2"]).await.unwrap_err();
+    assert!(
+        err.contains("one statement per query: this one has 2"),
+        "{err}"
+    );
+    let (client, _connection) = driver(pg).await;
+    let err = client
+        .query("SELECT 1 AS one; SELECT 2 AS two", &[])
+        .await
+        .unwrap_err();
+    let db = err.as_db_error().expect("a database error");
+    assert!(db.message().contains("one statement per query"), "{db:?}");
+    assert_eq!(db.code().code(), "0A000");
+    let rows = client
+        .query("SELECT key_id, tier FROM decisions LIMIT 3", &[])
+        .await
+        .expect("the main table over the extended protocol");
+    assert_eq!(rows.len(), 3);
+    assert_eq!(rows[0].get::<_, Vec<u8>>(0).len(), 16);
+
+    // 5. An extreme report date is a named 400, not a dropped connection.
+    let r = http(Duration::from_secs(10))
+        .get(format!("{base}/v1/reports/top-denied?to=-262143-01-01"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("to"),
+        "{v}"
+    );
+    still_serving(&base, pg, "the whole suite").await;
+
+    let peak = status_bytes("VmHWM:");
+    println!(
+        "peak memory {} MiB; before the suite {} MiB; shared budget {} MiB",
+        peak >> 20,
+        before >> 20,
+        BUDGET >> 20
+    );
+    assert!(
+        peak < before + BUDGET,
+        "the process peaked at {} MiB, more than the {} MiB it held before plus the {} MiB budget",
+        peak >> 20,
+        before >> 20,
+        BUDGET >> 20
+    );
+}
