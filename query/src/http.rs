@@ -179,8 +179,35 @@ pub fn router(state: Arc<AppState>) -> Router {
             )
         })
         .layer(middleware::from_fn(head_limits))
+        .layer(middleware::from_fn(catch_panics))
         .layer(middleware::map_response(json_errors))
         .with_state(state)
+}
+
+/// A panic while a request is handled fails that request alone, with a 500 in the
+/// documented JSON (the detail goes to the log), instead of dropping its connection.
+async fn catch_panics(request: Request, next: Next) -> Response {
+    use futures::FutureExt;
+    let route = request.uri().path().to_owned();
+    match std::panic::AssertUnwindSafe(next.run(request))
+        .catch_unwind()
+        .await
+    {
+        Ok(response) => response,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(%route, panic = %what, "a request's handler panicked");
+            error_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "the request failed; the service log has the detail",
+            )
+        }
+    }
 }
 
 /// The longest request target the service reads (path and query string), bytes.
@@ -834,4 +861,45 @@ pub fn load_tokens(path: &std::path::Path) -> std::io::Result<Vec<String>> {
         ));
     }
     Ok(tokens)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panicking_handler_fails_its_request_alone_in_json() {
+        let router: Router = Router::new()
+            .route(
+                "/boom",
+                get(|| async {
+                    if std::hint::black_box(true) {
+                        panic!("boom");
+                    }
+                    "unreachable"
+                }),
+            )
+            .route("/fine", get(|| async { "fine" }))
+            .layer(middleware::from_fn(catch_panics))
+            .layer(middleware::map_response(json_errors));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(accept_loop(listener, router, std::future::pending()));
+        let client = reqwest::Client::new();
+        let r = client
+            .get(format!("http://{addr}/boom"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["kind"], "internal", "{v}");
+        // The same connection and the service carry on.
+        let r = client
+            .get(format!("http://{addr}/fine"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.text().await.unwrap(), "fine");
+    }
 }
