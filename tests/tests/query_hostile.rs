@@ -236,6 +236,28 @@ async fn hostile_queries_cost_only_themselves_on_both_front_ends() {
     connection.abort();
     running.abort();
     settled(&engine, places, "a driver closed its connection").await;
+
+    // ... and when nobody fetches: a portal suspended after one row holds its place until its
+    // deadline, then gives it back without being polled.
+    let (mut client, _connection) = driver(pg).await;
+    let t = client.transaction().await.expect("BEGIN");
+    let portal = t
+        .bind("SELECT value FROM generate_series(1, 1000000000000)", &[])
+        .await
+        .expect("a portal");
+    let first = t.query_portal(&portal, 1).await.expect("the first row");
+    assert_eq!(first.len(), 1);
+    assert_eq!(
+        engine.budget().slots(),
+        places - 1,
+        "the suspended portal holds a place"
+    );
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    settled(&engine, places, "a suspended portal's deadline").await;
+    let err = t.query_portal(&portal, 1).await.unwrap_err();
+    let db = err.as_db_error().expect("a database error");
+    assert!(db.message().contains("time limit of 6 s"), "{db:?}");
+    drop(t);
     still_serving(&base, pg, "the stopped queries").await;
 
     // 3. Memory no pool sees: a huge value is refused by its function, on both front ends;

@@ -8,9 +8,9 @@
 //! A client that closes its connection stops its statement too ([`watch_gone`]).
 //!
 //! A statement's plan is lazy: most of its work happens while its rows are sent. So the
-//! bounds hold for the rows too: the stream of rows ends with the error at the deadline or
-//! on cancel, and the plan (its memory, its place in line) is dropped there and then, not
-//! when the client next sends something.
+//! bounds hold for the rows too: a watchdog drops the plan (its memory, its place in line)
+//! at the deadline or on cancel, there and then, even for a portal suspended by its row
+//! limit that nobody fetches from, and the rows end with the error.
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -138,41 +138,94 @@ type Stop = Pin<Box<dyn Future<Output = PgWireError> + Send>>;
 
 /// One statement's bounds: its place in line and what stops it.
 struct Bounds {
-    /// Held, not read: dropping it gives the place back.
-    _permit: OwnedSemaphorePermit,
+    /// Dropping it gives the place back.
+    permit: OwnedSemaphorePermit,
     stop: Stop,
 }
 
-/// The statement's stream of rows, ended by its bounds. Once it ends (rows done, deadline
-/// or cancel) the plan and the place in line are dropped at once.
-struct BoundedRows {
+/// A statement's rows and place in line, until its stream ends or its bounds stop it.
+#[derive(Default)]
+struct Held {
     rows: Option<Pin<Box<dyn Stream<Item = PgWireResult<DataRow>> + Send>>>,
-    bounds: Option<Bounds>,
+    permit: Option<OwnedSemaphorePermit>,
+    /// Why the bounds stopped it, to be said once.
+    stopped: Option<PgWireError>,
+    /// Who waits for the next row.
+    waker: Option<std::task::Waker>,
+}
+
+/// The statement's stream of rows, ended by its bounds. A watchdog task holds the bounds:
+/// at the deadline, on cancel or when the client goes it drops the plan and the place in
+/// line at once, even when nobody polls the rows (a portal suspended by its row limit and
+/// never fetched again); the next poll says why.
+struct BoundedRows {
+    held: Arc<Mutex<Held>>,
+    watchdog: tokio::task::JoinHandle<()>,
+}
+
+impl BoundedRows {
+    fn new(
+        rows: Pin<Box<dyn Stream<Item = PgWireResult<DataRow>> + Send>>,
+        bounds: Bounds,
+    ) -> Self {
+        let held = Arc::new(Mutex::new(Held {
+            rows: Some(rows),
+            permit: Some(bounds.permit),
+            ..Held::default()
+        }));
+        let watched = Arc::clone(&held);
+        let stop = bounds.stop;
+        let watchdog = tokio::spawn(async move {
+            let e = stop.await;
+            let (rows, permit, waker) = match watched.lock() {
+                Ok(mut h) if h.rows.is_some() => {
+                    h.stopped = Some(e);
+                    (h.rows.take(), h.permit.take(), h.waker.take())
+                }
+                _ => return,
+            };
+            // Dropped outside the lock: dropping a plan aborts its tasks.
+            drop((rows, permit));
+            if let Some(waker) = waker {
+                waker.wake();
+            }
+        });
+        Self { held, watchdog }
+    }
+}
+
+impl Drop for BoundedRows {
+    fn drop(&mut self) {
+        self.watchdog.abort();
+    }
 }
 
 impl Stream for BoundedRows {
     type Item = PgWireResult<DataRow>;
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = &mut *self;
-        let Some(bounds) = this.bounds.as_mut() else {
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let Ok(mut held) = self.held.lock() else {
             return Poll::Ready(None);
         };
-        if let Poll::Ready(e) = bounds.stop.as_mut().poll(cx) {
-            this.rows = None;
-            this.bounds = None;
+        if let Some(e) = held.stopped.take() {
             return Poll::Ready(Some(Err(e)));
         }
-        let Some(rows) = this.rows.as_mut() else {
+        let Some(rows) = held.rows.as_mut() else {
             return Poll::Ready(None);
         };
         match rows.poll_next_unpin(cx) {
             Poll::Ready(None) => {
-                this.rows = None;
-                this.bounds = None;
+                let (rows, permit) = (held.rows.take(), held.permit.take());
+                drop(held);
+                drop((rows, permit));
+                self.watchdog.abort();
                 Poll::Ready(None)
             }
-            other => other,
+            Poll::Pending => {
+                held.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+            ready => ready,
         }
     }
 }
@@ -295,10 +348,7 @@ impl Bounded {
                 }
             }
         });
-        Ok(Bounds {
-            _permit: permit,
-            stop,
-        })
+        Ok(Bounds { permit, stop })
     }
 
     /// Runs `work` within `bounds`; a query's rows carry the bounds on.
@@ -314,13 +364,7 @@ impl Bounded {
             Response::Query(q) => {
                 let tag = q.command_tag().to_owned();
                 let schema = q.row_schema();
-                let mut bounded = QueryResponse::new(
-                    schema,
-                    BoundedRows {
-                        rows: Some(q.data_rows),
-                        bounds: Some(bounds),
-                    },
-                );
+                let mut bounded = QueryResponse::new(schema, BoundedRows::new(q.data_rows, bounds));
                 bounded.set_command_tag(&tag);
                 Response::Query(bounded)
             }
