@@ -418,9 +418,10 @@ pub async fn demo(args: &DemoArgs) -> anyhow::Result<DemoReport> {
     let total = |name: &str| totals.first().map_or(0, |r| number(r, name) as u64);
     report.rollup_denied = total("denied");
     report.rollup_would_deny = total("would_deny");
+    // The review runs once: its rows as printed, and its recommendation replayed.
     let sql = engine.report_sql("wrong-limits", &range).await?;
-    report.wrong_limits = rows(&engine, &sql)
-        .await?
+    let (schema, batches) = engine.collect(&sql, 100_000).await?;
+    report.wrong_limits = json_rows(&schema, &batches)?
         .iter()
         .map(|r| WrongLimit {
             tier: text(r, "tier"),
@@ -434,8 +435,15 @@ pub async fn demo(args: &DemoArgs) -> anyhow::Result<DemoReport> {
             recommended_quota: number(r, "recommended_quota") as u64,
         })
         .collect();
+    let replay_range = verdict_query::reports::Range::parse(
+        range.get("from").map(String::as_str),
+        range.get("to").map(String::as_str),
+        chrono::Utc::now(),
+        7,
+    )?;
+    let review = verdict_query::recommend::read(&batches)?;
     report.recommendation =
-        Some(verdict_query::recommend::replay(&engine, &range, chrono::Utc::now(), 0).await?);
+        Some(verdict_query::recommend::replay_review(&engine, review, replay_range, 0).await?);
     let sql = engine.report_sql("shadow-impact", &range).await?;
     report.shadow_impact = rows(&engine, &sql)
         .await?
@@ -539,8 +547,16 @@ async fn show_progress(
 /// column name → value.
 async fn rows(engine: &Engine, sql: &str) -> anyhow::Result<Vec<serde_json::Value>> {
     let (schema, batches) = engine.collect(sql, 100_000).await?;
+    json_rows(&schema, &batches)
+}
+
+/// An answer's rows as JSON objects (key ids as hex).
+fn json_rows(
+    schema: &arrow::datatypes::SchemaRef,
+    batches: &[arrow::array::RecordBatch],
+) -> anyhow::Result<Vec<serde_json::Value>> {
     let mut answer: serde_json::Value =
-        serde_json::from_slice(&verdict_query::format::json(&schema, &batches)?)?;
+        serde_json::from_slice(&verdict_query::format::json(schema, batches)?)?;
     Ok(match answer["rows"].take() {
         serde_json::Value::Array(rows) => rows,
         _ => Vec::new(),

@@ -252,7 +252,17 @@ pub async fn replay(
     params.insert("to".into(), range.to.to_rfc3339());
     let sql = engine.report_sql("wrong-limits", &params).await?;
     let (_, batches) = engine.collect(&sql, usize::MAX).await?;
-    let review = read(&batches)?;
+    replay_review(engine, read(&batches)?, range, keys).await
+}
+
+/// Puts the recommendations of `review` (the review's rows over `range`, see [`read`]) into
+/// the policy in force and replays `range` under them.
+pub async fn replay_review(
+    engine: &Engine,
+    review: Vec<Recommendation>,
+    range: Range,
+    keys: usize,
+) -> Result<Replayed, QueryError> {
     let in_force = engine
         .policies()
         .snapshot()
