@@ -15,9 +15,16 @@
 
 : "${VERDICT_KAFKA_VERSION:=4.4.0}"
 : "${VERDICT_MOTO_VERSION:=5.2.1}"
+# Other engines reading the lake: Spark with Delta's connector (the versions must agree:
+# delta-spark 4.0 is built for Spark 4.0), delta-rs's Python binding and Polars.
+: "${VERDICT_PYSPARK_VERSION:=4.0.1}"
+: "${VERDICT_DELTA_SPARK_VERSION:=4.0.0}"
+: "${VERDICT_DELTALAKE_PY_VERSION:=1.6.6}"
+: "${VERDICT_POLARS_VERSION:=2.1.0}"
 
 export VERDICT_REDIS_URL="${VERDICT_REDIS_URL:-redis://127.0.0.1:${VERDICT_REDIS_PORT}}"
 export VERDICT_PG_URL="${VERDICT_PG_URL:-postgres://verdict@127.0.0.1:${VERDICT_PG_PORT}/verdict}"
 export VERDICT_KAFKA_BROKERS="${VERDICT_KAFKA_BROKERS:-127.0.0.1:${VERDICT_KAFKA_PORT}}"
 export VERDICT_S3_ENDPOINT="${VERDICT_S3_ENDPOINT:-http://127.0.0.1:${VERDICT_S3_PORT}}"
 export VERDICT_CACHE VERDICT_STATE VERDICT_REGION_REDIS_PORTS
+export VERDICT_PYSPARK_VERSION VERDICT_DELTA_SPARK_VERSION

@@ -8,8 +8,12 @@
 #   kafka     Apache Kafka, the real broker, KRaft single node, from Maven Central's
 #             artifacts, run on the machine's Java 17
 #   s3        moto's S3 server, from PyPI, in a virtualenv of its own
+#   spark     not a server: Apache Spark (pyspark from PyPI, run on the machine's Java 17)
+#             with Delta Lake's jars from Maven Central, and the Python `deltalake` and
+#             `polars` readers, in a virtualenv of its own; the tests that read the lake
+#             with other engines run its Python (tests/spark/lake.py)
 #
-# Usage: scripts/services.sh up|down|status|restart [redis|regions|postgres|kafka|s3 ...]
+# Usage: scripts/services.sh up|down|status|restart [redis|regions|postgres|kafka|s3|spark ...]
 #
 # `up` is idempotent: what already answers is left alone. It waits until each service
 # answers and prints one line per service with its address. Downloads are cached in
@@ -21,7 +25,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=env.sh
 . "$here/env.sh"
 
-ALL=(redis regions postgres kafka s3)
+ALL=(redis regions postgres kafka s3 spark)
 
 say() { printf '%s\n' "$*"; }
 log() { printf 'services: %s\n' "$*" >&2; }
@@ -166,17 +170,23 @@ kafka_ready() { port_open "$VERDICT_KAFKA_PORT" && grep -q "Kafka Server started
 # Stops the wait early when the JVM has died.
 kafka_starting_or_ready() { kafka_ready || ! pid_alive "$(kafka_dir)/kafka.pid"; }
 
-kafka_install() {
-  local libs; libs=$(kafka_libs)
-  [ -f "$libs/.complete" ] && return 0
+# maven_jars POM DIR WHAT -Dproperty=value…: copies the runtime dependencies POM resolves
+# from Maven Central into DIR (once: DIR/.complete marks a finished copy).
+maven_jars() {
+  local pom=$1 dir=$2 what=$3; shift 3
+  [ -f "$dir/.complete" ] && return 0
   command -v java >/dev/null || apt_install openjdk-17-jre-headless
   command -v mvn >/dev/null || apt_install maven
-  log "resolving Apache Kafka $VERDICT_KAFKA_VERSION and its runtime dependencies from Maven Central"
-  rm -rf "$libs.tmp"
-  mvn -B -q -f "$here/kafka/pom.xml" -Dkafka.version="$VERDICT_KAFKA_VERSION" \
-    dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$libs.tmp" \
-    >"$VERDICT_STATE/maven.log" 2>&1 || { tail -30 "$VERDICT_STATE/maven.log" >&2; die "maven could not resolve the Kafka broker"; }
-  rm -rf "$libs"; mv "$libs.tmp" "$libs"; touch "$libs/.complete"
+  log "resolving $what from Maven Central"
+  rm -rf "$dir.tmp"
+  mvn -B -q -f "$pom" "$@" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$dir.tmp" \
+    >"$VERDICT_STATE/maven.log" 2>&1 || { tail -30 "$VERDICT_STATE/maven.log" >&2; die "maven could not resolve $what"; }
+  rm -rf "$dir"; mv "$dir.tmp" "$dir"; touch "$dir/.complete"
+}
+
+kafka_install() {
+  maven_jars "$here/kafka/pom.xml" "$(kafka_libs)" \
+    "Apache Kafka $VERDICT_KAFKA_VERSION and its runtime dependencies" -Dkafka.version="$VERDICT_KAFKA_VERSION"
 }
 
 kafka_up() {
@@ -256,6 +266,29 @@ s3_up() {
 s3_down() { stop_pid "$(s3_dir)/moto.pid" s3; }
 s3_status() { if s3_ready 2>/dev/null; then say "s3        up    $VERDICT_S3_ENDPOINT"; else say "s3        down  $VERDICT_S3_ENDPOINT"; fi; }
 
+# ---------------------------------------------------------------- spark (other engines)
+spark_venv() { echo "$VERDICT_CACHE/spark-$VERDICT_PYSPARK_VERSION"; }
+spark_jars() { echo "$VERDICT_CACHE/delta-spark-$VERDICT_DELTA_SPARK_VERSION/jars"; }
+spark_ready() { [ -f "$(spark_venv)/.complete" ] && [ -f "$(spark_jars)/.complete" ]; }
+
+spark_up() {
+  local venv jars; venv=$(spark_venv); jars=$(spark_jars)
+  if [ ! -f "$venv/.complete" ]; then
+    log "installing pyspark==$VERDICT_PYSPARK_VERSION, deltalake==$VERDICT_DELTALAKE_PY_VERSION and polars==$VERDICT_POLARS_VERSION from PyPI into $venv"
+    rm -rf "$venv"
+    python3 -m venv "$venv" >/dev/null 2>&1 || { apt_install python3-venv; python3 -m venv "$venv"; }
+    "$venv/bin/pip" install -q "pyspark==$VERDICT_PYSPARK_VERSION" "deltalake==$VERDICT_DELTALAKE_PY_VERSION" \
+      "polars==$VERDICT_POLARS_VERSION" pyarrow >"$VERDICT_STATE/pip-spark.log" 2>&1 \
+      || { tail -20 "$VERDICT_STATE/pip-spark.log" >&2; rm -rf "$venv"; die "pip could not install pyspark"; }
+    touch "$venv/.complete"
+  fi
+  maven_jars "$here/spark/pom.xml" "$jars" "Delta Lake $VERDICT_DELTA_SPARK_VERSION for Spark" \
+    -Ddelta.version="$VERDICT_DELTA_SPARK_VERSION"
+  say "spark     up  $venv/bin/python (pyspark $VERDICT_PYSPARK_VERSION, delta-spark $VERDICT_DELTA_SPARK_VERSION)"
+}
+spark_down() { :; }
+spark_status() { if spark_ready; then say "spark     up    $(spark_venv)/bin/python"; else say "spark     down  (scripts/services.sh up spark installs it)"; fi; }
+
 # ---------------------------------------------------------------- main
 usage() {
   sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
@@ -265,7 +298,7 @@ usage() {
 cmd=${1:-}; [ $# -gt 0 ] && shift
 services=("$@"); [ ${#services[@]} -gt 0 ] || services=("${ALL[@]}")
 for s in "${services[@]}"; do
-  case $s in redis|regions|postgres|kafka|s3) ;; *) die "unknown service '$s' (known: ${ALL[*]})";; esac
+  case $s in redis|regions|postgres|kafka|s3|spark) ;; *) die "unknown service '$s' (known: ${ALL[*]})";; esac
 done
 mkdir -p "$VERDICT_CACHE" "$VERDICT_STATE"
 

@@ -22,7 +22,7 @@ use object_store::local::LocalFileSystem;
 use serde::Serialize;
 use verdict_gateway::load::{self, LoadProgress, LoadSpec, MakeRequest};
 use verdict_gateway::{GatewayStore, KeyDirectory};
-use verdict_ingest::{ConsumedEvent, WrittenFile, split_by_hour, write_hour_file};
+use verdict_ingest::{ConsumedEvent, KafkaSource, RawTable, WrittenFile, split_by_hour};
 use verdict_limiter::{
     Clock, EventReceiver, FileSource, Limiter, LimiterConfig, LimiterMetrics, MemoryStore,
     PolicyHandle, PolicySource, ScaledClock, event_queue,
@@ -347,16 +347,19 @@ pub async fn demo(args: &DemoArgs) -> anyhow::Result<DemoReport> {
 
     // The ingest writer: one file per partition and hour.
     let started = Instant::now();
-    let store = Arc::new(
+    let store: Arc<dyn ObjectStore> = Arc::new(
         LocalFileSystem::new_with_prefix(&args.out)
             .with_context(|| format!("opening {} as an object store", args.out.display()))?,
     );
+    let raw = RawTable::open(Arc::clone(&store))
+        .await
+        .context("creating the raw table")?;
     let mut tasks = tokio::task::JoinSet::new();
     for (partition, records) in queues.into_iter().enumerate() {
-        let store = Arc::clone(&store);
+        let mut raw = raw.clone();
         tasks.spawn(async move {
             let partition = partition as i32;
-            consume_partition(store.as_ref(), partition, records).await
+            consume_partition(&mut raw, partition, records).await
         });
     }
     let mut written: Vec<WrittenFile> = Vec::new();
@@ -384,7 +387,7 @@ pub async fn demo(args: &DemoArgs) -> anyhow::Result<DemoReport> {
     // The hourly job: each hour rolled up into the keys that were refused.
     let started = Instant::now();
     let threads = std::thread::available_parallelism().map_or(2, usize::from);
-    let rollup = Rollup::new(store as Arc<dyn ObjectStore>, threads);
+    let rollup = Rollup::new(store, threads);
     for hour in &hours {
         let r = rollup.run_hour(*hour).await?;
         report.rollup_rows += r.rows;
@@ -664,9 +667,10 @@ pub(crate) fn partition_of(e: &DecisionEvent, partitions: u32) -> usize {
 }
 
 /// The ingest side for one partition: decode each record at its offset, split by hour,
-/// write one file per hour. Returns the files and the count of records that did not decode.
+/// write one file per hour, each committed to the raw table. Returns the files and the
+/// count of records that did not decode.
 async fn consume_partition(
-    store: &LocalFileSystem,
+    raw: &mut RawTable,
     partition: i32,
     records: Vec<[u8; EVENT_V1_LEN]>,
 ) -> anyhow::Result<(Vec<WrittenFile>, u64)> {
@@ -688,8 +692,9 @@ async fn consume_partition(
     let split = split_by_hour(consumed);
     undecodable += split.unplaceable.len() as u64;
     let mut files = Vec::new();
+    let source = KafkaSource::new("local", DEMO_TOPIC, partition);
     for (hour, events) in split.hours {
-        if let Some(f) = write_hour_file(store, DEMO_TOPIC, partition, hour, events).await? {
+        if let Some(f) = raw.append(&source, hour, events).await? {
             tracing::debug!(path = %f.path, rows = f.rows, bytes = f.bytes, "raw file written");
             files.push(f);
         }
@@ -916,17 +921,30 @@ mod tests {
         assert_eq!(r.hours, 1, "{} to {}", r.first_hour, r.last_hour);
         let mut files = 0;
         for date in std::fs::read_dir(dir.path().join("raw")).unwrap() {
-            for hour in std::fs::read_dir(date.unwrap().path()).unwrap() {
+            let date = date.unwrap().path();
+            if date.ends_with(verdict_lake::log::LOG_DIR) {
+                continue;
+            }
+            for hour in std::fs::read_dir(date).unwrap() {
                 for f in std::fs::read_dir(hour.unwrap().path()).unwrap() {
                     let path = f.unwrap().path();
                     let rel = path.strip_prefix(dir.path()).unwrap().to_str().unwrap();
                     verdict_schemas::HourPartition::from_path(rel).unwrap();
-                    rel.parse::<verdict_schemas::RawFileName>().unwrap();
                     files += 1;
                 }
             }
         }
         assert_eq!(files, r.files);
+        // Every file is in the raw table's log, once.
+        let snapshot = verdict_lake::tables::RAW
+            .table(Arc::new(
+                LocalFileSystem::new_with_prefix(dir.path()).unwrap(),
+            ))
+            .snapshot()
+            .await
+            .unwrap();
+        assert_eq!(snapshot.files().count(), r.files);
+        assert_eq!(snapshot.num_records(), r.events);
 
         // The rollup counts every refusal once.
         assert_eq!(r.rollup_denied, r.denied);

@@ -22,6 +22,14 @@ pub struct IngestArgs {
     /// Kafka bootstrap servers.
     #[arg(long, env = "VERDICT_KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
     pub brokers: String,
+    /// The Kafka cluster's name, unique among the clusters that feed one lake (one per
+    /// region: `eu-west`, `us-east`, …). Each partition's progress in the raw table's log is
+    /// kept under `verdict-ingest/<cluster>/<topic>/<partition>`, so two regions' clusters,
+    /// with the same topic and partition numbers, write one table without colliding. Do not
+    /// change it for a running cluster: its partitions would start over from Kafka's
+    /// committed offsets.
+    #[arg(long, env = "VERDICT_KAFKA_CLUSTER", default_value = "main")]
+    pub cluster: String,
     /// The decisions topic.
     #[arg(long, default_value = "verdict.decisions.v1")]
     pub topic: String,
@@ -51,8 +59,9 @@ pub struct IngestArgs {
 
 /// Runs the worker until a signal asks it to stop.
 pub async fn run(args: IngestArgs) -> anyhow::Result<()> {
-    // Listen for signals before anything else: recovery of an interrupted flush can take
-    // a while, and a SIGTERM that arrives during it must still mean "stop cleanly".
+    // Listen for signals before anything else: joining the group and reading the raw
+    // table's log can take a while, and a SIGTERM that arrives meanwhile must still mean
+    // "stop cleanly".
     let shutdown = crate::signals::shutdown_signal()?;
     let mut store = args.lake.open()?;
     if args.put_delay_ms > 0 {
@@ -64,6 +73,7 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<()> {
     }
     let cfg = IngestConfig {
         brokers: args.brokers,
+        cluster: args.cluster,
         topic: args.topic,
         group_id: args.group,
         instance_id: args.instance_id,
@@ -75,7 +85,7 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<()> {
         },
         ..IngestConfig::default()
     };
-    tracing::info!(topic = %cfg.topic, group = %cfg.group_id, store = %args.lake.store, "ingest starting");
+    tracing::info!(cluster = %cfg.cluster, topic = %cfg.topic, group = %cfg.group_id, store = %args.lake.store, "ingest starting");
     let worker = IngestWorker::new(cfg, store).context("joining the consumer group")?;
     if let Some(addr) = args.metrics_addr {
         let metrics = worker.metrics();

@@ -1,8 +1,9 @@
 //! `verdict ingest` killed with SIGKILL five times, against the real Kafka broker and S3
-//! server: once the moment a flush is between its intent and its marker (the store slowed
-//! by the hidden `--put-delay-ms`), the other times at random moments while more events
-//! are produced. A last worker runs until every partition is flushed and stops on SIGTERM
-//! with exit status 0. Every produced (partition, offset) is then in the raw table once.
+//! server: once the moment a flush has written files it has not committed (the store
+//! slowed by the hidden `--put-delay-ms`), the other times at random moments while more
+//! events are produced, commits included. A last worker runs until every partition is
+//! flushed and stops on SIGTERM with exit status 0. Every produced (partition, offset) is
+//! then in the raw table once, and the interrupted flushes' files are in no commit.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -10,12 +11,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::TryStreamExt;
 use object_store::ObjectStore;
-use object_store::path::Path;
 use rand::{Rng, SeedableRng};
 use verdict_tests::ingest_check::{
-    all_flushed, assert_exactly_once, create_topic, produce, recent_events,
+    all_flushed, assert_exactly_once, assert_vacuum_takes_only_uncommitted, create_topic, produce,
+    recent_events, uncommitted,
 };
 use verdict_tests::private::spare_port;
 use verdict_tests::{
@@ -97,15 +97,8 @@ fn kill_9(mut child: Child) {
     child.wait().expect("reap");
 }
 
-async fn has_intent(store: &Arc<dyn ObjectStore>) -> bool {
-    let objects: Vec<_> = store
-        .list(Some(&Path::from("_ingest")))
-        .try_collect()
-        .await
-        .unwrap();
-    objects
-        .iter()
-        .any(|m| m.location.as_ref().ends_with(".intent"))
+async fn has_uncommitted(store: &Arc<dyn ObjectStore>) -> bool {
+    !uncommitted(store).await.is_empty()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -123,15 +116,15 @@ async fn killed_five_times_every_event_is_in_the_raw_table_exactly_once() {
     let mut produced: BTreeMap<(i32, i64), Vec<u8>> =
         produce(&topic, recent_events(4_000, 10)).await;
 
-    // Kill 1: inside a flush, between its intent and its marker.
+    // Kill 1: inside a flush, between its files and its commit.
     let w = spawn_worker(&store_url, &topic, &group, 60);
     eventually(Duration::from_secs(90), "a flush in progress", || {
-        has_intent(&store)
+        has_uncommitted(&store)
     })
     .await;
     kill_9(w);
     assert!(
-        has_intent(&store).await,
+        has_uncommitted(&store).await,
         "the kill left an interrupted flush behind"
     );
 
@@ -148,7 +141,7 @@ async fn killed_five_times_every_event_is_in_the_raw_table_exactly_once() {
     eventually(
         Duration::from_secs(180),
         "every partition flushed to its last offset",
-        || all_flushed(&store, &topic, &produced),
+        || all_flushed(&store, "main", &topic, &produced),
     )
     .await;
     // The last worker owns all four partitions and says so at /metrics.
@@ -178,8 +171,7 @@ async fn killed_five_times_every_event_is_in_the_raw_table_exactly_once() {
     );
 
     assert_exactly_once(&store, &produced).await;
-    assert!(
-        !has_intent(&store).await,
-        "an interrupted flush was left behind"
-    );
+    // What the kills interrupted is in no commit: readers never saw it, and vacuum takes it
+    // and nothing else.
+    assert_vacuum_takes_only_uncommitted(&store).await;
 }

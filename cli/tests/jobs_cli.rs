@@ -6,6 +6,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+use verdict_tests::rollup_check::commit_raw_object;
+
 fn verdict(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_verdict"))
         .args(args)
@@ -24,14 +26,25 @@ fn touch(root: &Path, rel: &str) {
     std::fs::write(p, b"0123456789").unwrap();
 }
 
+/// Puts a 10-byte file in the raw table's `hour` and commits it.
+fn raw_file(root: &Path, hour: &str) {
+    let hour: verdict_schemas::HourPartition = hour.parse().unwrap();
+    touch(root, &format!("{}/f.parquet", hour.raw_prefix()));
+    let store: std::sync::Arc<dyn object_store::ObjectStore> =
+        std::sync::Arc::new(object_store::local::LocalFileSystem::new_with_prefix(root).unwrap());
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(commit_raw_object(&store, hour, "f.parquet", 10));
+}
+
 #[test]
 fn retention_once_lists_on_a_dry_run_and_deletes_otherwise() {
     let lake = tempfile::tempdir().unwrap();
     let root = lake.path();
     // On 2026-11-30 at noon, a raw hour of 8 days ago is past the 7-day window; one of
     // 6 days ago is not.
-    touch(root, "raw/date=2026-11-22/hour=11/t+00000+1+2.parquet");
-    touch(root, "raw/date=2026-11-24/hour=11/t+00000+1+2.parquet");
+    raw_file(root, "2026-11-22T11");
+    raw_file(root, "2026-11-24T11");
     let store = root.to_str().unwrap();
     let now = "2026-11-30T12:00:00Z";
 
@@ -58,15 +71,22 @@ fn retention_once_lists_on_a_dry_run_and_deletes_otherwise() {
         stdout(&real).trim(),
         "retention: wrote 0 (0 bytes), deleted 1 (10 bytes)"
     );
-    assert!(
-        !root
-            .join("raw/date=2026-11-22/hour=11/t+00000+1+2.parquet")
-            .exists()
-    );
-    assert!(
-        root.join("raw/date=2026-11-24/hour=11/t+00000+1+2.parquet")
-            .exists()
-    );
+    // The hour left the table; its bytes stay an hour for queries planned before, and the
+    // next run past that hour vacuums them.
+    let old = root.join("raw/date=2026-11-22/hour=11/f.parquet");
+    assert!(old.exists());
+    let later = verdict(&[
+        "jobs",
+        "once",
+        "retention",
+        "--store",
+        store,
+        "--now",
+        "2026-11-30T13:30:00Z",
+    ]);
+    assert!(later.status.success(), "{later:?}");
+    assert!(!old.exists(), "vacuum left the removed file");
+    assert!(root.join("raw/date=2026-11-24/hour=11/f.parquet").exists());
 }
 
 #[test]

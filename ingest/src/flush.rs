@@ -1,20 +1,33 @@
-//! One flush of one Kafka partition, and the recovery of a partition, as the store sees
-//! them (the protocol is in `progress.rs` and `ingest/README.md`). Store calls are retried
-//! with capped backoff until `give_up_after`: a store outage stops the flush, never loses or
-//! doubles a row.
+//! One flush of one Kafka partition, and where a partition resumes, against the raw Delta
+//! table (`ingest/README.md`). A flush writes its files, then commits them in one Delta
+//! commit that also carries the partition's progress: a `txn` whose application id names
+//! the Kafka cluster, topic and partition and whose version is the flush's last offset.
+//! The commit goes in only if the table's `txn` for the partition is still the one the
+//! worker resumed from or last committed: a worker that lost its partition and comes back
+//! late is refused, deletes nothing, and leaves only files no commit names, which vacuum
+//! removes. Store calls are retried with capped backoff until `give_up_after`: a store
+//! outage stops the flush, never loses or doubles a row.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::TryStreamExt;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart};
-use serde::Serialize;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
+use serde::{Deserialize, Serialize};
+use verdict_lake::{Action, Commit, LakeError};
 use verdict_schemas::DecodeError;
 
-use crate::progress::{FlushRange, Intent, ProgressObject, partition_prefix, plan_recovery};
 use crate::raw_file::{ConsumedEvent, RawFileError, build_hour_file};
-use crate::store::split_by_hour;
+use crate::store::{KafkaSource, RawTable, raw_add, split_by_hour};
+
+/// One flush's offset range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct FlushRange {
+    /// First offset (inclusive).
+    pub first: i64,
+    /// Last offset (inclusive).
+    pub last: i64,
+}
 
 /// Prefix of the quarantine of bad records.
 pub const QUARANTINE_PREFIX: &str = "quarantine";
@@ -106,19 +119,25 @@ pub enum FlushError {
         /// The last error.
         source: object_store::Error,
     },
-    /// Another writer completed the same flush: this worker does not own the partition.
-    #[error("flush {range:?} of partition {partition} was already completed by another writer")]
+    /// The table's progress for the partition is not what this worker last saw: another
+    /// worker owns the partition now (or replayed it). Nothing of this flush is committed.
+    #[error("flush {range:?} of partition {partition} was refused: {reason}")]
     Fenced {
         /// The partition.
         partition: i32,
         /// The flush.
         range: FlushRange,
+        /// The conflict the log reported.
+        reason: String,
     },
-    /// A progress object or intent could not be read.
-    #[error("progress object {path}: {reason}")]
-    Progress {
-        /// Its path.
-        path: String,
+    /// The raw table could not be read or committed to.
+    #[error(transparent)]
+    Lake(#[from] LakeError),
+    /// The quarantine file could not be encoded.
+    #[error("quarantine of partition {partition}: {reason}")]
+    Quarantine {
+        /// The partition.
+        partition: i32,
         /// What is wrong.
         reason: String,
     },
@@ -217,84 +236,121 @@ where
     }
 }
 
-/// Deletes `path`; one that is already gone is fine (a retried or repeated cleanup, or
-/// another process that got there first).
-pub async fn delete_if_present(store: &dyn ObjectStore, path: &Path) -> object_store::Result<()> {
-    match store.delete(path).await {
-        Err(object_store::Error::NotFound { .. }) => Ok(()),
-        other => other,
-    }
-}
-
-/// The files one flush writes: raw files per hour, and the quarantine file.
+/// One file a flush writes.
 struct Planned {
     path: Path,
     bytes: Vec<u8>,
     rows: usize,
 }
 
-/// The files of one flush, and how many records went to quarantine.
+/// What a flush writes: the raw files with their `add`s, and the quarantine file.
+struct FlushFiles {
+    raw: Vec<(Planned, Action)>,
+    quarantine: Option<Planned>,
+}
+
+/// The raw files of one flush with their `add`s, and the quarantine file.
 fn plan_files(
-    topic: &str,
-    partition: i32,
+    source: &KafkaSource,
     range: FlushRange,
     buf: PartitionBuffer,
     today: &str,
-) -> Result<(Vec<Planned>, usize), FlushError> {
-    let mut out = Vec::new();
+    now_ms: i64,
+) -> Result<FlushFiles, FlushError> {
+    let mut raw = Vec::new();
     let mut bad = buf.bad;
     let split = split_by_hour(buf.events);
     for (c, e) in split.unplaceable {
         bad.push(BadRecord::out_of_range(
-            partition,
+            source.partition,
             c.offset,
             &c.event.encode(),
             e.to_string(),
         ));
     }
     for (hour, events) in split.hours {
-        if let Some(file) = build_hour_file(topic, partition, &hour, events)? {
-            out.push(Planned {
-                path: Path::from(file.path),
-                bytes: file.bytes,
-                rows: file.rows,
-            });
+        let (Some(first), Some(last)) = (
+            events.iter().map(|c| c.offset).min(),
+            events.iter().map(|c| c.offset).max(),
+        ) else {
+            continue;
+        };
+        if let Some(file) = build_hour_file(source.file_name(first, last), hour, events)? {
+            let add = Action::Add(raw_add(&file, now_ms, true));
+            raw.push((
+                Planned {
+                    path: Path::from(file.path()),
+                    rows: file.rows,
+                    bytes: file.bytes,
+                },
+                add,
+            ));
         }
     }
-    let quarantined = bad.len();
-    if !bad.is_empty() {
+    let quarantine = if bad.is_empty() {
+        None
+    } else {
         bad.sort_by_key(|b| b.offset);
         let mut body = Vec::new();
         for b in &bad {
-            serde_json::to_writer(&mut body, b).map_err(|e| FlushError::Progress {
-                path: "quarantine".into(),
+            serde_json::to_writer(&mut body, b).map_err(|e| FlushError::Quarantine {
+                partition: source.partition,
                 reason: e.to_string(),
             })?;
             body.push(b'\n');
         }
-        out.push(Planned {
-            path: quarantine_path(topic, partition, range, today),
+        Some(Planned {
+            path: quarantine_path(source, range, today),
             bytes: body,
             rows: bad.len(),
-        });
-    }
-    Ok((out, quarantined))
+        })
+    };
+    Ok(FlushFiles { raw, quarantine })
 }
 
-/// `quarantine/date=<day of ingestion>/<topic>+<partition>+<first>+<last>.jsonl`.
-pub fn quarantine_path(topic: &str, partition: i32, range: FlushRange, today: &str) -> Path {
+/// `quarantine/date=<day of ingestion>/<cluster>-<topic>-<partition>-<first>-<last>.jsonl`:
+/// a prefix of JSON lines, not a table. It is written before the flush's commit and named
+/// by the flush's range, so a flush replayed after a crash writes the same file again.
+pub fn quarantine_path(source: &KafkaSource, range: FlushRange, today: &str) -> Path {
     Path::from(format!(
-        "{QUARANTINE_PREFIX}/date={today}/{topic}+{partition:05}+{:020}+{:020}.jsonl",
-        range.first, range.last
+        "{QUARANTINE_PREFIX}/date={today}/{}-{}-{:05}-{:020}-{:020}.jsonl",
+        source.cluster, source.topic, source.partition, range.first, range.last
     ))
 }
 
-/// Writes one flush with the intent → files → marker protocol. Returns what it wrote; the
-/// caller commits `range.last + 1` to Kafka afterwards.
-pub async fn flush_partition(
+async fn put_file(
     store: &Arc<dyn ObjectStore>,
-    topic: &str,
-    partition: i32,
+    f: &Planned,
+    retry: &StoreCalls,
+    report: &mut FlushReport,
+) -> Result<(), FlushError> {
+    if f.bytes.len() > retry.multipart_threshold {
+        // A failed attempt starts the upload over; the store expires abandoned parts.
+        with_retry(retry, f.path.as_ref(), report, || async {
+            let upload = store.put_multipart(&f.path).await?;
+            let mut parts = WriteMultipart::new_with_chunk_size(upload, retry.multipart_threshold);
+            parts.write(&f.bytes);
+            parts.finish().await
+        })
+        .await?;
+    } else {
+        let payload = PutPayload::from(f.bytes.clone());
+        with_retry(retry, f.path.as_ref(), report, || {
+            store.put(&f.path, payload.clone())
+        })
+        .await?;
+    }
+    tracing::debug!(path = %f.path, rows = f.rows, bytes = f.bytes.len(), "file written");
+    Ok(())
+}
+
+/// Writes one flush of `source` and commits it with the partition's progress, provided the
+/// raw table's progress for it is still `expected` (what the worker resumed from or last
+/// committed). Returns what it wrote; the caller commits `range.last + 1` to Kafka after.
+pub async fn flush_partition(
+    raw: &mut RawTable,
+    source: &KafkaSource,
+    expected: Option<i64>,
     buf: PartitionBuffer,
     retry: &StoreCalls,
 ) -> Result<FlushReport, FlushError> {
@@ -308,159 +364,122 @@ pub async fn flush_partition(
     };
     report.range = Some(range);
     report.events = buf.events.len();
-    let today = chrono::Utc::now().format("%Y-%m-%d").to_string();
-    let (files, quarantined) = plan_files(topic, partition, range, buf, &today)?;
-    report.quarantined = quarantined;
-
-    let intent = Intent {
-        range,
-        files: files.iter().map(|f| f.path.to_string()).collect(),
-    };
-    let intent_path = Path::from(ProgressObject::Intent { first }.path(topic, partition));
-    let body = serde_json::to_vec(&intent).map_err(|e| FlushError::Progress {
-        path: intent_path.to_string(),
-        reason: e.to_string(),
-    })?;
-    with_retry(retry, "writing the flush intent", &mut report, || {
-        store.put(&intent_path, PutPayload::from(body.clone()))
-    })
-    .await?;
-
-    for f in &files {
-        if f.bytes.len() > retry.multipart_threshold {
-            // A failed attempt starts the upload over; the store expires abandoned parts.
-            with_retry(retry, f.path.as_ref(), &mut report, || async {
-                let upload = store.put_multipart(&f.path).await?;
-                let mut parts =
-                    WriteMultipart::new_with_chunk_size(upload, retry.multipart_threshold);
-                parts.write(&f.bytes);
-                parts.finish().await
-            })
-            .await?;
-        } else {
-            let payload = PutPayload::from(f.bytes.clone());
-            with_retry(retry, f.path.as_ref(), &mut report, || {
-                store.put(&f.path, payload.clone())
-            })
-            .await?;
-        }
-        if !f.path.as_ref().starts_with(QUARANTINE_PREFIX) {
-            report.files += 1;
-            report.bytes += f.bytes.len();
-        }
-        tracing::info!(path = %f.path, rows = f.rows, bytes = f.bytes.len(), "file written");
+    let now = chrono::Utc::now();
+    let today = now.format("%Y-%m-%d").to_string();
+    let FlushFiles {
+        raw: files,
+        quarantine,
+    } = plan_files(source, range, buf, &today, now.timestamp_millis())?;
+    let store = Arc::clone(raw.table().store());
+    if let Some(q) = &quarantine {
+        report.quarantined = q.rows;
+        put_file(&store, q, retry, &mut report).await?;
     }
-
-    let marker = Path::from(ProgressObject::Done(range).path(topic, partition));
-    let create = PutOptions::from(PutMode::Create);
-    match with_retry(retry, "creating the flush marker", &mut report, || {
-        store.put_opts(&marker, PutPayload::from(body.clone()), create.clone())
-    })
-    .await
-    {
-        Ok(_) => {}
-        Err(FlushError::Store {
-            source: object_store::Error::AlreadyExists { .. },
-            ..
-        }) => {
-            return Err(FlushError::Fenced { partition, range });
-        }
-        Err(e) => return Err(e),
+    let mut adds = Vec::with_capacity(files.len());
+    for (f, add) in files {
+        put_file(&store, &f, retry, &mut report).await?;
+        report.files += 1;
+        report.bytes += f.bytes.len();
+        adds.push(add);
     }
-    with_retry(retry, "deleting the flush intent", &mut report, || {
-        delete_if_present(store, &intent_path)
-    })
-    .await?;
-    Ok(report)
+    let commit = Commit::new("STREAMING UPDATE", adds.clone())
+        .with_parameter("outputMode", "Append")
+        .with_parameter("source", source.app_id())
+        .with_parameter("offsets", format!("{}-{}", range.first, range.last))
+        .with_txn(
+            &source.app_id(),
+            expected,
+            range.last,
+            now.timestamp_millis(),
+        );
+    let started = Instant::now();
+    let mut wait = retry.initial;
+    loop {
+        match raw.commit(commit.clone()).await {
+            Ok(version) => {
+                tracing::debug!(partition = source.partition, version, "flush committed");
+                return Ok(report);
+            }
+            Err(LakeError::Conflict { conflict, .. }) => {
+                // A commit of ours whose answer was lost and that the retry then met is not
+                // a conflict: the table holds this flush's progress and its files.
+                raw.refresh().await?;
+                let snapshot = raw.snapshot();
+                let ours = snapshot.txn_version(&source.app_id()) == Some(range.last)
+                    && adds.iter().all(|a| match a {
+                        Action::Add(add) => snapshot.file(&add.path).is_some(),
+                        _ => true,
+                    });
+                if ours {
+                    return Ok(report);
+                }
+                return Err(FlushError::Fenced {
+                    partition: source.partition,
+                    range,
+                    reason: conflict.to_string(),
+                });
+            }
+            Err(LakeError::Store { source: e, .. }) if started.elapsed() < retry.give_up_after => {
+                report.retries += 1;
+                wait = back_off(retry, wait, &e, "committing the flush").await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
-/// What recovering a partition did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Recovered {
-    /// Where to consume from (`None`: the consumer's reset policy decides).
-    pub resume_at: Option<i64>,
-    /// Files of abandoned flushes that were deleted.
-    pub deleted_files: usize,
-    /// Intents removed.
-    pub removed_intents: usize,
-    /// Store calls that had to be retried.
-    pub retries: usize,
+/// Counts and logs a failed store call, waits `wait`, and returns the next wait (doubled,
+/// capped).
+async fn back_off(
+    retry: &StoreCalls,
+    wait: Duration,
+    error: &object_store::Error,
+    what: &str,
+) -> Duration {
+    if let Some(counter) = &retry.on_retry {
+        counter.inc();
+    }
+    tracing::warn!(%error, retry_in = ?wait, what, "object store call failed; retrying");
+    tokio::time::sleep(wait).await;
+    (wait * 2).min(retry.max)
 }
 
-/// Cleans up what interrupted flushes left and says where to resume.
-pub async fn recover_partition(
-    store: &Arc<dyn ObjectStore>,
-    topic: &str,
-    partition: i32,
+/// Where a partition resumes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Resume {
+    /// The offset to consume from (`None`: the consumer's reset policy decides).
+    pub at: Option<i64>,
+    /// The table's progress for the partition, which the next flush's commit expects.
+    pub committed: Option<i64>,
+}
+
+/// Where `source` resumes: after the last offset the raw table's log holds for it, or at
+/// Kafka's committed offset if that is later (the table was emptied on purpose) or the log
+/// holds none. Store calls are retried like a flush's.
+pub async fn resume_point(
+    raw: &mut RawTable,
+    source: &KafkaSource,
     kafka_committed: Option<i64>,
     retry: &StoreCalls,
-) -> Result<Recovered, FlushError> {
-    let mut report = FlushReport::default();
-    let prefix = Path::from(partition_prefix(topic, partition));
-    let listed: Vec<_> = with_retry(retry, "listing progress", &mut report, || {
-        store.list(Some(&prefix)).try_collect::<Vec<_>>()
-    })
-    .await?;
-    let mut objects = Vec::new();
-    for meta in &listed {
-        match meta.location.as_ref().parse::<ProgressObject>() {
-            Ok(o) => objects.push(o),
-            Err(e) => {
-                tracing::warn!(path = %meta.location, error = %e, "ignoring an unknown object among the progress objects")
+) -> Result<Resume, FlushError> {
+    let started = Instant::now();
+    let mut wait = retry.initial;
+    loop {
+        match raw.refresh().await {
+            Ok(snapshot) => {
+                let committed = snapshot.txn_version(&source.app_id());
+                let at = match (committed.map(|c| c + 1), kafka_committed) {
+                    (Some(t), Some(k)) => Some(t.max(k)),
+                    (t, k) => t.or(k),
+                };
+                return Ok(Resume { at, committed });
             }
+            Err(LakeError::Store { source: e, .. }) if started.elapsed() < retry.give_up_after => {
+                wait = back_off(retry, wait, &e, "reading the raw table's log").await;
+            }
+            Err(e) => return Err(e.into()),
         }
     }
-    let plan = plan_recovery(&objects, kafka_committed);
-    for (a, b) in &plan.overlaps {
-        tracing::error!(
-            partition,
-            ?a,
-            ?b,
-            "completed flushes overlap; readers skip covered files, but this needs a look"
-        );
-    }
-    let mut out = Recovered {
-        resume_at: plan.resume_at,
-        ..Recovered::default()
-    };
-    for first in plan.abandoned.iter().chain(&plan.stale_intents) {
-        let path = Path::from(ProgressObject::Intent { first: *first }.path(topic, partition));
-        if plan.abandoned.contains(first) {
-            let body = with_retry(
-                retry,
-                "reading an abandoned intent",
-                &mut report,
-                || async { store.get(&path).await?.bytes().await },
-            )
-            .await?;
-            let intent: Intent =
-                serde_json::from_slice(&body).map_err(|e| FlushError::Progress {
-                    path: path.to_string(),
-                    reason: e.to_string(),
-                })?;
-            for f in &intent.files {
-                let f = Path::from(f.as_str());
-                with_retry(retry, "deleting an abandoned file", &mut report, || {
-                    delete_if_present(store, &f)
-                })
-                .await?;
-                out.deleted_files += 1;
-            }
-            tracing::info!(
-                partition,
-                first,
-                files = intent.files.len(),
-                "removed an interrupted flush"
-            );
-        }
-        with_retry(retry, "deleting an intent", &mut report, || {
-            delete_if_present(store, &path)
-        })
-        .await?;
-        out.removed_intents += 1;
-    }
-    out.retries = report.retries;
-    Ok(out)
 }
 
 #[cfg(test)]
@@ -468,6 +487,8 @@ mod tests {
     use verdict_schemas::{
         DecisionSource, DeniedBy, KeyId, RegionId, RouteClassId, TierId, Verdict,
     };
+
+    use futures::TryStreamExt;
 
     use super::*;
 
@@ -525,120 +546,126 @@ mod tests {
         v
     }
 
-    fn local() -> (tempfile::TempDir, Arc<dyn ObjectStore>) {
+    async fn local() -> (tempfile::TempDir, Arc<dyn ObjectStore>, RawTable) {
         let dir = tempfile::tempdir().unwrap();
-        let store =
+        let store: Arc<dyn ObjectStore> =
             Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
-        (dir, store)
+        let raw = RawTable::open(Arc::clone(&store)).await.unwrap();
+        (dir, store, raw)
+    }
+
+    fn source() -> KafkaSource {
+        KafkaSource::new("local", TOPIC, 2)
     }
 
     #[tokio::test]
-    async fn a_flush_writes_its_hours_then_a_marker_and_leaves_no_intent() {
-        let (_dir, store) = local();
-        let report = flush_partition(&store, TOPIC, 2, buffer(100..200), &StoreCalls::default())
+    async fn a_flush_is_one_commit_of_its_hours_and_its_progress() {
+        let (_dir, store, mut raw) = local().await;
+        let calls = StoreCalls::default();
+        let report = flush_partition(&mut raw, &source(), None, buffer(100..200), &calls)
             .await
             .unwrap();
         assert_eq!(
             (report.files, report.events, report.quarantined),
             (2, 100, 0)
         );
-        assert_eq!(
-            names(&store, "raw").await,
-            vec![
-                "raw/date=2026-11-30/hour=13/verdict.decisions.v1+00002+00000000000000000100+00000000000000000190.parquet",
-                "raw/date=2026-11-30/hour=14/verdict.decisions.v1+00002+00000000000000000101+00000000000000000199.parquet",
-            ]
-        );
-        assert_eq!(
-            names(&store, "_ingest").await,
-            vec![
-                "_ingest/verdict.decisions.v1/00002/00000000000000000100-00000000000000000199.done"
-            ]
-        );
-        let r = recover_partition(&store, TOPIC, 2, None, &StoreCalls::default())
+        let files = names(&store, "raw/date=2026-11-30").await;
+        assert_eq!(files.len(), 2, "{files:?}");
+        assert!(files[0].starts_with(
+            "raw/date=2026-11-30/hour=13/local-verdict.decisions.v1-00002-00000000000000000100-00000000000000000190-"
+        ));
+        let mut fresh = RawTable::open(Arc::clone(&store)).await.unwrap();
+        let snapshot = fresh.snapshot();
+        assert_eq!((snapshot.version(), snapshot.files().count()), (1, 2));
+        assert_eq!(snapshot.num_records(), 100);
+        assert_eq!(snapshot.txn_version(&source().app_id()), Some(199));
+        let r = resume_point(&mut fresh, &source(), None, &calls)
             .await
             .unwrap();
         assert_eq!(
             r,
-            Recovered {
-                resume_at: Some(200),
-                deleted_files: 0,
-                removed_intents: 0,
-                retries: 0
+            Resume {
+                at: Some(200),
+                committed: Some(199)
             }
+        );
+        // Kafka ahead of the log (the table was emptied on purpose) wins; behind, it does not.
+        assert_eq!(
+            resume_point(&mut fresh, &source(), Some(500), &calls)
+                .await
+                .unwrap()
+                .at,
+            Some(500)
+        );
+        assert_eq!(
+            resume_point(&mut fresh, &source(), Some(40), &calls)
+                .await
+                .unwrap()
+                .at,
+            Some(200)
+        );
+        let other = KafkaSource::new("other-region", TOPIC, 2);
+        assert_eq!(
+            resume_point(&mut fresh, &other, None, &calls)
+                .await
+                .unwrap(),
+            Resume::default()
         );
     }
 
     #[tokio::test]
-    async fn recovery_removes_an_interrupted_flush_and_keeps_completed_ones() {
-        let (_dir, store) = local();
-        flush_partition(&store, TOPIC, 2, buffer(0..100), &StoreCalls::default())
+    async fn a_worker_that_lost_its_partition_is_refused_and_leaves_only_orphans() {
+        let (_dir, store, mut owner) = local().await;
+        let calls = StoreCalls::default();
+        let mut zombie = RawTable::open(Arc::clone(&store)).await.unwrap();
+        flush_partition(&mut owner, &source(), None, buffer(0..100), &calls)
             .await
             .unwrap();
-        // A crash between the files and the marker: an intent and one of its two files.
-        let range = FlushRange {
-            first: 100,
-            last: 199,
-        };
-        let orphan = "raw/date=2026-11-30/hour=14/verdict.decisions.v1+00002+00000000000000000101+00000000000000000199.parquet";
-        let intent = Intent {
-            range,
-            files: vec![
-                orphan.into(),
-                "raw/date=2026-11-30/hour=13/never-written.parquet".into(),
-            ],
-        };
-        store
-            .put(
-                &Path::from(orphan),
-                PutPayload::from_static(b"half a flush"),
-            )
+        // The zombie resumed from nothing before it paused; the owner has committed since.
+        let e = flush_partition(&mut zombie, &source(), None, buffer(0..150), &calls)
             .await
-            .unwrap();
-        store
-            .put(
-                &Path::from(ProgressObject::Intent { first: 100 }.path(TOPIC, 2)),
-                PutPayload::from(serde_json::to_vec(&intent).unwrap()),
-            )
-            .await
-            .unwrap();
-
-        let r = recover_partition(&store, TOPIC, 2, Some(40), &StoreCalls::default())
-            .await
-            .unwrap();
-        assert_eq!(
-            r,
-            Recovered {
-                resume_at: Some(100),
-                deleted_files: 2,
-                removed_intents: 1,
-                retries: 0
+            .unwrap_err();
+        match &e {
+            FlushError::Fenced {
+                partition: 2,
+                range,
+                reason,
+            } => {
+                assert_eq!(
+                    *range,
+                    FlushRange {
+                        first: 0,
+                        last: 149
+                    }
+                );
+                assert!(reason.contains("advanced application"), "{reason}");
             }
-        );
-        let raw = names(&store, "raw").await;
-        assert_eq!(raw.len(), 2, "{raw:?}");
-        assert!(!raw.iter().any(|p| p == orphan));
-        // The replay may cut differently; the flush goes through.
-        flush_partition(&store, TOPIC, 2, buffer(100..150), &StoreCalls::default())
+            other => panic!("{other}"),
+        }
+        let snapshot = RawTable::open(Arc::clone(&store))
+            .await
+            .unwrap()
+            .snapshot()
+            .clone();
+        assert_eq!(snapshot.num_records(), 100);
+        assert_eq!(snapshot.txn_version(&source().app_id()), Some(99));
+        // Its files are in the store, named by no commit: vacuum's to remove.
+        let on_disk = names(&store, "raw/date=2026-11-30").await;
+        assert_eq!((on_disk.len(), snapshot.files().count()), (4, 2));
+        // The owner goes on from its own progress.
+        flush_partition(&mut owner, &source(), Some(99), buffer(100..150), &calls)
             .await
             .unwrap();
-        assert_eq!(
-            recover_partition(&store, TOPIC, 2, None, &StoreCalls::default())
-                .await
-                .unwrap()
-                .resume_at,
-            Some(150)
-        );
     }
 
     #[tokio::test]
     async fn files_above_the_threshold_go_up_in_parts_and_read_back_whole() {
-        let (_dir, store) = local();
+        let (_dir, store, mut raw) = local().await;
         let calls = StoreCalls {
             multipart_threshold: 1_024,
             ..StoreCalls::default()
         };
-        let report = flush_partition(&store, TOPIC, 2, buffer(0..3_000), &calls)
+        let report = flush_partition(&mut raw, &source(), None, buffer(0..3_000), &calls)
             .await
             .unwrap();
         assert!(
@@ -646,7 +673,7 @@ mod tests {
             "the files must be larger than the threshold: {report:?}"
         );
         let mut rows = 0;
-        for p in names(&store, "raw").await {
+        for p in names(&store, "raw/date=2026-11-30").await {
             let bytes = store
                 .get(&Path::from(p))
                 .await
@@ -665,20 +692,8 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_second_writer_of_the_same_flush_is_fenced() {
-        let (_dir, store) = local();
-        flush_partition(&store, TOPIC, 2, buffer(0..10), &StoreCalls::default())
-            .await
-            .unwrap();
-        let e = flush_partition(&store, TOPIC, 2, buffer(0..10), &StoreCalls::default())
-            .await
-            .unwrap_err();
-        assert!(matches!(e, FlushError::Fenced { partition: 2, .. }), "{e}");
-    }
-
-    #[tokio::test]
     async fn bad_records_go_to_quarantine_with_their_reason() {
-        let (_dir, store) = local();
+        let (_dir, store, mut raw) = local().await;
         let mut b = buffer(0..5);
         b.consumed(5);
         b.bad.push(BadRecord::undecodable(
@@ -689,12 +704,18 @@ mod tests {
         ));
         b.consumed(6);
         b.events.push(event(6, i64::MAX));
-        let report = flush_partition(&store, TOPIC, 2, b, &StoreCalls::default())
+        let report = flush_partition(&mut raw, &source(), None, b, &StoreCalls::default())
             .await
             .unwrap();
         assert_eq!((report.events, report.quarantined), (6, 2));
         let q = names(&store, "quarantine").await;
         assert_eq!(q.len(), 1);
+        assert!(
+            q[0].ends_with(
+                "/local-verdict.decisions.v1-00002-00000000000000000000-00000000000000000006.jsonl"
+            ),
+            "{q:?}"
+        );
         let body = store
             .get(&Path::from(q[0].as_str()))
             .await

@@ -36,12 +36,13 @@ pub struct IngestMetrics {
     /// `verdict_ingest_upload_retries_total`: object store calls that had to be retried,
     /// counted as each retry happens (the worker hands it to its `StoreCalls::on_retry`).
     pub upload_retries: IntCounter,
-    /// `verdict_ingest_flushes_total`: flushes completed (marker written; its offset committed,
+    /// `verdict_ingest_flushes_total`: flushes completed (committed to the raw table; its offset committed,
     /// or owed to Kafka until a commit takes).
     pub flushes: IntCounter,
-    /// `verdict_ingest_recovered_files_total`: files of interrupted flushes removed on start.
-    pub recovered_files: IntCounter,
-    /// `verdict_ingest_flush_seconds`: one flush, from its intent to its marker.
+    /// `verdict_ingest_fenced_flushes_total`: flushes the raw table refused because another
+    /// worker had committed the partition since (the partition is given up).
+    pub fenced: IntCounter,
+    /// `verdict_ingest_flush_seconds`: one flush, from its first file to its Delta commit.
     pub flush_seconds: Histogram,
 }
 
@@ -102,15 +103,15 @@ impl IngestMetrics {
             ),
             flushes: counter(
                 "verdict_ingest_flushes_total",
-                "Flushes completed: files and marker written, offsets committed.",
+                "Flushes completed: files written and committed to the raw table with their offsets.",
             ),
-            recovered_files: counter(
-                "verdict_ingest_recovered_files_total",
-                "Files of interrupted flushes removed when their partition was recovered.",
+            fenced: counter(
+                "verdict_ingest_fenced_flushes_total",
+                "Flushes refused by the raw table's log: another worker owns the partition now.",
             ),
             flush_seconds: register_histogram_with_registry!(
                 "verdict_ingest_flush_seconds",
-                "One flush of a partition, from its intent to its marker.",
+                "One flush of a partition, from its first file to its Delta commit.",
                 vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0, 60.0],
                 r
             )

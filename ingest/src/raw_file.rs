@@ -9,7 +9,7 @@ use parquet::file::metadata::SortingColumn;
 use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
 use parquet::schema::types::ColumnPath;
 use verdict_schemas::tables::raw;
-use verdict_schemas::{DecisionEvent, HourPartition, RawBatchBuilder, RawFileName, raw_schema};
+use verdict_schemas::{DecisionEvent, HourPartition, RawBatchBuilder, raw_schema};
 
 /// A decision event together with where it was read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,45 +45,52 @@ pub enum RawFileError {
     /// The Parquet encoder failed.
     #[error("encoding raw parquet: {0}")]
     Parquet(#[from] parquet::errors::ParquetError),
-    /// The file name could not be formed (a topic that is not a Kafka topic name).
-    #[error(transparent)]
-    Layout(#[from] verdict_schemas::LayoutError),
 }
 
-/// One hour's raw file from one Kafka partition, built and not yet written.
+/// One hour's raw file, built and not yet written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HourFile {
-    /// Its name: topic, partition, smallest and largest offset it holds.
-    pub name: RawFileName,
-    /// Its object path inside the hour's folder.
-    pub path: String,
+    /// Its hour.
+    pub hour: HourPartition,
+    /// Its name inside the hour's folder.
+    pub name: String,
     /// The encoded Parquet file.
     pub bytes: Vec<u8>,
     /// Rows it holds.
     pub rows: usize,
+    /// Its statistics, as the Delta `add` carries them.
+    pub stats: String,
 }
 
-/// Builds the raw file of one hour's events from one Kafka partition: named by the
-/// smallest and largest offset among them, rows sorted, encoded. `None` for no events.
+impl HourFile {
+    /// Its object path in the lake: `raw/date=…/hour=…/<name>`.
+    pub fn path(&self) -> String {
+        format!("{}/{}", self.hour.raw_prefix(), self.name)
+    }
+
+    /// Its path relative to the raw table's root, as its `add` gives it.
+    pub fn table_path(&self) -> String {
+        format!("{}/{}", self.hour.partition_path(), self.name)
+    }
+}
+
+/// Builds the raw file `name` of one hour's events: rows sorted, encoded, their
+/// statistics taken. `None` for no events.
 pub fn build_hour_file(
-    topic: &str,
-    partition: i32,
-    hour: &HourPartition,
+    name: String,
+    hour: HourPartition,
     mut events: Vec<ConsumedEvent>,
 ) -> Result<Option<HourFile>, RawFileError> {
-    let (Some(first), Some(last)) = (
-        events.iter().map(|c| c.offset).min(),
-        events.iter().map(|c| c.offset).max(),
-    ) else {
+    if events.is_empty() {
         return Ok(None);
-    };
-    let name = RawFileName::new(topic, partition, first, last)?;
+    }
     let batch = sorted_raw_batch(&mut events)?;
     Ok(Some(HourFile {
-        path: name.raw_path(hour),
+        hour,
+        name,
+        stats: verdict_lake::stats::file_stats(std::slice::from_ref(&batch), &[]),
         bytes: encode_raw_parquet(std::slice::from_ref(&batch))?,
         rows: events.len(),
-        name,
     }))
 }
 

@@ -1,15 +1,19 @@
-//! Putting raw files into the object store, at the paths the layout gives them: a chunk of
-//! events consumed from one Kafka partition is split by the hour of its event times (late
-//! events land in their own hour's folder) and each hour becomes one file named by the
-//! offsets it holds.
+//! The raw table's writes: a chunk of events consumed from one Kafka partition is split by
+//! the hour of its event times (late events land in their own hour's folder), each hour
+//! becomes one file with a name no other writer can take, and the files join the table in
+//! one Delta commit ([`RawTable`]).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use verdict_schemas::{HourPartition, LayoutError, RawFileName};
+use rand::RngCore;
+use verdict_lake::tables::{RAW, hour_partition};
+use verdict_lake::{Action, Add, Commit, LakeError, Snapshot, Table};
+use verdict_schemas::{HourPartition, LayoutError};
 
-use crate::raw_file::{ConsumedEvent, RawFileError, build_hour_file};
+use crate::raw_file::{ConsumedEvent, HourFile, RawFileError, build_hour_file};
 
 /// Why raw files could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +30,58 @@ pub enum WriteError {
         /// What the store said.
         source: object_store::Error,
     },
+    /// The commit failed.
+    #[error(transparent)]
+    Lake(#[from] LakeError),
+}
+
+/// Where a chunk of events came from: one partition of one topic of one Kafka cluster. The
+/// raw table's `txn` application id is made of it, so that the regions' own Kafka clusters,
+/// with the same topic and partition numbers, write one table without colliding.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KafkaSource {
+    /// The Kafka cluster's name (unique among the clusters feeding the lake).
+    pub cluster: String,
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+}
+
+impl KafkaSource {
+    /// A source.
+    pub fn new(cluster: &str, topic: &str, partition: i32) -> Self {
+        Self {
+            cluster: cluster.to_owned(),
+            topic: topic.to_owned(),
+            partition,
+        }
+    }
+
+    /// The application id of its progress in the raw table's log:
+    /// `verdict-ingest/<cluster>/<topic>/<partition>`.
+    pub fn app_id(&self) -> String {
+        format!(
+            "verdict-ingest/{}/{}/{}",
+            self.cluster, self.topic, self.partition
+        )
+    }
+
+    /// The name of a raw file holding offsets `first..=last` of this source:
+    /// `<cluster>-<topic>-<partition>-<first>-<last>-<random>.parquet`. The random part makes
+    /// it unique to this writing, so a worker that lost its partition and writes the same
+    /// offsets again never overwrites a committed file.
+    pub fn file_name(&self, first: i64, last: i64) -> String {
+        let mut nonce = [0u8; 8];
+        rand::rng().fill_bytes(&mut nonce);
+        format!(
+            "{}-{}-{:05}-{first:020}-{last:020}-{}.parquet",
+            self.cluster,
+            self.topic,
+            self.partition,
+            hex::encode(nonce)
+        )
+    }
 }
 
 /// One raw file that is now in the store.
@@ -63,41 +119,93 @@ pub fn split_by_hour(events: impl IntoIterator<Item = ConsumedEvent>) -> HourSpl
     split
 }
 
-/// The object path of a raw file: `raw/date=…/hour=…/<topic>+<partition>+<first>+<last>.parquet`.
-pub fn raw_object_path(hour: &HourPartition, name: &RawFileName) -> Path {
-    Path::from(name.raw_path(hour))
+/// The `add` of a raw file written at `now_ms`.
+pub fn raw_add(file: &HourFile, now_ms: i64, data_change: bool) -> Add {
+    Add {
+        path: file.table_path(),
+        partition_values: hour_partition(&file.hour),
+        size: file.bytes.len() as i64,
+        modification_time: now_ms,
+        data_change,
+        stats: Some(file.stats.clone()),
+        tags: None,
+    }
 }
 
-/// Writes one hour's events from one Kafka partition as one raw file named by the smallest
-/// and largest offset among them.
-///
-/// # Panics
-/// Never; an empty `events` writes nothing and returns `None`.
-pub async fn write_hour_file(
-    store: &dyn ObjectStore,
-    topic: &str,
-    partition: i32,
-    hour: HourPartition,
-    events: Vec<ConsumedEvent>,
-) -> Result<Option<WrittenFile>, WriteError> {
-    let Some(file) = build_hour_file(topic, partition, &hour, events)? else {
-        return Ok(None);
-    };
-    let path = raw_object_path(&hour, &file.name);
-    let (size, rows) = (file.bytes.len(), file.rows);
-    store
-        .put(&path, PutPayload::from(file.bytes))
-        .await
-        .map_err(|source| WriteError::Store {
-            path: path.to_string(),
-            source,
-        })?;
-    Ok(Some(WrittenFile {
-        hour,
-        path,
-        rows,
-        bytes: size,
-    }))
+/// The raw table: its log and the snapshot this writer works on.
+#[derive(Debug, Clone)]
+pub struct RawTable {
+    table: Table,
+    snapshot: Snapshot,
+}
+
+impl RawTable {
+    /// The raw table in `store` (the lake's root), created if it has no log yet.
+    pub async fn open(store: Arc<dyn ObjectStore>) -> Result<Self, LakeError> {
+        let (table, snapshot) = RAW.open(store).await?;
+        Ok(Self { table, snapshot })
+    }
+
+    /// The table.
+    pub fn table(&self) -> &Table {
+        &self.table
+    }
+
+    /// The snapshot this writer last saw.
+    pub fn snapshot(&self) -> &Snapshot {
+        &self.snapshot
+    }
+
+    /// Brings the snapshot up to the latest version.
+    pub async fn refresh(&mut self) -> Result<&Snapshot, LakeError> {
+        self.table.update(&mut self.snapshot).await?;
+        Ok(&self.snapshot)
+    }
+
+    /// Commits `commit` on the writer's snapshot (see [`Table::commit`]).
+    pub async fn commit(&mut self, commit: Commit) -> Result<i64, LakeError> {
+        self.table.commit(&mut self.snapshot, commit).await
+    }
+
+    /// Writes one hour's events from `source` as one file and commits it (a blind append,
+    /// no `txn`): how the embedded default, the benches and the tests build a lake.
+    pub async fn append(
+        &mut self,
+        source: &KafkaSource,
+        hour: HourPartition,
+        events: Vec<ConsumedEvent>,
+    ) -> Result<Option<WrittenFile>, WriteError> {
+        let (Some(first), Some(last)) = (
+            events.iter().map(|c| c.offset).min(),
+            events.iter().map(|c| c.offset).max(),
+        ) else {
+            return Ok(None);
+        };
+        let Some(file) = build_hour_file(source.file_name(first, last), hour, events)? else {
+            return Ok(None);
+        };
+        let path = Path::from(file.path());
+        self.table
+            .store()
+            .put(&path, PutPayload::from(file.bytes.clone()))
+            .await
+            .map_err(|source| WriteError::Store {
+                path: path.to_string(),
+                source,
+            })?;
+        let now = chrono::Utc::now().timestamp_millis();
+        self.commit(
+            Commit::new("WRITE", vec![Action::Add(raw_add(&file, now, true))])
+                .with_parameter("mode", "Append"),
+        )
+        .await?;
+        Ok(Some(WrittenFile {
+            hour,
+            path,
+            rows: file.rows,
+            bytes: file.bytes.len(),
+        }))
+    }
 }
 
 #[cfg(test)]
@@ -152,31 +260,56 @@ mod tests {
         assert_eq!(split.unplaceable[0].0.offset, 13);
     }
 
+    #[test]
+    fn sources_name_their_progress_and_files_uniquely() {
+        let s = KafkaSource::new("eu-west", "verdict.decisions.v1", 3);
+        assert_eq!(s.app_id(), "verdict-ingest/eu-west/verdict.decisions.v1/3");
+        let (a, b) = (s.file_name(10, 12), s.file_name(10, 12));
+        assert!(
+            a.starts_with(
+                "eu-west-verdict.decisions.v1-00003-00000000000000000010-00000000000000000012-"
+            ),
+            "{a}"
+        );
+        assert_ne!(
+            a, b,
+            "a second writing of the same offsets gets another name"
+        );
+    }
+
     #[tokio::test]
-    async fn an_hour_file_is_named_by_its_offsets_and_lands_in_its_folder() {
+    async fn an_appended_hour_is_one_file_in_its_folder_and_one_commit() {
         let dir = tempfile::tempdir().unwrap();
-        let store = object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap();
+        let store: Arc<dyn ObjectStore> =
+            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+        let mut raw = RawTable::open(Arc::clone(&store)).await.unwrap();
         let h14 = 1_796_047_200_000;
         let split = split_by_hour([at(h14 + 5, 10), at(h14 + 1, 12), at(h14 + 9, 11)]);
         let (hour, events) = split.hours.into_iter().next().unwrap();
-        let written = write_hour_file(&store, "verdict.decisions.v1", 3, hour, events)
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            written.path.as_ref(),
-            "raw/date=2026-11-30/hour=14/verdict.decisions.v1+00003+00000000000000000010+00000000000000000012.parquet"
+        let source = KafkaSource::new("local", "verdict.decisions.v1", 3);
+        let written = raw.append(&source, hour, events).await.unwrap().unwrap();
+        assert!(
+            written
+                .path
+                .as_ref()
+                .starts_with("raw/date=2026-11-30/hour=14/local-verdict.decisions.v1-00003-"),
+            "{}",
+            written.path
         );
         assert_eq!(written.rows, 3);
         let on_disk = std::fs::metadata(dir.path().join(written.path.as_ref()))
             .unwrap()
             .len();
         assert_eq!(on_disk as usize, written.bytes);
+        let snapshot = RawTable::open(store).await.unwrap().snapshot().clone();
+        assert_eq!(snapshot.version(), 1);
+        let add = snapshot.files().next().unwrap();
+        assert_eq!(add.num_records(), Some(3));
+        assert_eq!(add.size as usize, written.bytes);
         assert_eq!(
-            write_hour_file(&store, "t", 0, hour, Vec::new())
-                .await
-                .unwrap(),
-            None
+            add.partition_values,
+            hour_partition(&"2026-11-30T14".parse().unwrap())
         );
+        assert_eq!(raw.append(&source, hour, Vec::new()).await.unwrap(), None);
     }
 }

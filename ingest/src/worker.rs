@@ -1,12 +1,13 @@
 //! The ingest worker: one member of a Kafka consumer group. It buffers each partition it
-//! owns, flushes by size and by age with the protocol of `flush.rs`, and commits an offset
-//! to Kafka only after the flush's marker exists.
+//! owns, flushes by size and by age as `flush.rs` does (one Delta commit per flush, with
+//! the partition's progress in it), and commits an offset to Kafka only after the flush's
+//! Delta commit.
 //!
 //! Rebalances are served only while the worker polls, and flushes run between polls, so a
 //! rebalance never lands inside a flush. A revoked partition's buffer is dropped (its new
-//! owner replays it from the markers); an assigned partition is paused until its recovery
-//! has cleaned up and found where to resume, then sought there. A store outage longer than
-//! the retry deadline ends the run with an error: the process restarts and recovers.
+//! owner replays it from the raw table's log); an assigned partition is paused until the
+//! log has said where it resumes, then sought there. A store outage longer than the retry
+//! deadline ends the run with an error: the process restarts and resumes from the log.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -25,17 +26,21 @@ use rdkafka::{Offset, TopicPartitionList};
 use verdict_schemas::DecisionEvent;
 
 use crate::flush::{
-    BadRecord, FlushError, FlushReport, PartitionBuffer, StoreCalls, flush_partition,
-    recover_partition,
+    BadRecord, FlushError, FlushReport, PartitionBuffer, StoreCalls, flush_partition, resume_point,
 };
 use crate::metrics::IngestMetrics;
 use crate::raw_file::ConsumedEvent;
+use crate::store::{KafkaSource, RawTable};
 
 /// How the worker runs.
 #[derive(Debug, Clone)]
 pub struct IngestConfig {
     /// Kafka bootstrap servers, `host:port,…`.
     pub brokers: String,
+    /// The Kafka cluster's name, unique among the clusters that feed one lake (one per
+    /// region): it is part of each partition's progress in the raw table's log, so two
+    /// clusters' partition 3 are two applications.
+    pub cluster: String,
     /// The decisions topic.
     pub topic: String,
     /// The consumer group: workers of one group share the partitions.
@@ -63,6 +68,7 @@ impl Default for IngestConfig {
     fn default() -> Self {
         Self {
             brokers: "127.0.0.1:9092".into(),
+            cluster: "main".into(),
             topic: "verdict.decisions.v1".into(),
             group_id: "verdict-ingest".into(),
             instance_id: None,
@@ -83,9 +89,12 @@ pub enum IngestError {
     /// Kafka refused the configuration or a call.
     #[error("kafka: {0}")]
     Kafka(#[from] KafkaError),
-    /// A flush or recovery failed past its retries.
+    /// A flush or a resume failed past its retries.
     #[error(transparent)]
     Flush(#[from] FlushError),
+    /// The raw table could not be opened.
+    #[error(transparent)]
+    Lake(#[from] verdict_lake::LakeError),
 }
 
 /// What a run did.
@@ -103,8 +112,8 @@ pub struct IngestStats {
     pub quarantined: usize,
     /// Store calls retried.
     pub retries: usize,
-    /// Files of interrupted flushes removed by recoveries.
-    pub recovered_files: usize,
+    /// Flushes refused because another worker had committed the partition since.
+    pub fenced: usize,
 }
 
 impl IngestStats {
@@ -202,11 +211,15 @@ impl ConsumerContext for Rebalances {
 }
 
 struct Owned {
+    source: KafkaSource,
     buf: PartitionBuffer,
-    /// The next offset expected (records below it are already in the store).
+    /// The next offset expected (records below it are already in the table).
     next: Option<i64>,
-    /// An offset the store's markers have reached but Kafka's committed offset has not
-    /// (its commit failed, or recovery found the markers ahead): committed again on every
+    /// The partition's progress in the raw table's log as this worker last saw it (from
+    /// the resume or its own last commit): the next flush's commit expects exactly this.
+    committed: Option<i64>,
+    /// An offset the raw table's log has reached but Kafka's committed offset has not
+    /// (its commit failed, or the resume found the log ahead): committed again on every
     /// tick until it takes, so the group's offset and the lag gauge catch up with the truth.
     owed_commit: Option<i64>,
 }
@@ -215,6 +228,8 @@ struct Owned {
 pub struct IngestWorker {
     cfg: IngestConfig,
     store: Arc<dyn ObjectStore>,
+    /// The raw table, opened on first use.
+    raw: Option<RawTable>,
     consumer: StreamConsumer<Rebalances>,
     owned: HashMap<i32, Owned>,
     stats: IngestStats,
@@ -256,6 +271,7 @@ impl IngestWorker {
         Ok(Self {
             cfg,
             store,
+            raw: None,
             consumer,
             owned: HashMap::new(),
             stats: IngestStats::default(),
@@ -370,23 +386,24 @@ impl IngestWorker {
                 Offset::Offset(n) => Some(n),
                 _ => None,
             });
-        let r =
-            recover_partition(&self.store, &self.cfg.topic, p, committed, &self.cfg.retry).await?;
-        self.stats.recovered_files += r.deleted_files;
-        self.stats.retries += r.retries;
-        self.metrics.recovered_files.inc_by(r.deleted_files as u64);
-        let start = r.resume_at.map_or(Offset::Beginning, Offset::Offset);
+        let source = KafkaSource::new(&self.cfg.cluster, &self.cfg.topic, p);
+        let retry = self.cfg.retry.clone();
+        let raw = self.raw().await?;
+        let r = resume_point(raw, &source, committed, &retry).await?;
+        let start = r.at.map_or(Offset::Beginning, Offset::Offset);
         tracing::info!(
             partition = p,
             ?start,
-            committed,
-            cleaned = r.deleted_files,
-            "partition assigned and recovered"
+            kafka_committed = committed,
+            log_committed = r.committed,
+            "partition assigned; resuming where the raw table's log says"
         );
         let fresh = Owned {
+            source,
             buf: PartitionBuffer::default(),
-            next: r.resume_at,
-            owed_commit: r.resume_at.filter(|&at| committed.is_none_or(|c| c < at)),
+            next: r.at,
+            committed: r.committed,
+            owed_commit: r.at.filter(|&at| committed.is_none_or(|c| c < at)),
         };
         if self.owned.insert(p, fresh).is_none() {
             self.metrics.partitions_owned.inc();
@@ -395,6 +412,14 @@ impl IngestWorker {
             .seek(&self.cfg.topic, p, start, Duration::from_secs(10))?;
         self.consumer.resume(&tpl)?;
         Ok(())
+    }
+
+    /// The raw table, opened (or created) the first time it is needed.
+    async fn raw(&mut self) -> Result<&mut RawTable, IngestError> {
+        if self.raw.is_none() {
+            self.raw = Some(RawTable::open(Arc::clone(&self.store)).await?);
+        }
+        Ok(self.raw.as_mut().expect("opened above"))
     }
 
     async fn take(
@@ -493,27 +518,29 @@ impl IngestWorker {
                 partition = p,
                 offset,
                 error = %e,
-                "offset commit failed; the store's marker holds the progress, the commit is retried"
+                "offset commit failed; the raw table's log holds the progress, the commit is retried"
             ),
         }
     }
 
     async fn flush(&mut self, p: i32) -> Result<(), IngestError> {
-        let Some(o) = self.owned.get_mut(&p) else {
+        if self.owned.get(&p).is_none_or(|o| o.buf.first.is_none()) {
+            return Ok(());
+        }
+        self.raw().await?;
+        let (Some(o), Some(raw)) = (self.owned.get_mut(&p), self.raw.as_mut()) else {
             return Ok(());
         };
         let buf = std::mem::take(&mut o.buf);
-        if buf.first.is_none() {
-            return Ok(());
-        }
         let started = Instant::now();
-        match flush_partition(&self.store, &self.cfg.topic, p, buf, &self.cfg.retry).await {
+        match flush_partition(raw, &o.source, o.committed, buf, &self.cfg.retry).await {
             Ok(report) => {
                 self.stats.add(&report);
                 self.metrics.record(&report, started.elapsed());
                 if let Some(range) = report.range {
-                    // The marker is the truth; a failed commit only means a later replay
-                    // start, which recovery corrects, and it is tried again on the next tick.
+                    o.committed = Some(range.last);
+                    // The log is the truth; a failed commit only means a later replay
+                    // start, which the resume corrects, and it is tried again on the next tick.
                     o.owed_commit = Some(range.last + 1);
                     self.commit_owed_by(p);
                     tracing::info!(
@@ -523,17 +550,24 @@ impl IngestWorker {
                         events = report.events,
                         files = report.files,
                         quarantined = report.quarantined,
-                        "flush completed"
+                        "flush committed"
                     );
                 }
                 Ok(())
             }
-            Err(FlushError::Fenced { partition, range }) => {
+            Err(FlushError::Fenced {
+                partition,
+                range,
+                reason,
+            }) => {
                 tracing::error!(
                     partition,
                     ?range,
-                    "another writer completed this flush; giving the partition up"
+                    %reason,
+                    "the raw table refused this flush: another worker owns the partition now; giving it up"
                 );
+                self.stats.fenced += 1;
+                self.metrics.fenced.inc();
                 if self.owned.remove(&p).is_some() {
                     self.metrics.partitions_owned.dec();
                 }

@@ -1,35 +1,32 @@
-//! Compaction of closed raw hours: the small files one Kafka partition wrote into an hour
-//! (one per flush) are rewritten into one sorted file, named by the smallest and largest
-//! offset among them, and only then are the small files deleted.
+//! Compaction of closed raw hours, as a Delta operation: the small files the flushes wrote
+//! into an hour (one per Kafka partition per flush) are rewritten into one sorted file, and
+//! one commit removes them and adds it, both with `dataChange = false` (the table holds the
+//! same rows before and after; engines reading the change feed or streaming skip it).
 //!
-//! Readers never count a row twice meanwhile: the new file's offset range covers each old
-//! file's, and a reader leaves out covered files (`verdict_rollup::sources`). Readers never
-//! miss a row either, because no file can appear later inside the new range: only files of
-//! completed flushes (inside a `.done` marker's range) are compacted, and a partition with
-//! a flush in progress at or below the range's end (an intent) is left for the next run.
-//! A compaction that dies half way leaves the new file and some covered old ones; the next
-//! run deletes the covered ones.
+//! Readers never count a row twice or miss one: a query reads one snapshot, which holds
+//! either the small files or the compacted one. A query planned before the commit keeps
+//! reading the small files, whose bytes stay until vacuum, which deletes only files removed
+//! longer ago than the table's retention (an hour). A compaction that dies before its
+//! commit leaves a file no commit names (vacuum removes it); two compactions of one hour
+//! race on the commit and the loser, whose inputs are gone, is refused.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use arrow::compute::{concat_batches, take_record_batch};
 use arrow::row::{RowConverter, SortField};
 use bytes::Bytes;
-use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use rand::RngCore;
 use verdict_ingest::encode_raw_parquet;
-use verdict_ingest::flush::delete_if_present;
-use verdict_ingest::progress::{FlushRange, ProgressObject, partition_prefix};
-use verdict_rollup::{RawFile, hour_files};
-use verdict_schemas::layout::RAW_PREFIX;
+use verdict_lake::tables::{RAW, hour_partition};
+use verdict_lake::{Action, Add, Commit, Conflict, LakeError, Snapshot, Table};
+use verdict_rollup::{RawFile, hour_files_in, hours_in};
 use verdict_schemas::tables::raw;
-use verdict_schemas::{HourPartition, RawFileName, raw_schema};
+use verdict_schemas::{HourPartition, raw_schema};
 
-use crate::partitions::hour_partitions;
 use crate::windows::Windows;
 
 /// Why a compaction failed.
@@ -39,6 +36,9 @@ pub enum CompactError {
     /// The store failed.
     #[error("object store: {0}")]
     Store(#[from] object_store::Error),
+    /// The raw table's log could not be read or committed to.
+    #[error(transparent)]
+    Lake(#[from] LakeError),
     /// A raw file could not be read, or the merged one written.
     #[error("parquet: {0}")]
     Parquet(#[from] parquet::errors::ParquetError),
@@ -48,9 +48,6 @@ pub enum CompactError {
     /// Encoding the merged file failed.
     #[error(transparent)]
     Encode(#[from] verdict_ingest::RawFileError),
-    /// A raw file name could not be formed.
-    #[error(transparent)]
-    Layout(#[from] verdict_schemas::LayoutError),
 }
 
 /// One compaction done.
@@ -60,7 +57,7 @@ pub struct Compacted {
     pub hour: HourPartition,
     /// The new file.
     pub output: Path,
-    /// Files merged into it (and deleted).
+    /// Files merged into it (and removed from the table).
     pub inputs: usize,
     /// Rows it holds.
     pub rows: usize,
@@ -68,21 +65,22 @@ pub struct Compacted {
     pub bytes_in: u64,
     /// Bytes of the new file.
     pub bytes_out: usize,
+    /// The raw table's version that holds it.
+    pub version: i64,
 }
 
 /// What one run of the compaction job did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CompactReport {
-    /// Files merged.
+    /// Hours compacted.
     pub compacted: Vec<Compacted>,
-    /// Covered files (left by an interrupted compaction) deleted.
-    pub leftovers_deleted: usize,
-    /// Partitions of an hour skipped because a flush there is not complete.
-    pub skipped_in_progress: usize,
+    /// Hours whose compaction was refused because a concurrent commit removed an input
+    /// (another compaction, or retention).
+    pub refused: usize,
 }
 
-/// Compacts every closed raw hour (within the raw window) where one topic partition has
-/// at least `min_files` files.
+/// Compacts every closed raw hour (within the raw window) that has at least `min_files`
+/// files.
 pub async fn run(
     store: &Arc<dyn ObjectStore>,
     now_ms: i64,
@@ -90,103 +88,54 @@ pub async fn run(
     min_files: usize,
 ) -> Result<CompactReport, CompactError> {
     let mut report = CompactReport::default();
-    for hour in hour_partitions(store.as_ref(), RAW_PREFIX).await? {
+    let table = RAW.table(Arc::clone(store));
+    let mut snapshot = match table.snapshot().await {
+        Ok(s) => s,
+        Err(LakeError::NotATable { .. }) => return Ok(report),
+        Err(e) => return Err(e.into()),
+    };
+    for hour in hours_in(&snapshot) {
         if windows.is_workable(&hour, now_ms) {
-            compact_hour(store, hour, min_files, &mut report).await?;
+            compact_hour(&table, &mut snapshot, hour, min_files, &mut report).await?;
         }
     }
     Ok(report)
 }
 
-/// Compacts one hour.
+/// Compacts one hour of the raw table, on `snapshot` (which the commit moves on).
 pub async fn compact_hour(
-    store: &Arc<dyn ObjectStore>,
+    table: &Table,
+    snapshot: &mut Snapshot,
     hour: HourPartition,
     min_files: usize,
     report: &mut CompactReport,
 ) -> Result<(), CompactError> {
-    let files = hour_files(store.as_ref(), &hour).await?;
-    for leftover in &files.covered {
-        delete_if_present(store.as_ref(), &leftover.meta.location).await?;
-        report.leftovers_deleted += 1;
-        tracing::info!(path = %leftover.meta.location, "deleted a file a compacted file covers");
+    let files = hour_files_in(snapshot, &hour).files;
+    if files.len() < min_files.max(2) {
+        return Ok(());
     }
-    let mut groups: BTreeMap<(String, i32), Vec<RawFile>> = BTreeMap::new();
-    for f in files.files {
-        groups
-            .entry((f.name.topic().to_owned(), f.name.partition()))
-            .or_default()
-            .push(f);
-    }
-    for ((topic, partition), group) in groups {
-        if group.len() < min_files.max(2) {
-            continue;
+    match merge(table, snapshot, hour, &files).await {
+        Ok(c) => report.compacted.push(c),
+        Err(CompactError::Lake(LakeError::Conflict {
+            conflict: Conflict::FileGone { path },
+            ..
+        })) => {
+            report.refused += 1;
+            tracing::info!(%hour, %path, "an input left the table meanwhile (another compaction, or retention); not compacted");
+            table.update(snapshot).await?;
         }
-        if !all_complete(store.as_ref(), &topic, partition, &group).await? {
-            report.skipped_in_progress += 1;
-            tracing::info!(%hour, %topic, partition, "a flush is in progress here; compacting later");
-            continue;
-        }
-        match merge(store, hour, &topic, partition, &group).await {
-            Ok(c) => report.compacted.push(c),
-            // Another compactor (a second scheduler) finished first and deleted an input.
-            Err(CompactError::Store(object_store::Error::NotFound { path, .. })) => {
-                tracing::info!(%hour, %topic, partition, %path, "an input vanished: compacted by another run");
-            }
-            Err(e) => return Err(e),
-        }
+        Err(e) => return Err(e),
     }
     Ok(())
 }
 
-/// True when every file lies inside a completed flush and no flush of the partition is in
-/// progress at or below the group's last offset.
-async fn all_complete(
-    store: &dyn ObjectStore,
-    topic: &str,
-    partition: i32,
-    group: &[RawFile],
-) -> Result<bool, CompactError> {
-    let prefix = Path::from(partition_prefix(topic, partition));
-    let progress: Vec<ProgressObject> = store
-        .list(Some(&prefix))
-        .map_ok(|m| {
-            m.location
-                .filename()
-                .and_then(|n| n.parse::<ProgressObject>().ok())
-        })
-        .try_filter_map(|p| futures::future::ready(Ok(p)))
-        .try_collect()
-        .await?;
-    let last = group
-        .iter()
-        .map(|f| f.name.last_offset())
-        .max()
-        .unwrap_or(0);
-    let done: Vec<FlushRange> = progress
-        .iter()
-        .filter_map(|p| match p {
-            ProgressObject::Done(r) => Some(*r),
-            ProgressObject::Intent { .. } => None,
-        })
-        .collect();
-    let in_progress = progress
-        .iter()
-        .any(|p| matches!(p, ProgressObject::Intent { first } if *first <= last));
-    let inside_done = group.iter().all(|f| {
-        done.iter()
-            .any(|r| r.first <= f.name.first_offset() && f.name.last_offset() <= r.last)
-    });
-    Ok(inside_done && !in_progress)
-}
-
 async fn merge(
-    store: &Arc<dyn ObjectStore>,
+    table: &Table,
+    snapshot: &mut Snapshot,
     hour: HourPartition,
-    topic: &str,
-    partition: i32,
     group: &[RawFile],
 ) -> Result<Compacted, CompactError> {
+    let store = table.store();
     let mut batches = Vec::new();
     for f in group {
         let body: Bytes = store.get(&f.meta.location).await?.bytes().await?;
@@ -195,25 +144,40 @@ async fn merge(
         }
     }
     let merged = sorted(&concat_batches(&raw_schema(), &batches)?)?;
-    let first = group
-        .iter()
-        .map(|f| f.name.first_offset())
-        .min()
-        .unwrap_or(0);
-    let last = group
-        .iter()
-        .map(|f| f.name.last_offset())
-        .max()
-        .unwrap_or(0);
-    let name = RawFileName::new(topic, partition, first, last)?;
-    let output = Path::from(name.raw_path(&hour));
+    let mut nonce = [0u8; 8];
+    rand::rng().fill_bytes(&mut nonce);
+    let name = format!("compacted-{}.parquet", hex::encode(nonce));
+    let relative = format!("{}/{name}", hour.partition_path());
+    let output = Path::from(format!("{}/{relative}", RAW.root));
     let body = encode_raw_parquet(std::slice::from_ref(&merged))?;
     let bytes_out = body.len();
-    // The new file first: from now on readers take it and leave the old ones out.
+    let now = chrono::Utc::now().timestamp_millis();
+    let add = Add {
+        path: relative,
+        partition_values: hour_partition(&hour),
+        size: bytes_out as i64,
+        modification_time: now,
+        data_change: false,
+        stats: Some(verdict_lake::stats::file_stats(
+            std::slice::from_ref(&merged),
+            &[],
+        )),
+        tags: None,
+    };
     store.put(&output, PutPayload::from(body)).await?;
-    for f in group {
-        delete_if_present(store.as_ref(), &f.meta.location).await?;
-    }
+    let mut actions: Vec<Action> = group
+        .iter()
+        .map(|f| Action::Remove(f.add.remove(now, false)))
+        .collect();
+    actions.push(Action::Add(add));
+    let version = table
+        .commit(
+            snapshot,
+            Commit::new("OPTIMIZE", actions)
+                .with_parameter("partition", hour.partition_path())
+                .with_parameter("inputs", group.len()),
+        )
+        .await?;
     let c = Compacted {
         hour,
         output,
@@ -221,10 +185,11 @@ async fn merge(
         rows: merged.num_rows(),
         bytes_in: group.iter().map(|f| f.meta.size).sum(),
         bytes_out,
+        version,
     };
     tracing::info!(
         %hour, output = %c.output, inputs = c.inputs, rows = c.rows,
-        bytes_in = c.bytes_in, bytes_out = c.bytes_out, "compacted"
+        bytes_in = c.bytes_in, bytes_out = c.bytes_out, version, "compacted"
     );
     Ok(c)
 }

@@ -1,14 +1,16 @@
 //! The hourly rollup job, late data included: every closed hour of the raw table (within
 //! the raw window) whose rollup is missing, or was computed from other raw files than the
-//! folder holds now (late events arrived, or the hour was compacted), is rolled up again.
-//! Comparing the folder with the fingerprint in the rollup's footer catches files written
-//! at any time, including during the previous rollup's run.
+//! raw table holds for it now (late events arrived, or the hour was compacted), is rolled
+//! up again. Comparing the hour's files in the raw table's snapshot with the fingerprint in
+//! the rollup's footer catches files committed at any time, including during the previous
+//! rollup's run.
 
-use verdict_rollup::{Rollup, RollupError, RollupReport, hour_files};
+use std::sync::Arc;
+
+use verdict_lake::tables::RAW;
+use verdict_rollup::{Rollup, RollupError, RollupReport, hour_files_in, hours_in};
 use verdict_schemas::HourPartition;
-use verdict_schemas::layout::RAW_PREFIX;
 
-use crate::partitions::hour_partitions;
 use crate::windows::Windows;
 
 /// Why an hour is due.
@@ -40,13 +42,17 @@ pub async fn due_hours(
     now_ms: i64,
     windows: &Windows,
 ) -> Result<Vec<DueHour>, RollupError> {
-    let store = rollup.store().as_ref();
+    let snapshot = match RAW.table(Arc::clone(rollup.store())).snapshot().await {
+        Ok(s) => s,
+        Err(verdict_lake::LakeError::NotATable { .. }) => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
     let mut due = Vec::new();
-    for hour in hour_partitions(store, RAW_PREFIX).await? {
+    for hour in hours_in(&snapshot) {
         if !windows.is_workable(&hour, now_ms) {
             continue;
         }
-        let now = hour_files(store, &hour).await?.fingerprint();
+        let now = hour_files_in(&snapshot, &hour).fingerprint();
         let why = match rollup.state(hour).await? {
             None => Why::NeverRolledUp,
             Some(s) if s.fingerprint != now => Why::Changed {

@@ -86,6 +86,9 @@ pub enum JobError {
     /// Compaction.
     #[error(transparent)]
     Compact(#[from] compact::CompactError),
+    /// Retention.
+    #[error(transparent)]
+    Retention(#[from] retention::RetentionError),
     /// The store.
     #[error("object store: {0}")]
     Store(#[from] object_store::Error),
@@ -208,8 +211,7 @@ impl Jobs {
                 JobOutcome {
                     written: r.compacted.len(),
                     bytes_written: r.compacted.iter().map(|c| c.bytes_out as u64).sum(),
-                    deleted: r.compacted.iter().map(|c| c.inputs).sum::<usize>()
-                        + r.leftovers_deleted,
+                    deleted: r.compacted.iter().map(|c| c.inputs).sum::<usize>(),
                     bytes_deleted: r.compacted.iter().map(|c| c.bytes_in).sum(),
                 }
             }
@@ -222,10 +224,10 @@ impl Jobs {
                 }
             }
             Job::Retention => {
-                let expired = retention::run(self.store.as_ref(), now_ms, w, dry_run).await?;
+                let r = retention::run(&self.store, now_ms, w, dry_run).await?;
                 JobOutcome {
-                    deleted: expired.len(),
-                    bytes_deleted: expired.iter().map(|e| e.bytes).sum(),
+                    deleted: r.expired.len(),
+                    bytes_deleted: r.expired.iter().map(|e| e.bytes).sum(),
                     ..JobOutcome::default()
                 }
             }
@@ -262,7 +264,7 @@ mod tests {
 
     use object_store::ObjectStoreExt;
     use object_store::local::LocalFileSystem;
-    use verdict_ingest::{ConsumedEvent, write_hour_file};
+    use verdict_ingest::{ConsumedEvent, KafkaSource, RawTable};
     use verdict_schemas::HourPartition;
     use verdict_schemas::synth::{SynthConfig, SynthTraffic};
 
@@ -300,7 +302,10 @@ mod tests {
                 offset: i as i64,
             })
             .collect();
-        write_hour_file(store.as_ref(), "t", 0, hour, events)
+        RawTable::open(Arc::clone(&store))
+            .await
+            .unwrap()
+            .append(&KafkaSource::new("local", "t", 0), hour, events)
             .await
             .unwrap()
             .unwrap();

@@ -2,14 +2,15 @@
 //!
 //! | table | what | files |
 //! | --- | --- | --- |
-//! | `decisions` | the raw table, one row per decision, 7 days | `raw/date=…/hour=…/*.parquet`; `date` and `hour` are partition columns, so a filter on them prunes folders |
+//! | `decisions` | the raw table, one row per decision, 7 days | the raw Delta table's files, `raw/date=…/hour=…/*.parquet`; `date` and `hour` are partition columns, so a filter on them prunes folders |
 //! | `denied_hourly` | the rollup, one row per hour × key × route class × tier × region with a refusal, 5 years | `rollup/denied_hourly/date=…/hour=…/`; `date` is a partition column |
 //! | `demand_hourly` | per hour × tier × route class × region, keys by level of demand (log-spaced buckets), 5 years | `rollup/demand_hourly/date=…/hour=…/`; `date` is a partition column |
 //! | `overage` | per key per day, requests over the hourly quota, for pricing | `overage/date=…/` |
 //! | `policies` | the policy in force: one row per tier × route class, and one per override × route class | the limiter's policy source (TOML file or PostgreSQL) |
 //!
-//! Every query lists the lake afresh (no listing cache), so new files are seen at once; the
-//! listing goes through [`ReaderView`], which leaves out raw files another file covers.
+//! Every query lists the lake afresh (no listing cache), so new commits are seen at once;
+//! the listing goes through [`ReaderView`], which lists the raw table as its Delta
+//! snapshot: the committed files, no others.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

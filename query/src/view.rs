@@ -1,11 +1,13 @@
 //! The lake as a reader sees it: read-only, and with every listing cut down to the files a
 //! query may count.
 //!
-//! In a raw partition folder, a file whose offset range lies inside another file's range for
-//! the same topic partition is left out of listings (compaction writes the covering file
-//! before it deletes the covered ones; DESIGN.md, "Readers never double count"). Objects that
-//! are not Parquet are left out too. Writes, copies, renames and deletes are refused, so no
-//! statement can change the lake through the query service.
+//! Under a Delta table's root (the raw table's `raw/`), a listing is the files of the
+//! table's snapshot, brought up to the latest version when the listing is made: a query
+//! sees every commit made before it was planned and none made after, and never a file a
+//! writer has put but not committed, or one a compaction replaced (DESIGN.md, "Readers never
+//! double count"). Elsewhere, objects that are not Parquet are left out. Writes, copies,
+//! renames and deletes are refused, so no statement can change the lake through the query
+//! service.
 //!
 //! When the lake is a local folder, the byte ranges a scan asks for are read on the calling
 //! thread. `LocalFileSystem` hands every read to tokio's blocking pool, and a query opens
@@ -15,7 +17,6 @@
 //! The price is that a read from a slow disk holds up the runtime thread, as the decoding
 //! that follows it does anyway.
 
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{ErrorKind, Read, Seek, SeekFrom};
 use std::ops::Range;
@@ -31,8 +32,11 @@ use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
     PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions, Result,
 };
-use verdict_rollup::sources::{RawFile, effective};
-use verdict_schemas::layout::{PARQUET_EXT, RAW_PREFIX, RawFileName};
+use tokio::sync::Mutex;
+use verdict_lake::tables::RAW;
+use verdict_lake::{LakeError, Snapshot, Table};
+use verdict_rollup::raw_object;
+use verdict_schemas::layout::{PARQUET_EXT, RAW_PREFIX};
 
 /// `inner`, read-only, listing only what a reader counts.
 #[derive(Debug)]
@@ -40,6 +44,8 @@ pub struct ReaderView {
     inner: Arc<dyn ObjectStore>,
     /// The same store when it is a local folder, whose ranges are read on the calling thread.
     folder: Option<Arc<LocalFileSystem>>,
+    /// The raw table's snapshot, kept between listings and brought up to date by each.
+    raw: Arc<Mutex<Option<Snapshot>>>,
 }
 
 impl ReaderView {
@@ -48,6 +54,7 @@ impl ReaderView {
         Self {
             inner,
             folder: None,
+            raw: Arc::default(),
         }
     }
 
@@ -57,7 +64,83 @@ impl ReaderView {
         Self {
             inner: Arc::clone(&folder) as Arc<dyn ObjectStore>,
             folder: Some(folder),
+            raw: Arc::default(),
         }
+    }
+
+    /// The raw table's files now, as objects, ordered by path (none while the table has no
+    /// log yet).
+    fn raw_files(&self) -> impl std::future::Future<Output = Result<Vec<ObjectMeta>>> + use<> {
+        let table = RAW.table(Arc::clone(&self.inner));
+        let cache = Arc::clone(&self.raw);
+        async move {
+            let mut cached = cache.lock().await;
+            let fresh = match cached.as_mut() {
+                Some(s) => table.update(s).await,
+                None => match table.snapshot().await {
+                    Ok(s) => {
+                        *cached = Some(s);
+                        Ok(())
+                    }
+                    Err(LakeError::NotATable { .. }) => return Ok(Vec::new()),
+                    Err(e) => Err(e),
+                },
+            };
+            fresh.map_err(lake_error)?;
+            let snapshot = cached.as_ref().expect("set above");
+            Ok(objects_of(&table, snapshot))
+        }
+    }
+}
+
+fn objects_of(table: &Table, snapshot: &Snapshot) -> Vec<ObjectMeta> {
+    debug_assert_eq!(table.root().as_ref(), RAW.root);
+    let mut out: Vec<ObjectMeta> = snapshot.files().map(raw_object).collect();
+    out.sort_by(|a, b| a.location.cmp(&b.location));
+    out
+}
+
+fn lake_error(e: LakeError) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "delta",
+        source: Box::new(e),
+    }
+}
+
+/// Whether `prefix` (a listing's) lies in the raw table.
+fn under_raw(prefix: Option<&Path>) -> bool {
+    prefix.is_some_and(|p| {
+        p.parts()
+            .next()
+            .is_some_and(|first| first.as_ref() == RAW_PREFIX)
+    })
+}
+
+/// The objects of `files` under `prefix`.
+fn under(files: Vec<ObjectMeta>, prefix: &Path) -> Vec<ObjectMeta> {
+    files
+        .into_iter()
+        .filter(|m| m.location.prefix_matches(prefix))
+        .collect()
+}
+
+/// `files` as a listing with `/` as the delimiter: the objects directly under `prefix` and
+/// the folders one level down.
+fn delimited(files: Vec<ObjectMeta>, prefix: &Path) -> ListResult {
+    let depth = prefix.parts().count();
+    let mut folders = std::collections::BTreeSet::new();
+    let mut objects = Vec::new();
+    for m in under(files, prefix) {
+        let parts: Vec<_> = m.location.parts().collect();
+        if parts.len() == depth + 1 {
+            objects.push(m);
+        } else if parts.len() > depth + 1 {
+            folders.insert(Path::from_iter(parts.into_iter().take(depth + 1)));
+        }
+    }
+    ListResult {
+        common_prefixes: folders.into_iter().collect(),
+        objects,
     }
 }
 
@@ -138,35 +221,9 @@ pub(crate) fn in_raw(meta: &ObjectMeta) -> bool {
         .is_some_and(|p| p.as_ref() == RAW_PREFIX)
 }
 
-/// Keeps the Parquet objects a reader counts: outside `raw/` all of them; inside, per folder,
-/// the raw files no other file covers (a Parquet object in `raw/` whose name does not parse
-/// is kept: the query then reads what is there rather than hiding it).
+/// Keeps the Parquet objects a reader counts outside the Delta tables.
 pub fn readable(listed: Vec<ObjectMeta>) -> Vec<ObjectMeta> {
-    let mut out = Vec::with_capacity(listed.len());
-    let mut folders: BTreeMap<String, Vec<RawFile>> = BTreeMap::new();
-    for meta in listed.into_iter().filter(is_parquet) {
-        if !in_raw(&meta) {
-            out.push(meta);
-            continue;
-        }
-        match meta.location.filename().map(str::parse::<RawFileName>) {
-            Some(Ok(name)) => {
-                let folder = meta
-                    .location
-                    .as_ref()
-                    .rsplit_once('/')
-                    .map_or(String::new(), |(dir, _)| dir.to_string());
-                folders
-                    .entry(folder)
-                    .or_default()
-                    .push(RawFile { meta, name });
-            }
-            _ => out.push(meta),
-        }
-    }
-    for files in folders.into_values() {
-        out.extend(effective(files).0.into_iter().map(|f| f.meta));
-    }
+    let mut out: Vec<ObjectMeta> = listed.into_iter().filter(is_parquet).collect();
     out.sort_by(|a, b| a.location.cmp(&b.location));
     out
 }
@@ -224,12 +281,23 @@ impl ObjectStore for ReaderView {
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
-        let listing = self.inner.list(lake_prefix(prefix).as_ref());
+        let raw = under_raw(prefix) || prefix.is_none_or(|p| p.parts().next().is_none());
+        let files = raw.then(|| self.raw_files());
+        let listing = (!under_raw(prefix)).then(|| self.inner.list(lake_prefix(prefix).as_ref()));
+        let prefix = lake_prefix(prefix).unwrap_or_default();
         futures::stream::once(async move {
-            let listed: Vec<ObjectMeta> = listing.try_collect().await?;
-            Ok::<_, object_store::Error>(futures::stream::iter(
-                readable(listed).into_iter().map(Ok),
-            ))
+            let mut out = match listing {
+                Some(listing) => {
+                    let listed: Vec<ObjectMeta> = listing.try_collect().await?;
+                    readable(listed.into_iter().filter(|m| !in_raw(m)).collect())
+                }
+                None => Vec::new(),
+            };
+            if let Some(files) = files {
+                out.extend(under(files.await?, &prefix));
+                out.sort_by(|a, b| a.location.cmp(&b.location));
+            }
+            Ok::<_, object_store::Error>(futures::stream::iter(out.into_iter().map(Ok)))
         })
         .try_flatten()
         .boxed()
@@ -247,6 +315,10 @@ impl ObjectStore for ReaderView {
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
+        if under_raw(prefix) {
+            let prefix = lake_prefix(prefix).unwrap_or_default();
+            return Ok(delimited(self.raw_files().await?, &prefix));
+        }
         let mut listed = self
             .inner
             .list_with_delimiter(lake_prefix(prefix).as_ref())
@@ -288,7 +360,7 @@ mod tests {
         assert_eq!(got, expected);
         assert_eq!(got[1].as_ref(), &body[4000..5000]);
 
-        let missing = Path::from("raw/date=2026-11-30/hour=14/t+00000+10+19.parquet");
+        let missing = Path::from("raw/date=2026-11-30/hour=14/missing.parquet");
         let one = |r: Range<u64>| vec![r];
         let err = view.get_ranges(&missing, &one(0..1)).await.unwrap_err();
         assert!(matches!(err, object_store::Error::NotFound { .. }), "{err}");
@@ -299,77 +371,123 @@ mod tests {
         assert!(err.to_string().contains("ends before it starts"), "{err}");
     }
 
-    #[tokio::test]
-    async fn listings_leave_out_covered_raw_files_and_non_parquet_objects() {
-        let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-        let dir = "raw/date=2026-11-30/hour=14";
-        let name = |first, last| RawFileName::new("t", 0, first, last).unwrap().to_string();
-        for key in [
-            format!("{dir}/{}", name(0, 9)),
-            format!("{dir}/{}", name(10, 19)),
-            format!("{dir}/{}", name(0, 19)),
-            format!("{dir}/{}", name(20, 29)),
-            format!("{dir}/notes.txt"),
-            "rollup/denied_hourly/date=2026-11-30/hour=14/denied_hourly.parquet".to_string(),
-        ] {
+    /// Puts `paths` (under `raw/`) in the store and commits those in `committed` to the raw
+    /// table.
+    async fn raw_lake(inner: &Arc<dyn ObjectStore>, paths: &[&str], committed: &[&str]) {
+        let (table, mut snapshot) = RAW.open(Arc::clone(inner)).await.unwrap();
+        let mut adds = Vec::new();
+        for p in paths {
             inner
-                .put(&Path::from(key), PutPayload::from_static(b"x"))
+                .put(
+                    &Path::from(format!("raw/{p}")),
+                    PutPayload::from_static(b"x"),
+                )
                 .await
                 .unwrap();
+            if committed.contains(p) {
+                adds.push(verdict_lake::Action::Add(verdict_lake::Add {
+                    path: (*p).to_string(),
+                    partition_values: Default::default(),
+                    size: 1,
+                    modification_time: 0,
+                    data_change: true,
+                    stats: None,
+                    tags: None,
+                }));
+            }
         }
-        let view = ReaderView::new(inner);
-        let listed: Vec<String> = view
-            .list(None)
+        table
+            .commit(&mut snapshot, verdict_lake::Commit::new("WRITE", adds))
+            .await
+            .unwrap();
+    }
+
+    async fn listed(view: &ReaderView, prefix: Option<&str>) -> Vec<String> {
+        view.list(prefix.map(Path::from).as_ref())
             .map_ok(|m| m.location.to_string())
             .try_collect()
             .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn raw_listings_are_the_snapshot_and_see_each_new_commit() {
+        let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let view = ReaderView::new(Arc::clone(&inner));
+        assert!(listed(&view, Some("raw")).await.is_empty(), "no table yet");
+        let dir = "date=2026-11-30/hour=14";
+        raw_lake(
+            &inner,
+            &[
+                &format!("{dir}/committed.parquet"),
+                &format!("{dir}/uncommitted.parquet"),
+            ],
+            &[&format!("{dir}/committed.parquet")],
+        )
+        .await;
+        inner
+            .put(
+                &Path::from("rollup/denied_hourly/date=2026-11-30/hour=14/denied_hourly.parquet"),
+                PutPayload::from_static(b"x"),
+            )
+            .await
             .unwrap();
+        inner
+            .put(
+                &Path::from("rollup/denied_hourly/notes.txt"),
+                PutPayload::from_static(b"x"),
+            )
+            .await
+            .unwrap();
+        let committed = format!("raw/{dir}/committed.parquet");
+        assert_eq!(listed(&view, Some("raw")).await, [committed.as_str()]);
         assert_eq!(
-            listed,
+            listed(&view, None).await,
             [
-                format!("{dir}/{}", name(0, 19)),
-                format!("{dir}/{}", name(20, 29)),
-                "rollup/denied_hourly/date=2026-11-30/hour=14/denied_hourly.parquet".to_string(),
+                committed.as_str(),
+                "rollup/denied_hourly/date=2026-11-30/hour=14/denied_hourly.parquet"
             ]
         );
         let shallow = view
-            .list_with_delimiter(Some(&Path::from(dir)))
+            .list_with_delimiter(Some(&Path::from("raw/date=2026-11-30")))
             .await
             .unwrap();
-        assert_eq!(shallow.objects.len(), 2);
+        assert!(shallow.objects.is_empty());
+        assert_eq!(
+            shallow.common_prefixes,
+            [Path::from("raw/date=2026-11-30/hour=14")]
+        );
+        // A later commit is in the next listing.
+        raw_lake(
+            &inner,
+            &[&format!("{dir}/later.parquet")],
+            &[&format!("{dir}/later.parquet")],
+        )
+        .await;
+        assert_eq!(listed(&view, Some(&format!("raw/{dir}"))).await.len(), 2);
     }
 
     #[tokio::test]
     async fn an_hour_prefix_of_one_digit_lists_the_two_digit_folder() {
         let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-        let name = RawFileName::new("t", 0, 0, 9).unwrap().to_string();
-        for hour in ["05", "15"] {
-            inner
-                .put(
-                    &Path::from(format!("raw/date=2026-11-30/hour={hour}/{name}")),
-                    PutPayload::from_static(b"x"),
-                )
-                .await
-                .unwrap();
-        }
+        let paths = [
+            "date=2026-11-30/hour=05/a.parquet",
+            "date=2026-11-30/hour=15/a.parquet",
+        ];
+        raw_lake(&inner, &paths, &paths).await;
         let view = ReaderView::new(inner);
-        let listed = |prefix: &'static str| {
-            view.list(Some(&Path::from(prefix)))
-                .map_ok(|m| m.location.to_string())
-                .try_collect::<Vec<_>>()
-        };
-        let five = format!("raw/date=2026-11-30/hour=05/{name}");
+        let five = "raw/date=2026-11-30/hour=05/a.parquet";
         assert_eq!(
-            listed("raw/date=2026-11-30/hour=5").await.unwrap(),
-            [five.as_str()]
+            listed(&view, Some("raw/date=2026-11-30/hour=5")).await,
+            [five]
         );
         assert_eq!(
-            listed("raw/date=2026-11-30/hour=05").await.unwrap(),
-            [five.as_str()]
+            listed(&view, Some("raw/date=2026-11-30/hour=05")).await,
+            [five]
         );
         assert_eq!(
-            listed("raw/date=2026-11-30/hour=15").await.unwrap(),
-            [format!("raw/date=2026-11-30/hour=15/{name}")]
+            listed(&view, Some("raw/date=2026-11-30/hour=15")).await,
+            ["raw/date=2026-11-30/hour=15/a.parquet"]
         );
         let shallow = view
             .list_with_delimiter(Some(&Path::from("raw/date=2026-11-30/hour=5")))

@@ -27,7 +27,7 @@ use arrow::array::{
 };
 use arrow::buffer::BooleanBuffer;
 use arrow::datatypes::{
-    DataType, TimeUnit, TimestampMillisecondType, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
+    DataType, Int64Type, TimeUnit, TimestampMillisecondType, UInt8Type, UInt16Type, UInt32Type,
 };
 use arrow::error::ArrowError;
 use bytes::Bytes;
@@ -480,7 +480,7 @@ fn fold_columns() -> [(&'static str, DataType); 13] {
             raw::EVENT_TIME,
             DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
         ),
-        (raw::POLICY_VERSION, DataType::UInt64),
+        (raw::POLICY_VERSION, DataType::Int64),
         (raw::WINDOW_QUOTA, DataType::UInt32),
     ]
 }
@@ -552,7 +552,7 @@ fn fold_batch(groups: &mut Groups, batch: &RecordBatch) {
         .as_primitive::<TimestampMillisecondType>()
         .values();
     let version = col(raw::POLICY_VERSION)
-        .as_primitive::<UInt64Type>()
+        .as_primitive::<Int64Type>()
         .values();
     let quota = col(raw::WINDOW_QUOTA).as_primitive::<UInt32Type>().values();
 
@@ -583,7 +583,9 @@ fn fold_batch(groups: &mut Groups, batch: &RecordBatch) {
         acc.degraded += u64::from(source[i] != 0);
         acc.min_remaining_tokens = acc.min_remaining_tokens.min(tokens[i]);
         acc.min_remaining_window = acc.min_remaining_window.min(window[i]);
-        acc.policy_version = acc.policy_version.max(version[i]);
+        acc.policy_version = acc
+            .policy_version
+            .max(u64::try_from(version[i]).unwrap_or(0));
         acc.window_quota = acc.window_quota.max(quota[i]);
     }
 }

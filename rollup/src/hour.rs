@@ -82,7 +82,10 @@ pub enum RollupError {
     /// Listing, reading or writing the store failed.
     #[error("object store: {0}")]
     Store(#[from] object_store::Error),
-    /// The query failed (unreadable or foreign Parquet in the raw folder, for example).
+    /// The raw table's log could not be read.
+    #[error(transparent)]
+    Lake(#[from] verdict_lake::LakeError),
+    /// The query failed (an unreadable raw file, for example).
     #[error("query: {0}")]
     Query(#[from] DataFusionError),
     /// The result did not fit the rollup schema.
@@ -113,8 +116,8 @@ pub struct RollupReport {
     pub source_files: usize,
     /// Their bytes.
     pub source_bytes: u64,
-    /// Raw files left out because another file covers their offsets.
-    pub covered_files: usize,
+    /// The raw table's version the files were taken from.
+    pub raw_version: i64,
     /// Raw events summarised.
     pub events: u64,
     /// Rows of the rollup (groups with a denial or would-deny).
@@ -179,11 +182,8 @@ impl Rollup {
 
     /// Rolls `hour` up from the files a reader takes now and replaces its rollup object.
     pub async fn run_hour(&self, hour: HourPartition) -> Result<RollupReport, RollupError> {
-        let files = hour_files(self.store.as_ref(), &hour).await?;
-        for f in &files.foreign {
-            tracing::warn!(path = %f, "not a raw file name; left out of the rollup");
-        }
-        // The fold checks every raw file (a foreign one is refused by path and column), so
+        let files = hour_files(&self.store, &hour).await?;
+        // The fold checks every raw file (one of another schema is refused by column), so
         // it runs first; the demand histogram is written before the denied rollup, so a
         // denied rollup that is there (what the late-data job looks at) has its histogram.
         let (batch, events) = self.compute(hour, &files).await?;
@@ -205,7 +205,7 @@ impl Rollup {
             hour,
             source_files: files.files.len(),
             source_bytes: files.bytes(),
-            covered_files: files.covered.len(),
+            raw_version: files.version,
             events,
             rows: batch.num_rows(),
             bytes,

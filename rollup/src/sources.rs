@@ -1,35 +1,32 @@
-//! Which raw files make up one hour of the raw table.
-//!
-//! A reader takes every `.parquet` object in the hour's folder whose name parses as a raw
-//! file name, except those whose offset range lies inside another file's range for the
-//! same topic partition (DESIGN.md, "Readers never double count"): compaction writes the
-//! covering file before it deletes the covered ones, so in between a reader counts each
-//! row once.
+//! Which raw files make up one hour of the raw table: the files of the hour's partition in
+//! the raw Delta table's snapshot. A snapshot is one version of the table, so a compaction
+//! or a flush committing meanwhile neither doubles nor hides a row.
 
-use futures::TryStreamExt;
+use std::sync::Arc;
+
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore};
-use verdict_schemas::layout::{HourPartition, RawFileName};
+use verdict_lake::log::data_path;
+use verdict_lake::tables::{RAW, hour_partition};
+use verdict_lake::{Add, LakeError, Snapshot};
+use verdict_schemas::layout::HourPartition;
 
-/// One raw file of an hour, with its parsed name.
+/// One raw file of an hour.
 #[derive(Debug, Clone)]
 pub struct RawFile {
-    /// The object, as listed.
+    /// The object, as the snapshot gives it.
     pub meta: ObjectMeta,
-    /// Its name, parsed.
-    pub name: RawFileName,
+    /// Its `add` in the snapshot.
+    pub add: Add,
 }
 
-/// The files a reader takes for `hour`, ordered by path, and the objects in the folder
-/// that are not raw files (left alone, reported for the log).
+/// The files of one hour in one version of the raw table, ordered by path.
 #[derive(Debug, Clone, Default)]
 pub struct HourFiles {
     /// The files that make up the hour, each row in exactly one of them.
     pub files: Vec<RawFile>,
-    /// Files left out because another file covers their offsets.
-    pub covered: Vec<RawFile>,
-    /// Objects in the folder whose names are not raw file names.
-    pub foreign: Vec<Path>,
+    /// The raw table's version they were taken from.
+    pub version: i64,
 }
 
 impl HourFiles {
@@ -38,13 +35,18 @@ impl HourFiles {
         self.files.iter().map(|f| f.meta.size).sum()
     }
 
-    /// A fingerprint of the files taken (names and sizes), to tell later whether the hour
-    /// changed: FNV-1a over the sorted `name size` lines, as 16 hex digits.
+    /// Rows the files' statistics count.
+    pub fn rows(&self) -> u64 {
+        self.files.iter().filter_map(|f| f.add.num_records()).sum()
+    }
+
+    /// A fingerprint of the files taken (paths and sizes), to tell later whether the hour
+    /// changed: FNV-1a over the sorted `path size` lines, as 16 hex digits.
     pub fn fingerprint(&self) -> String {
         fingerprint(
             self.files
                 .iter()
-                .map(|f| format!("{} {}", f.name, f.meta.size)),
+                .map(|f| format!("{} {}", f.add.path, f.meta.size)),
         )
     }
 }
@@ -62,102 +64,95 @@ pub fn fingerprint(lines: impl IntoIterator<Item = String>) -> String {
     format!("{h:016x}")
 }
 
-/// Keeps the files no other file covers. `files` may come in any order; the result is
-/// ordered by path.
-pub fn effective(mut files: Vec<RawFile>) -> (Vec<RawFile>, Vec<RawFile>) {
-    files.sort_by(|a, b| a.meta.location.cmp(&b.meta.location));
-    let covered_at: Vec<bool> = files
-        .iter()
-        .enumerate()
-        .map(|(i, f)| {
-            files
-                .iter()
-                .enumerate()
-                .any(|(j, g)| i != j && f.name.is_covered_by(&g.name) && f.name != g.name)
-        })
-        .collect();
-    let mut kept = Vec::new();
-    let mut covered = Vec::new();
-    for (f, is_covered) in files.into_iter().zip(covered_at) {
-        if is_covered {
-            covered.push(f);
-        } else {
-            kept.push(f);
-        }
+/// The object of a raw file's `add`.
+pub fn raw_object(add: &Add) -> ObjectMeta {
+    ObjectMeta {
+        location: data_path(&Path::from(RAW.root), &add.path),
+        last_modified: chrono::DateTime::from_timestamp_millis(add.modification_time)
+            .unwrap_or_default(),
+        size: u64::try_from(add.size).unwrap_or(0),
+        e_tag: None,
+        version: None,
     }
-    (kept, covered)
 }
 
-/// Lists `hour`'s raw folder and picks the files a reader takes.
-pub async fn hour_files(
-    store: &dyn ObjectStore,
-    hour: &HourPartition,
-) -> object_store::Result<HourFiles> {
-    let prefix = Path::from(hour.raw_prefix());
-    let listed: Vec<ObjectMeta> = store.list(Some(&prefix)).try_collect().await?;
-    let mut raw = Vec::new();
-    let mut foreign = Vec::new();
-    for meta in listed {
-        match meta.location.filename().map(str::parse::<RawFileName>) {
-            Some(Ok(name)) => raw.push(RawFile { meta, name }),
-            _ => foreign.push(meta.location),
-        }
-    }
-    let (files, covered) = effective(raw);
-    Ok(HourFiles {
+/// The files of `hour` in `snapshot` (of the raw table).
+pub fn hour_files_in(snapshot: &Snapshot, hour: &HourPartition) -> HourFiles {
+    let partition = hour_partition(hour);
+    let mut files: Vec<RawFile> = snapshot
+        .files_in(&partition)
+        .map(|add| RawFile {
+            meta: raw_object(add),
+            add: add.clone(),
+        })
+        .collect();
+    files.sort_by(|a, b| a.meta.location.cmp(&b.meta.location));
+    HourFiles {
         files,
-        covered,
-        foreign,
-    })
+        version: snapshot.version(),
+    }
+}
+
+/// The hour of a raw file's partition values, if they name one.
+pub fn hour_of(add: &Add) -> Option<HourPartition> {
+    let value = |k: &str| add.partition_values.get(k).cloned().flatten();
+    let date = chrono::NaiveDate::parse_from_str(&value("date")?, "%Y-%m-%d").ok()?;
+    HourPartition::new(date, value("hour")?.parse().ok()?)
+}
+
+/// The hours that have files in `snapshot` (of the raw table), in order.
+pub fn hours_in(snapshot: &Snapshot) -> Vec<HourPartition> {
+    let hours: std::collections::BTreeSet<HourPartition> =
+        snapshot.files().filter_map(hour_of).collect();
+    hours.into_iter().collect()
+}
+
+/// The files of `hour` in the raw table's latest snapshot (none before the table's first
+/// commit).
+pub async fn hour_files(
+    store: &Arc<dyn ObjectStore>,
+    hour: &HourPartition,
+) -> Result<HourFiles, LakeError> {
+    match RAW.table(Arc::clone(store)).snapshot().await {
+        Ok(snapshot) => Ok(hour_files_in(&snapshot, hour)),
+        Err(LakeError::NotATable { .. }) => Ok(HourFiles::default()),
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn file(p: i32, first: i64, last: i64) -> RawFile {
-        let name = RawFileName::new("t", p, first, last).unwrap();
+    fn file(path: &str, size: u64) -> RawFile {
         RawFile {
             meta: ObjectMeta {
-                location: Path::from(format!("raw/date=2026-11-30/hour=14/{name}")),
+                location: Path::from(format!("raw/{path}")),
                 last_modified: chrono::DateTime::UNIX_EPOCH,
-                size: 100,
+                size,
                 e_tag: None,
                 version: None,
             },
-            name,
+            add: Add {
+                path: path.into(),
+                partition_values: Default::default(),
+                size: size as i64,
+                modification_time: 0,
+                data_change: true,
+                stats: None,
+                tags: None,
+            },
         }
-    }
-
-    #[test]
-    fn a_file_inside_another_files_range_of_the_same_partition_is_left_out() {
-        let (kept, covered) = effective(vec![
-            file(0, 10, 19),
-            file(0, 0, 9),
-            file(0, 0, 29),
-            file(1, 5, 9),
-            file(0, 30, 39),
-        ]);
-        let names: Vec<String> = kept.iter().map(|f| f.name.to_string()).collect();
-        assert_eq!(
-            names,
-            [
-                "t+00000+00000000000000000000+00000000000000000029.parquet",
-                "t+00000+00000000000000000030+00000000000000000039.parquet",
-                "t+00001+00000000000000000005+00000000000000000009.parquet",
-            ]
-        );
-        assert_eq!(covered.len(), 2);
     }
 
     #[test]
     fn the_fingerprint_changes_with_a_file_or_a_size() {
         let a = HourFiles {
-            files: vec![file(0, 0, 9)],
+            files: vec![file("a.parquet", 100)],
             ..HourFiles::default()
         };
         let mut b = a.clone();
-        b.files.push(file(0, 10, 19));
+        b.files.push(file("b.parquet", 100));
         let mut c = a.clone();
         c.files[0].meta.size = 101;
         assert_ne!(a.fingerprint(), b.fingerprint());

@@ -1,13 +1,10 @@
-//! Where objects live in the store, as pure functions: the hour partition of an event time,
-//! the raw and rollup partition prefixes, and the raw file name that carries the Kafka topic,
-//! partition and offset range (and its parse back).
+//! Where objects live in the store, as pure functions: the hour partition of an event time
+//! and the tables' partition prefixes.
 //!
 //! ```text
-//! raw/date=2026-11-30/hour=14/verdict.decisions.v1+00003+00000000000000001000+00000000000000001999.parquet
+//! raw/date=2026-11-30/hour=14/<file>.parquet          (the raw Delta table, raw/_delta_log/)
 //! rollup/denied_hourly/date=2026-11-30/hour=14/
 //! ```
-//!
-//! Offsets are zero-padded to 20 digits so that names sort as their offsets do.
 
 use std::fmt;
 use std::str::FromStr;
@@ -45,16 +42,6 @@ pub enum LayoutError {
     BadPartitionPath {
         /// The path given.
         path: String,
-        /// What was wrong.
-        reason: &'static str,
-    },
-    /// A raw file name does not parse.
-    #[error(
-        "raw file name {name:?} is not <topic>+<partition>+<first offset>+<last offset>.parquet: {reason}"
-    )]
-    BadFileName {
-        /// The name given.
-        name: String,
         /// What was wrong.
         reason: &'static str,
     },
@@ -203,139 +190,6 @@ impl FromStr for HourPartition {
     }
 }
 
-/// The name of one raw Parquet file: which Kafka topic and partition its rows came from and
-/// the first and last offset it holds (inclusive).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct RawFileName {
-    topic: String,
-    partition: i32,
-    first_offset: i64,
-    last_offset: i64,
-}
-
-impl RawFileName {
-    /// A file name, checked: the topic is a legal Kafka topic name (1–249 of `[A-Za-z0-9._-]`),
-    /// partition and offsets are non-negative, and `first_offset <= last_offset`.
-    pub fn new(
-        topic: &str,
-        partition: i32,
-        first_offset: i64,
-        last_offset: i64,
-    ) -> Result<Self, LayoutError> {
-        let name = || format!("{topic}+{partition}+{first_offset}+{last_offset}");
-        let bad = |reason| LayoutError::BadFileName {
-            name: name(),
-            reason,
-        };
-        if topic.is_empty() || topic.len() > 249 {
-            return Err(bad("topic must be 1 to 249 characters"));
-        }
-        if !topic
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-        {
-            return Err(bad("topic may hold only A-Z a-z 0-9 . _ -"));
-        }
-        if partition < 0 {
-            return Err(bad("partition is negative"));
-        }
-        if first_offset < 0 {
-            return Err(bad("first offset is negative"));
-        }
-        if first_offset > last_offset {
-            return Err(bad("first offset is after last offset"));
-        }
-        Ok(Self {
-            topic: topic.to_owned(),
-            partition,
-            first_offset,
-            last_offset,
-        })
-    }
-
-    /// The Kafka topic.
-    pub fn topic(&self) -> &str {
-        &self.topic
-    }
-
-    /// The Kafka partition.
-    pub fn partition(&self) -> i32 {
-        self.partition
-    }
-
-    /// The first offset held (inclusive).
-    pub fn first_offset(&self) -> i64 {
-        self.first_offset
-    }
-
-    /// The last offset held (inclusive).
-    pub fn last_offset(&self) -> i64 {
-        self.last_offset
-    }
-
-    /// True if this file's offset range lies inside `other`'s, same topic and partition (the
-    /// reader's rule for ignoring a file that compaction or a replay superseded).
-    pub fn is_covered_by(&self, other: &RawFileName) -> bool {
-        self.topic == other.topic
-            && self.partition == other.partition
-            && other.first_offset <= self.first_offset
-            && self.last_offset <= other.last_offset
-    }
-
-    /// The object path of this file inside an hour's raw folder.
-    pub fn raw_path(&self, hour: &HourPartition) -> String {
-        format!("{}/{self}", hour.raw_prefix())
-    }
-}
-
-impl fmt::Display for RawFileName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}+{:05}+{:020}+{:020}.{PARQUET_EXT}",
-            self.topic, self.partition, self.first_offset, self.last_offset
-        )
-    }
-}
-
-impl FromStr for RawFileName {
-    type Err = LayoutError;
-
-    /// Parses a file name (the last path segment is taken if a path is given).
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let name = s.rsplit('/').next().unwrap_or(s);
-        let bad = |reason| LayoutError::BadFileName {
-            name: name.to_owned(),
-            reason,
-        };
-        let stem = name
-            .strip_suffix(PARQUET_EXT)
-            .and_then(|s| s.strip_suffix('.'))
-            .ok_or_else(|| bad("does not end in .parquet"))?;
-        // The topic cannot hold '+', so the last three '+' are ours.
-        let mut parts = stem.rsplitn(4, '+');
-        let last = parts.next().ok_or_else(|| bad("no last offset"))?;
-        let first = parts.next().ok_or_else(|| bad("no first offset"))?;
-        let partition = parts.next().ok_or_else(|| bad("no partition"))?;
-        let topic = parts.next().ok_or_else(|| bad("no topic"))?;
-        let number = |s: &str, what| {
-            if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-                Err(bad(what))
-            } else {
-                s.parse::<i64>().map_err(|_| bad(what))
-            }
-        };
-        let partition = number(partition, "partition is not a decimal number")?;
-        let partition = i32::try_from(partition).map_err(|_| bad("partition is out of range"))?;
-        let first = number(first, "first offset is not a decimal number")?;
-        let last = number(last, "last offset is not a decimal number")?;
-        Self::new(topic, partition, first, last).map_err(|e| match e {
-            LayoutError::BadFileName { reason, .. } => bad(reason),
-            other => other,
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -400,79 +254,5 @@ mod tests {
             Err(LayoutError::BadPartitionPath { .. })
         ));
         assert!(HourPartition::from_path("raw/date=2026-11-30/hour=99/").is_err());
-    }
-
-    #[test]
-    fn file_name_carries_topic_partition_and_offsets() {
-        let f = RawFileName::new("verdict.decisions.v1", 3, 1000, 1999).unwrap();
-        let name = f.to_string();
-        assert_eq!(
-            name,
-            "verdict.decisions.v1+00003+00000000000000001000+00000000000000001999.parquet"
-        );
-        assert_eq!(name.parse::<RawFileName>().unwrap(), f);
-        assert_eq!(
-            f.raw_path(&hour("2026-11-30T14")),
-            format!("raw/date=2026-11-30/hour=14/{name}")
-        );
-        let path = format!("raw/date=2026-11-30/hour=14/{name}");
-        assert_eq!(path.parse::<RawFileName>().unwrap(), f);
-    }
-
-    #[test]
-    fn file_names_sort_as_their_offsets() {
-        let a = RawFileName::new("t", 0, 9, 99).unwrap().to_string();
-        let b = RawFileName::new("t", 0, 100, 100).unwrap().to_string();
-        assert!(a < b);
-    }
-
-    #[test]
-    fn bad_file_names_say_what_is_wrong() {
-        let cases = [
-            ("t+1+2+3.csv", "does not end in .parquet"),
-            ("t+1+2.parquet", "no topic"),
-            ("t+x+2+3.parquet", "partition is not a decimal number"),
-            ("t+1+-2+3.parquet", "first offset is not a decimal number"),
-            ("t+1+5+3.parquet", "first offset is after last offset"),
-            ("t%x+1+2+3.parquet", "topic may hold only A-Z a-z 0-9 . _ -"),
-            (
-                "t+1+2+99999999999999999999.parquet",
-                "last offset is not a decimal number",
-            ),
-            ("+1+2+3.parquet", "topic must be 1 to 249 characters"),
-            ("t+9999999999+2+3.parquet", "partition is out of range"),
-        ];
-        for (name, want) in cases {
-            match name.parse::<RawFileName>() {
-                Err(LayoutError::BadFileName { reason, .. }) => assert_eq!(reason, want, "{name}"),
-                other => panic!("{name}: {other:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn coverage_is_by_topic_partition_and_range() {
-        let big = RawFileName::new("t", 1, 100, 200).unwrap();
-        assert!(
-            RawFileName::new("t", 1, 100, 150)
-                .unwrap()
-                .is_covered_by(&big)
-        );
-        assert!(big.is_covered_by(&big));
-        assert!(
-            !RawFileName::new("t", 1, 90, 150)
-                .unwrap()
-                .is_covered_by(&big)
-        );
-        assert!(
-            !RawFileName::new("t", 2, 120, 150)
-                .unwrap()
-                .is_covered_by(&big)
-        );
-        assert!(
-            !RawFileName::new("u", 1, 120, 150)
-                .unwrap()
-                .is_covered_by(&big)
-        );
     }
 }

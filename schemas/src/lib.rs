@@ -12,6 +12,6 @@ pub mod wire;
 pub use event::{
     DecisionEvent, DecisionSource, DeniedBy, KeyId, RegionId, RouteClassId, TierId, Verdict,
 };
-pub use layout::{HourPartition, LayoutError, RawFileName};
+pub use layout::{HourPartition, LayoutError};
 pub use tables::{RawBatchBuilder, denied_hourly_schema, overage_schema, raw_schema};
 pub use wire::{DecodeError, EVENT_V1_LEN, EVENT_VERSION_V1};

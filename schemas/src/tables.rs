@@ -7,7 +7,7 @@ use std::sync::{Arc, LazyLock};
 
 use arrow::array::{
     ArrayRef, BooleanArray, BooleanBufferBuilder, FixedSizeBinaryArray, Int32Array, Int64Array,
-    TimestampMillisecondArray, UInt8Array, UInt16Array, UInt32Array, UInt64Array,
+    TimestampMillisecondArray, UInt8Array, UInt16Array, UInt32Array,
 };
 use arrow::buffer::Buffer;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
@@ -49,7 +49,7 @@ pub mod raw {
     pub const RETRY_AFTER_MS: &str = "retry_after_ms";
     /// The hourly quota in force.
     pub const WINDOW_QUOTA: &str = "window_quota";
-    /// Policy version that decided.
+    /// Policy version that decided (signed 64-bit, a Delta `long`, as every engine reads it).
     pub const POLICY_VERSION: &str = "policy_version";
     /// Hot-key sub-key index.
     pub const SUB_KEY: &str = "sub_key";
@@ -193,7 +193,7 @@ static RAW_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new(REMAINING_WINDOW, DataType::UInt32, false),
         Field::new(RETRY_AFTER_MS, DataType::UInt32, false),
         Field::new(WINDOW_QUOTA, DataType::UInt32, false),
-        Field::new(POLICY_VERSION, DataType::UInt64, false),
+        Field::new(POLICY_VERSION, DataType::Int64, false),
         Field::new(SUB_KEY, DataType::UInt8, false),
         Field::new(SUB_KEYS, DataType::UInt8, false),
         Field::new(KAFKA_PARTITION, DataType::Int32, false),
@@ -294,7 +294,7 @@ pub struct RawBatchBuilder {
     remaining_window: Vec<u32>,
     retry_after_ms: Vec<u32>,
     window_quota: Vec<u32>,
-    policy_version: Vec<u64>,
+    policy_version: Vec<i64>,
     sub_key: Vec<u8>,
     sub_keys: Vec<u8>,
     kafka_partition: Vec<i32>,
@@ -358,7 +358,10 @@ impl RawBatchBuilder {
         self.remaining_window.push(e.remaining_window);
         self.retry_after_ms.push(e.retry_after_ms);
         self.window_quota.push(e.window_quota);
-        self.policy_version.push(e.policy_version);
+        // A Delta `long`: policy versions are PostgreSQL bigints, and one past i64::MAX
+        // (which no source issues) is stored as i64::MAX.
+        self.policy_version
+            .push(i64::try_from(e.policy_version).unwrap_or(i64::MAX));
         self.sub_key.push(e.sub_key);
         self.sub_keys.push(e.sub_keys);
         self.kafka_partition.push(kafka_partition);
@@ -386,7 +389,7 @@ impl RawBatchBuilder {
             Arc::new(UInt32Array::from(self.remaining_window)),
             Arc::new(UInt32Array::from(self.retry_after_ms)),
             Arc::new(UInt32Array::from(self.window_quota)),
-            Arc::new(UInt64Array::from(self.policy_version)),
+            Arc::new(Int64Array::from(self.policy_version)),
             Arc::new(UInt8Array::from(self.sub_key)),
             Arc::new(UInt8Array::from(self.sub_keys)),
             Arc::new(Int32Array::from(self.kafka_partition)),

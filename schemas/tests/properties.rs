@@ -1,7 +1,7 @@
 //! Properties of the codec and the Arrow conversion over generated inputs.
 
 use arrow::array::{Array, AsArray, BooleanArray, FixedSizeBinaryArray, TimestampMillisecondArray};
-use arrow::datatypes::{Int64Type, UInt8Type, UInt32Type, UInt64Type};
+use arrow::datatypes::{Int64Type, UInt8Type, UInt32Type};
 use proptest::prelude::*;
 use verdict_schemas::{
     DecisionEvent, DecisionSource, DeniedBy, KeyId, RawBatchBuilder, RegionId, RouteClassId,
@@ -40,7 +40,7 @@ prop_compose! {
         remaining_window in any::<u32>(),
         retry_after_ms in any::<u32>(),
         window_quota in any::<u32>(),
-        policy_version in any::<u64>(),
+        policy_version in 0..=i64::MAX as u64,
         (sub_key, sub_keys) in (1u8..=255).prop_flat_map(|n| (0..n, Just(n))),
     ) -> DecisionEvent {
         DecisionEvent {
@@ -128,7 +128,7 @@ proptest! {
             prop_assert_eq!(bucket.value(i), e.denied_by.bucket);
             prop_assert_eq!(window.value(i), e.denied_by.window);
             prop_assert_eq!(col("remaining_window").as_primitive::<UInt32Type>().value(i), e.remaining_window);
-            prop_assert_eq!(col("policy_version").as_primitive::<UInt64Type>().value(i), e.policy_version);
+            prop_assert_eq!(col("policy_version").as_primitive::<Int64Type>().value(i) as u64, e.policy_version);
             prop_assert_eq!(col("kafka_offset").as_primitive::<Int64Type>().value(i), first_offset + i as i64);
         }
         for c in batch.columns() {

@@ -1,6 +1,7 @@
 //! Checks of the raw table and Kafka helpers shared by the ingest tests (in `tests/` and
 //! the `verdict` binary's own tests): create a topic, produce values and learn their
-//! offsets, read back every row of every raw file, the quarantine, and the markers.
+//! offsets, read back every row of the raw table, the quarantine, and each partition's
+//! progress in the raw table's log.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,10 +19,9 @@ use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use verdict_ingest::progress::{ProgressObject, partition_prefix};
-use verdict_jobs::partitions::hour_partitions;
-use verdict_rollup::{Rollup, hour_files};
-use verdict_schemas::layout::RAW_PREFIX;
+use verdict_ingest::KafkaSource;
+use verdict_lake::tables::RAW;
+use verdict_rollup::{Rollup, raw_object};
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
 use verdict_schemas::{DecisionEvent, RawBatchBuilder, raw_schema};
 
@@ -83,16 +83,65 @@ pub async fn produce(topic: &str, values: Vec<Vec<u8>>) -> BTreeMap<(i32, i64), 
     out
 }
 
-/// Every row of every raw file: (partition, offset) → how many times it appears, and the
+/// Every row of the raw table: (partition, offset) → how many times it appears, and the
 /// event time and key id of each.
 pub type Rows = BTreeMap<(i32, i64), (i64, Vec<u8>)>;
 
-pub async fn raw_rows(store: &Arc<dyn ObjectStore>) -> (BTreeMap<(i32, i64), usize>, Rows) {
-    let files: Vec<_> = store
+/// The objects of the raw table's latest snapshot (none before its first commit).
+pub async fn raw_objects(store: &Arc<dyn ObjectStore>) -> Vec<object_store::ObjectMeta> {
+    match RAW.table(Arc::clone(store)).snapshot().await {
+        Ok(snapshot) => snapshot.files().map(raw_object).collect(),
+        Err(verdict_lake::LakeError::NotATable { .. }) => Vec::new(),
+        Err(e) => panic!("the raw table's log: {e}"),
+    }
+}
+
+/// The raw data files in the store that the raw table's latest snapshot does not hold
+/// (those of a flush that was interrupted, or refused), ordered by path.
+pub async fn uncommitted(store: &Arc<dyn ObjectStore>) -> Vec<String> {
+    let committed: std::collections::BTreeSet<String> = raw_objects(store)
+        .await
+        .into_iter()
+        .map(|m| m.location.to_string())
+        .collect();
+    let listed: Vec<object_store::ObjectMeta> = store
         .list(Some(&Path::from("raw")))
         .try_collect()
         .await
         .unwrap();
+    let mut out: Vec<String> = listed
+        .into_iter()
+        .map(|m| m.location.to_string())
+        .filter(|p| !p.contains("/_delta_log/") && !committed.contains(p))
+        .collect();
+    out.sort();
+    out
+}
+
+/// Asserts that vacuum, past the retention, would delete exactly the files no commit
+/// names (and so never a committed one).
+pub async fn assert_vacuum_takes_only_uncommitted(store: &Arc<dyn ObjectStore>) {
+    let orphans = uncommitted(store).await;
+    let table = RAW.table(Arc::clone(store));
+    let snapshot = table.snapshot().await.expect("the raw table's log");
+    let later = chrono::Utc::now().timestamp_millis() + 1_000;
+    let plan = verdict_lake::vacuum::plan(&table, &snapshot, Some(Duration::ZERO), later)
+        .await
+        .expect("a vacuum plan");
+    let doomed: Vec<String> = plan
+        .files
+        .iter()
+        .map(|(m, _)| m.location.to_string())
+        .collect();
+    assert_eq!(
+        doomed, orphans,
+        "vacuum takes exactly the uncommitted files"
+    );
+}
+
+/// Every row of every file of the raw table's latest snapshot.
+pub async fn raw_rows(store: &Arc<dyn ObjectStore>) -> (BTreeMap<(i32, i64), usize>, Rows) {
+    let files = raw_objects(store).await;
     let mut seen = BTreeMap::new();
     let mut rows = BTreeMap::new();
     for f in files {
@@ -160,9 +209,11 @@ pub async fn quarantined(store: &Arc<dyn ObjectStore>) -> BTreeMap<(i32, i64), S
     out
 }
 
-/// True once every partition has a completed flush ending at its last produced offset.
+/// True once the raw table's log holds, for every partition of `topic` read from Kafka
+/// cluster `cluster`, progress up to its last produced offset.
 pub async fn all_flushed(
     store: &Arc<dyn ObjectStore>,
+    cluster: &str,
     topic: &str,
     produced: &BTreeMap<(i32, i64), Vec<u8>>,
 ) -> bool {
@@ -170,18 +221,14 @@ pub async fn all_flushed(
     for (p, o) in produced.keys() {
         last.insert(*p, (*o).max(last.get(p).copied().unwrap_or(-1)));
     }
-    for (p, want) in last {
-        let prefix = Path::from(partition_prefix(topic, p));
-        let names: Vec<_> = store.list(Some(&prefix)).try_collect().await.unwrap();
-        let done = names
-            .iter()
-            .filter_map(|m| m.location.as_ref().parse::<ProgressObject>().ok())
-            .any(|o| matches!(o, ProgressObject::Done(r) if r.last >= want));
-        if !done {
-            return false;
-        }
-    }
-    true
+    let Ok(snapshot) = RAW.table(Arc::clone(store)).snapshot().await else {
+        return false;
+    };
+    last.into_iter().all(|(p, want)| {
+        snapshot
+            .txn_version(&KafkaSource::new(cluster, topic, p).app_id())
+            .is_some_and(|v| v >= want)
+    })
 }
 
 /// `n` good events spread over the last few hours.
@@ -200,14 +247,14 @@ pub fn recent_events(n: usize, seed: u64) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// A DataFusion session in which `raw` is the whole raw table as a reader sees it: every
-/// hour's files, covered ones left out.
+/// A DataFusion session in which `raw` is the whole raw table as a reader sees it: the
+/// files of its latest snapshot.
 pub async fn raw_table(store: &Arc<dyn ObjectStore>) -> SessionContext {
-    let mut paths = Vec::new();
-    for hour in hour_partitions(store.as_ref(), RAW_PREFIX).await.unwrap() {
-        let files = hour_files(store.as_ref(), &hour).await.unwrap();
-        paths.extend(files.files.into_iter().map(|f| f.meta.location));
-    }
+    let paths: Vec<Path> = raw_objects(store)
+        .await
+        .into_iter()
+        .map(|m| m.location)
+        .collect();
     assert!(!paths.is_empty(), "the raw table has no files");
     let refs: Vec<&Path> = paths.iter().collect();
     Rollup::new(Arc::clone(store), 2)

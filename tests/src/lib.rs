@@ -2,6 +2,7 @@
 //! defaults as `scripts/env.sh`), a check that fails a test with instructions when a service
 //! is not running, and ready-made clients.
 
+pub mod engines;
 pub mod ingest_check;
 pub mod private;
 pub mod query_fixture;

@@ -8,10 +8,9 @@ use arrow::array::{Array, AsArray, FixedSizeBinaryArray, RecordBatch};
 use arrow::datatypes::{TimestampMillisecondType, UInt8Type, UInt16Type, UInt32Type, UInt64Type};
 use bytes::Bytes;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use verdict_ingest::progress::{FlushRange, ProgressObject};
-use verdict_ingest::{ConsumedEvent, write_hour_file};
+use verdict_ingest::{ConsumedEvent, KafkaSource, RawTable};
 use verdict_schemas::layout::HourPartition;
 use verdict_schemas::{DecisionEvent, DecisionSource, Verdict};
 
@@ -110,47 +109,60 @@ pub async fn write_raw_hour(
     partitions: i32,
     per_file: usize,
 ) -> Vec<Path> {
-    write_raw_files(
-        store,
-        topic,
-        hour,
-        spread(events, partitions),
-        per_file,
-        false,
-    )
-    .await
+    write_raw_files(store, topic, hour, spread(events, partitions), per_file).await
+}
+
+/// Commits the object `raw/<hour's folder>/<name>` (already in the store, `size` bytes) to
+/// the raw table as a file of `hour`, as another writer of the table would.
+pub async fn commit_raw_object(
+    store: &Arc<dyn ObjectStore>,
+    hour: HourPartition,
+    name: &str,
+    size: usize,
+) {
+    let (table, mut snapshot) = verdict_lake::tables::RAW
+        .open(Arc::clone(store))
+        .await
+        .expect("opening the raw table");
+    let add = verdict_lake::Add {
+        path: format!("{}/{name}", hour.partition_path()),
+        partition_values: verdict_lake::tables::hour_partition(&hour),
+        size: size as i64,
+        modification_time: chrono::Utc::now().timestamp_millis(),
+        data_change: true,
+        stats: None,
+        tags: None,
+    };
+    table
+        .commit(
+            &mut snapshot,
+            verdict_lake::Commit::new("WRITE", vec![verdict_lake::Action::Add(add)]),
+        )
+        .await
+        .expect("committing a raw file");
 }
 
 /// Writes each partition's events as raw files of `hour` of `per_file` consecutive
-/// records; with `markers`, also the completion marker ingest writes after each flush
-/// (one flush per file here).
+/// records, each file one commit to the raw table (as one flush per file would).
 pub async fn write_raw_files(
     store: &Arc<dyn ObjectStore>,
     topic: &str,
     hour: HourPartition,
     by_partition: BTreeMap<i32, Vec<ConsumedEvent>>,
     per_file: usize,
-    markers: bool,
 ) -> Vec<Path> {
+    let mut raw = RawTable::open(Arc::clone(store))
+        .await
+        .expect("opening the raw table");
     let mut written = Vec::new();
     for (partition, list) in by_partition {
+        let source = KafkaSource::new("local", topic, partition);
         for chunk in list.chunks(per_file) {
-            let file = write_hour_file(store.as_ref(), topic, partition, hour, chunk.to_vec())
+            let file = raw
+                .append(&source, hour, chunk.to_vec())
                 .await
                 .expect("writing a raw file")
                 .expect("a non-empty chunk");
-            if markers {
-                let first = chunk.iter().map(|c| c.offset).min().unwrap_or(0);
-                let last = chunk.iter().map(|c| c.offset).max().unwrap_or(0);
-                let done = ProgressObject::Done(FlushRange { first, last });
-                store
-                    .put(
-                        &Path::from(done.path(topic, partition)),
-                        PutPayload::from_static(b"{}"),
-                    )
-                    .await
-                    .expect("writing a flush marker");
-            }
             written.push(file.path);
         }
     }

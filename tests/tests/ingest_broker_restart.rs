@@ -60,7 +60,7 @@ async fn the_worker_reconnects_after_a_broker_restart_and_writes_every_event_onc
     eventually(
         Duration::from_secs(60),
         "the events produced before the restart written",
-        || all_flushed(&store, &topic, &produced),
+        || all_flushed(&store, "main", &topic, &produced),
     )
     .await;
     let before = metrics.events_written.get();
@@ -75,7 +75,7 @@ async fn the_worker_reconnects_after_a_broker_restart_and_writes_every_event_onc
     eventually(
         Duration::from_secs(120),
         "the events produced after the restart written",
-        || all_flushed(&store, &topic, &produced),
+        || all_flushed(&store, "main", &topic, &produced),
     )
     .await;
     assert!(

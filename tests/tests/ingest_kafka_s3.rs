@@ -9,16 +9,15 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::TryStreamExt;
 use object_store::ObjectStore;
-use object_store::path::Path;
 use object_store::throttle::{ThrottleConfig, ThrottledStore};
 use verdict_ingest::flush::StoreCalls;
 use verdict_ingest::{IngestConfig, IngestWorker};
 use verdict_schemas::DecisionEvent;
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
 use verdict_tests::ingest_check::{
-    all_flushed, assert_exactly_once, create_topic, produce, quarantined, raw_rows, recent_events,
+    all_flushed, assert_exactly_once, assert_vacuum_takes_only_uncommitted, create_topic, produce,
+    quarantined, raw_rows, recent_events, uncommitted,
 };
 use verdict_tests::private::TcpProxy;
 use verdict_tests::{Service, eventually, kafka_brokers, require, s3_store, unique_name};
@@ -81,8 +80,8 @@ async fn every_event_lands_exactly_once_across_an_aborted_worker_and_bad_records
 
     let produced = produce(&topic, values[..6_000].to_vec()).await;
     // The first worker writes through a slowed store (150 ms a put) and is aborted once a
-    // flush has written its intent and some of its files: the crash falls inside that
-    // flush, between its files and its marker.
+    // flush has written some of its files and not committed them: the crash falls inside
+    // that flush, between its files and its Delta commit.
     let slow: Arc<dyn ObjectStore> = Arc::new(ThrottledStore::new(
         Arc::clone(&store),
         ThrottleConfig {
@@ -97,23 +96,8 @@ async fn every_event_lands_exactly_once_across_an_aborted_worker_and_bad_records
     );
     eventually(
         Duration::from_secs(60),
-        "a flush with some of its files written",
-        || async {
-            let progress: Vec<_> = store
-                .list(Some(&Path::from("_ingest")))
-                .try_collect()
-                .await
-                .unwrap();
-            let raw: Vec<_> = store
-                .list(Some(&Path::from("raw")))
-                .try_collect()
-                .await
-                .unwrap();
-            progress
-                .iter()
-                .any(|m| m.location.as_ref().ends_with(".intent"))
-                && !raw.is_empty()
-        },
+        "a flush with some of its files written and not committed",
+        || async { !uncommitted(&store).await.is_empty() },
     )
     .await;
     first.abort();
@@ -138,16 +122,19 @@ async fn every_event_lands_exactly_once_across_an_aborted_worker_and_bad_records
     eventually(
         Duration::from_secs(120),
         "every partition flushed to its last offset",
-        || all_flushed(&store, &topic, &produced_all),
+        || all_flushed(&store, "main", &topic, &produced_all),
     )
     .await;
     tx.send(()).unwrap();
     let stats = second.await.unwrap().expect("second worker");
     println!("second worker: {stats:?}");
+    // The interrupted flush's files are in the store and in no commit: readers never see
+    // them, and vacuum (past the retention, here none) removes them and nothing else.
     assert!(
-        stats.recovered_files > 0,
-        "the second worker found no interrupted flush to clean up: {stats:?}"
+        !uncommitted(&store).await.is_empty(),
+        "the interrupted flush left no files"
     );
+    assert_vacuum_takes_only_uncommitted(&store).await;
 
     let (seen, rows) = raw_rows(&store).await;
     let bad = quarantined(&store).await;
@@ -184,18 +171,6 @@ async fn every_event_lands_exactly_once_across_an_aborted_worker_and_bad_records
         BTreeSet::from(["event_time_out_of_range", "unknown_version", "wrong_length"])
     );
     assert_eq!(bad.len(), 4);
-    // No interrupted flush is left behind.
-    let leftovers: Vec<_> = store
-        .list(Some(&Path::from("_ingest")))
-        .try_collect::<Vec<_>>()
-        .await
-        .unwrap();
-    assert!(
-        leftovers
-            .iter()
-            .all(|m| m.location.as_ref().ends_with(".done")),
-        "{leftovers:?}"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -246,7 +221,7 @@ async fn two_workers_in_one_group_over_12_partitions_write_every_event_once() {
     eventually(
         Duration::from_secs(120),
         "every partition flushed to its last offset",
-        || all_flushed(&store, &topic, &produced),
+        || all_flushed(&store, "main", &topic, &produced),
     )
     .await;
     // The lag gauges come from the Kafka client's statistics: once everything is flushed
@@ -346,7 +321,7 @@ async fn an_object_store_outage_loses_and_doubles_nothing() {
     eventually(
         Duration::from_secs(120),
         "every partition flushed after the store came back",
-        || all_flushed(&store, &topic, &produced),
+        || all_flushed(&store, "main", &topic, &produced),
     )
     .await;
     tx.send(()).unwrap();
@@ -409,7 +384,7 @@ fn rewind_group(topic: &str, group: &str, partitions: i32, offset: i64) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_group_offset_behind_the_markers_is_committed_up_to_them() {
+async fn a_group_offset_behind_the_log_is_committed_up_to_it() {
     require(Service::Kafka);
     verdict_tests::capture_logs();
     let store = s3_store("verdict-ingest-test").await;
@@ -440,7 +415,7 @@ async fn a_group_offset_behind_the_markers_is_committed_up_to_them() {
     eventually(
         Duration::from_secs(60),
         "every partition flushed to its last offset",
-        || all_flushed(&store, &topic, &produced),
+        || all_flushed(&store, "main", &topic, &produced),
     )
     .await;
     tx.send(()).unwrap();
@@ -448,8 +423,8 @@ async fn a_group_offset_behind_the_markers_is_committed_up_to_them() {
     assert_eq!(group_offsets(&topic, &group, 2), ends, "committed on flush");
 
     // The commits are lost (as when a commit fails in a rebalance): Kafka's offsets are
-    // back at 0 while the store's markers say everything is written. The next worker
-    // resumes from the markers, consumes nothing new, and still commits the markers' offsets.
+    // back at 0 while the raw table's log says everything is written. The next worker
+    // resumes from the log, consumes nothing new, and still commits the log's offsets.
     rewind_group(&topic, &group, 2, 0);
     assert_eq!(group_offsets(&topic, &group, 2), vec![Some(0), Some(0)]);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -462,7 +437,7 @@ async fn a_group_offset_behind_the_markers_is_committed_up_to_them() {
     let group_ = group.clone();
     eventually(
         Duration::from_secs(60),
-        "the group's offsets committed up to the markers",
+        "the group's offsets committed up to the log",
         move || {
             let now = group_offsets(&topic_, &group_, 2);
             let want = ends.clone();

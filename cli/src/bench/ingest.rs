@@ -16,8 +16,8 @@ use serde::Serialize;
 use verdict_ingest::flush::{PartitionBuffer, StoreCalls, flush_partition};
 use verdict_ingest::raw_file::sorted_raw_batch;
 use verdict_ingest::{
-    ConsumedEvent, IngestConfig, IngestWorker, S3Options, encode_raw_parquet, open_store,
-    split_by_hour,
+    ConsumedEvent, IngestConfig, IngestWorker, KafkaSource, RawTable, S3Options,
+    encode_raw_parquet, open_store, split_by_hour,
 };
 use verdict_schemas::DecisionEvent;
 
@@ -105,6 +105,7 @@ pub async fn run(args: IngestBenchArgs) -> anyhow::Result<()> {
     let (cpu0, started) = (cpu_seconds(), Instant::now());
     let mut files = 0;
     let mut bytes = 0;
+    let mut raw = RawTable::open(Arc::clone(&store)).await?;
     for (p, records) in wire.iter().enumerate() {
         let mut buf = PartitionBuffer::default();
         for (offset, r) in records.iter().enumerate() {
@@ -119,14 +120,8 @@ pub async fn run(args: IngestBenchArgs) -> anyhow::Result<()> {
                 Err(e) => anyhow::bail!("generated record did not decode: {e}"),
             }
         }
-        let report = flush_partition(
-            &store,
-            "verdict.decisions.v1",
-            p as i32,
-            buf,
-            &StoreCalls::default(),
-        )
-        .await?;
+        let source = KafkaSource::new("bench", "verdict.decisions.v1", p as i32);
+        let report = flush_partition(&mut raw, &source, None, buf, &StoreCalls::default()).await?;
         files += report.files;
         bytes += report.bytes;
     }

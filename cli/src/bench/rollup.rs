@@ -10,7 +10,7 @@ use clap::Args;
 use object_store::ObjectStore;
 use object_store::local::LocalFileSystem;
 use serde::Serialize;
-use verdict_ingest::{ConsumedEvent, write_hour_file};
+use verdict_ingest::{ConsumedEvent, KafkaSource, RawTable};
 use verdict_rollup::{ROLLUP_SQL, Rollup, hour_files};
 use verdict_schemas::HourPartition;
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
@@ -99,7 +99,7 @@ pub async fn run(args: RollupBenchArgs) -> anyhow::Result<()> {
 
     // The SQL that defines the rollup, run by DataFusion over the same files: a baseline,
     // and a check at full size that the aggregation gives the same rows.
-    let sources = hour_files(store.as_ref(), &hour).await?;
+    let sources = hour_files(&store, &hour).await?;
     let (folded, _) = rollup.compute(hour, &sources).await?;
     let t = Instant::now();
     let (by_sql, _) = rollup.compute_sql(hour, &sources).await?;
@@ -169,6 +169,7 @@ pub async fn write_synth_hour(
         .div_ceil(partitions * files_per_partition.max(1))
         .max(1);
     let mut open: BTreeMap<i32, (i64, Vec<ConsumedEvent>)> = BTreeMap::new();
+    let mut raw = RawTable::open(Arc::clone(store)).await?;
     let mut files = 0;
     let events = SynthTraffic::new(cfg)
         .take(events as usize)
@@ -184,13 +185,23 @@ pub async fn write_synth_hour(
         *next += 1;
         if buf.len() >= per_file {
             let chunk = std::mem::take(buf);
-            write_hour_file(store.as_ref(), "decisions", partition, hour, chunk).await?;
+            raw.append(
+                &KafkaSource::new("bench", "decisions", partition),
+                hour,
+                chunk,
+            )
+            .await?;
             files += 1;
         }
     }
     for (partition, (_, buf)) in open {
         if !buf.is_empty() {
-            write_hour_file(store.as_ref(), "decisions", partition, hour, buf).await?;
+            raw.append(
+                &KafkaSource::new("bench", "decisions", partition),
+                hour,
+                buf,
+            )
+            .await?;
             files += 1;
         }
     }

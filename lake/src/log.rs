@@ -1,0 +1,169 @@
+//! Where the transaction log's files live and what their names say:
+//! `<table>/_delta_log/<version, 20 digits>.json` for a commit,
+//! `<version>.checkpoint.parquet` for a checkpoint, and `_last_checkpoint` pointing at the
+//! newest checkpoint. Versions are zero-padded so that names sort as versions do.
+
+use object_store::path::Path;
+
+/// The log's folder under a table's root.
+pub const LOG_DIR: &str = "_delta_log";
+/// The pointer to the newest checkpoint.
+pub const LAST_CHECKPOINT: &str = "_last_checkpoint";
+
+/// What a file in the log folder is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogFile {
+    /// The commit of a version.
+    Commit(i64),
+    /// A single-file checkpoint of a version.
+    Checkpoint(i64),
+}
+
+impl LogFile {
+    /// The version the file is about.
+    pub fn version(&self) -> i64 {
+        match self {
+            Self::Commit(v) | Self::Checkpoint(v) => *v,
+        }
+    }
+
+    /// Parses a log file's name (the last segment of a path); `None` for anything else
+    /// (`_last_checkpoint`, multi-part checkpoints, temporary files).
+    pub fn parse(name: &str) -> Option<Self> {
+        let name = name.rsplit('/').next().unwrap_or(name);
+        let digits = |s: &str| {
+            (s.len() == 20 && s.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| s.parse().ok())
+                .flatten()
+        };
+        if let Some(v) = name.strip_suffix(".json") {
+            return digits(v).map(Self::Commit);
+        }
+        name.strip_suffix(".checkpoint.parquet")
+            .and_then(digits)
+            .map(Self::Checkpoint)
+    }
+
+    /// Its path under the table's root.
+    pub fn path(&self, root: &Path) -> Path {
+        match self {
+            Self::Commit(v) => log_path(root, &format!("{v:020}.json")),
+            Self::Checkpoint(v) => log_path(root, &format!("{v:020}.checkpoint.parquet")),
+        }
+    }
+}
+
+/// `<root>/_delta_log/<name>`.
+pub fn log_path(root: &Path, name: &str) -> Path {
+    root.clone().join(LOG_DIR).join(name)
+}
+
+/// `<root>/_delta_log/`.
+pub fn log_dir(root: &Path) -> Path {
+    root.clone().join(LOG_DIR)
+}
+
+/// The object path of a data file whose `add` says `path` (URI-encoded, relative to the
+/// table's root).
+pub fn data_path(root: &Path, path: &str) -> Path {
+    let decoded = percent_decode(path);
+    let mut out = root.clone();
+    for part in decoded.split('/').filter(|p| !p.is_empty()) {
+        out = out.join(part);
+    }
+    out
+}
+
+/// The relative, URI-encoded path an `add` gives for an object under the table's root.
+/// Only the characters a URI path may not hold are encoded (verdict's own names hold none).
+pub fn relative_path(root: &Path, location: &Path) -> Option<String> {
+    let parts: Vec<String> = location
+        .prefix_match(root)?
+        .map(|p| percent_encode(p.as_ref()))
+        .collect();
+    (!parts.is_empty()).then(|| parts.join("/"))
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let (Some(h), Some(l)) = (hex_digit(bytes[i + 1]), hex_digit(bytes[i + 2]))
+        {
+            out.push(h << 4 | l);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8(out).unwrap_or_else(|_| s.to_owned())
+}
+
+fn hex_digit(b: u8) -> Option<u8> {
+    (b as char).to_digit(16).map(|d| d as u8)
+}
+
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~=+:@!$&'()*,;".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_names_parse_and_sort_as_versions() {
+        let root = Path::from("raw");
+        let c = LogFile::Commit(7);
+        assert_eq!(
+            c.path(&root).as_ref(),
+            "raw/_delta_log/00000000000000000007.json"
+        );
+        assert_eq!(LogFile::parse(c.path(&root).as_ref()), Some(c));
+        let k = LogFile::Checkpoint(10);
+        assert_eq!(
+            LogFile::parse("00000000000000000010.checkpoint.parquet"),
+            Some(k)
+        );
+        for other in [
+            "_last_checkpoint",
+            "7.json",
+            "00000000000000000010.checkpoint.0000000001.0000000002.parquet",
+            "00000000000000000007.json.tmp",
+            "00000000000000000007.crc",
+        ] {
+            assert_eq!(LogFile::parse(other), None, "{other}");
+        }
+        assert!(LogFile::Commit(9).path(&root).as_ref() < LogFile::Commit(10).path(&root).as_ref());
+    }
+
+    #[test]
+    fn data_paths_are_relative_to_the_root_and_uri_encoded() {
+        let root = Path::from("rollup/denied_hourly");
+        let loc = Path::from("rollup/denied_hourly/date=2026-11-30/hour=14/f.parquet");
+        let rel = relative_path(&root, &loc).unwrap();
+        assert_eq!(rel, "date=2026-11-30/hour=14/f.parquet");
+        assert_eq!(data_path(&root, &rel), loc);
+        // As another engine may spell a partition value with a space and a colon.
+        let spark = "hour=2026-11-30%2014%3A00%3A00/part-0.parquet";
+        assert_eq!(
+            data_path(&root, spark),
+            root.clone()
+                .join("hour=2026-11-30 14:00:00")
+                .join("part-0.parquet")
+        );
+        assert_eq!(relative_path(&root, &Path::from("raw/x.parquet")), None);
+    }
+}

@@ -1,0 +1,225 @@
+//! verdict's four tables: where each lives, how it is partitioned, its properties.
+//!
+//! | table | root | partition columns | the log keeps |
+//! | --- | --- | --- | --- |
+//! | `raw` | `raw/` | `date`, `hour` (files in `date=…/hour=…/`) | 7 days, the table's own window |
+//! | `denied_hourly` | `rollup/denied_hourly/` | `date` (files in `date=…/hour=…/`; the hour is the `hour` column) | 30 days |
+//! | `demand_hourly` | `rollup/demand_hourly/` | `date` (likewise) | 30 days |
+//! | `overage` | `overage/` | `date` (also a column of the files) | 30 days |
+//!
+//! A removed file's bytes stay an hour (`delta.deletedFileRetentionDuration`): far longer
+//! than the query service lets a query run, so a query planned before a compaction or a
+//! rollup's replacement finishes on the files it planned with.
+
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, Field, SchemaRef};
+use object_store::ObjectStore;
+use rand::RngCore;
+use verdict_schemas::layout::{
+    DEMAND_HOURLY_PREFIX, DENIED_HOURLY_PREFIX, OVERAGE_PREFIX, RAW_PREFIX,
+};
+use verdict_schemas::tables::{
+    demand_hourly_schema, denied_hourly_schema, overage_schema, raw_schema,
+};
+
+use verdict_schemas::HourPartition;
+
+use crate::action::{Metadata, PartitionValues};
+use crate::schema::schema_string;
+use crate::snapshot::{Snapshot, config};
+use crate::table::{LakeError, Table};
+
+/// A partition column: its name and Arrow type (`Date32` or `Int32`).
+pub type PartitionColumn = (&'static str, DataType);
+
+/// One of verdict's tables.
+#[derive(Debug, Clone)]
+pub struct TableDef {
+    /// Its name in SQL and in the log's metadata.
+    pub name: &'static str,
+    /// Its root in the lake.
+    pub root: &'static str,
+    /// What it holds.
+    pub description: &'static str,
+    /// The schema of its files.
+    pub schema: fn() -> SchemaRef,
+    /// Its partition columns.
+    pub partitions: fn() -> Vec<PartitionColumn>,
+    /// Table properties.
+    pub properties: &'static [(&'static str, &'static str)],
+}
+
+fn date_hour() -> Vec<PartitionColumn> {
+    vec![("date", DataType::Date32), ("hour", DataType::Int32)]
+}
+
+fn date() -> Vec<PartitionColumn> {
+    vec![("date", DataType::Date32)]
+}
+
+/// The raw decisions, one row per decision, 7 days. The ingest commits about once a
+/// second per worker, so it checkpoints every 100 commits.
+pub const RAW: TableDef = TableDef {
+    name: "raw",
+    root: RAW_PREFIX,
+    description: "verdict decisions, one row per rate-limit decision (7 days)",
+    schema: raw_schema,
+    partitions: date_hour,
+    properties: &[
+        (config::CHECKPOINT_INTERVAL, "100"),
+        (config::LOG_RETENTION, "interval 7 days"),
+        (config::DELETED_FILE_RETENTION, "interval 1 hours"),
+    ],
+};
+
+/// The hourly rollup of the keys that were refused, 5 years.
+pub const DENIED_HOURLY: TableDef = TableDef {
+    name: "denied_hourly",
+    root: DENIED_HOURLY_PREFIX,
+    description: "per hour x key x tier x route class x region with a refusal (5 years)",
+    schema: denied_hourly_schema,
+    partitions: date,
+    properties: &[
+        (config::CHECKPOINT_INTERVAL, "24"),
+        (config::LOG_RETENTION, "interval 30 days"),
+        (config::DELETED_FILE_RETENTION, "interval 1 hours"),
+    ],
+};
+
+/// The hourly histogram of per-key demand, 5 years.
+pub const DEMAND_HOURLY: TableDef = TableDef {
+    name: "demand_hourly",
+    root: DEMAND_HOURLY_PREFIX,
+    description: "per hour x tier x route class x region, keys by level of demand (5 years)",
+    schema: demand_hourly_schema,
+    partitions: date,
+    properties: DENIED_HOURLY.properties,
+};
+
+/// Per key per day, requests over the hourly quota, for pricing.
+pub const OVERAGE: TableDef = TableDef {
+    name: "overage",
+    root: OVERAGE_PREFIX,
+    description: "per key per day, requests refused over the hourly quota (pricing)",
+    schema: overage_schema,
+    partitions: date,
+    properties: &[
+        (config::CHECKPOINT_INTERVAL, "10"),
+        (config::LOG_RETENTION, "interval 30 days"),
+        (config::DELETED_FILE_RETENTION, "interval 1 hours"),
+    ],
+};
+
+/// Every table, in the order the query service lists them.
+pub const ALL: [&TableDef; 4] = [&RAW, &DENIED_HOURLY, &DEMAND_HOURLY, &OVERAGE];
+
+/// The partition values of an hour in the raw table: `date`, `hour`.
+pub fn hour_partition(hour: &HourPartition) -> PartitionValues {
+    [
+        (
+            "date".to_string(),
+            Some(hour.date().format("%Y-%m-%d").to_string()),
+        ),
+        ("hour".to_string(), Some(hour.hour().to_string())),
+    ]
+    .into()
+}
+
+/// The partition values of a day in the tables partitioned by `date`.
+pub fn date_partition(date: chrono::NaiveDate) -> PartitionValues {
+    [(
+        "date".to_string(),
+        Some(date.format("%Y-%m-%d").to_string()),
+    )]
+    .into()
+}
+
+/// A random (version 4) UUID, as text.
+fn uuid() -> String {
+    let mut b = [0u8; 16];
+    rand::rng().fill_bytes(&mut b);
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h = hex::encode(b);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+impl TableDef {
+    /// The partition columns' names.
+    pub fn partition_names(&self) -> Vec<&'static str> {
+        (self.partitions)().into_iter().map(|(n, _)| n).collect()
+    }
+
+    /// The `metaData` of a new table of this kind.
+    pub fn metadata(&self) -> Metadata {
+        let partitions: Vec<Field> = (self.partitions)()
+            .into_iter()
+            .map(|(n, t)| Field::new(n, t, false))
+            .collect();
+        Metadata {
+            id: uuid(),
+            name: Some(self.name.to_owned()),
+            description: Some(self.description.to_owned()),
+            format: Default::default(),
+            schema_string: schema_string(&(self.schema)(), &partitions)
+                .expect("verdict's schemas have Delta types"),
+            partition_columns: partitions.iter().map(|f| f.name().clone()).collect(),
+            configuration: self
+                .properties
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), Some((*v).to_owned())))
+                .collect(),
+            created_time: Some(chrono::Utc::now().timestamp_millis()),
+        }
+    }
+
+    /// The table in `store`.
+    pub fn table(&self, store: Arc<dyn ObjectStore>) -> Table {
+        Table::new(store, self.root)
+    }
+
+    /// The table's latest snapshot, creating it if it has no log yet (writers).
+    pub async fn open(&self, store: Arc<dyn ObjectStore>) -> Result<(Table, Snapshot), LakeError> {
+        let table = self.table(store);
+        let snapshot = table.open_or_create(self.metadata()).await?;
+        Ok((table, snapshot))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_table_has_a_delta_schema_with_its_partition_columns() {
+        for t in ALL {
+            let m = t.metadata();
+            let schema: serde_json::Value = serde_json::from_str(&m.schema_string).unwrap();
+            let names: Vec<&str> = schema["fields"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f["name"].as_str().unwrap())
+                .collect();
+            for p in &m.partition_columns {
+                assert_eq!(
+                    names.iter().filter(|n| **n == p.as_str()).count(),
+                    1,
+                    "{}: {p}",
+                    t.name
+                );
+            }
+            assert_eq!(m.id.len(), 36);
+            assert_eq!(&m.id[14..15], "4");
+        }
+        assert_eq!(RAW.partition_names(), ["date", "hour"]);
+    }
+}

@@ -1,0 +1,96 @@
+"""Reads verdict's lake with other engines, as an analyst would: Apache Spark with Delta
+Lake's connector, delta-rs (the `deltalake` package) and Polars. The Rust tests run it with
+the Python of `scripts/services.sh up spark` and compare what it prints (JSON, one object
+per line) with what verdict counts.
+
+    lake.py count  TABLE            rows of a Delta table, by Spark
+    lake.py watch  TABLE            counts again and again until stdin closes; "ready" first
+    lake.py sql    ROOT FILE        runs the SQL in FILE on Spark over ROOT's tables
+    lake.py others TABLE            rows of a Delta table by delta-rs and by Polars
+"""
+
+import glob
+import json
+import os
+import sys
+import threading
+
+
+def spark_session():
+    from pyspark.sql import SparkSession
+
+    jars_dir = os.environ["VERDICT_DELTA_JARS"]
+    jars = [
+        j
+        for j in sorted(glob.glob(os.path.join(jars_dir, "*.jar")))
+        if os.path.basename(j).startswith(("delta-spark", "delta-storage"))
+    ]
+    return (
+        SparkSession.builder.master("local[2]")
+        .appName("verdict-lake-check")
+        .config("spark.jars", ",".join(jars))
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config(
+            "spark.sql.catalog.spark_catalog",
+            "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        )
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.databricks.delta.snapshotPartitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
+
+
+def say(obj):
+    print(json.dumps(obj, default=str), flush=True)
+
+
+def count(spark, table):
+    return spark.read.format("delta").load(table).count()
+
+
+def main(argv):
+    what = argv[1]
+    if what == "others":
+        import deltalake
+        import polars as pl
+
+        table = argv[2]
+        dt = deltalake.DeltaTable(table)
+        # Every column read, not counted from the statistics: each engine must take every
+        # column's type as the files hold it.
+        n_delta_rs = dt.to_pyarrow_table().num_rows
+        n_polars = pl.read_delta(table).height
+        say({"delta_rs": n_delta_rs, "polars": n_polars, "version": dt.version()})
+        return
+    spark = spark_session()
+    spark.sparkContext.setLogLevel("ERROR")
+    if what == "count":
+        say({"count": count(spark, argv[2])})
+    elif what == "watch":
+        table = argv[2]
+        say({"count": count(spark, table)})
+        say("ready")
+        done = threading.Event()
+        threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+        while not done.is_set():
+            say({"count": count(spark, table)})
+    elif what == "sql":
+        root, sql_file = argv[2], argv[3]
+        for name in ["raw", "denied_hourly", "demand_hourly", "overage"]:
+            path = os.path.join(root, {"denied_hourly": "rollup/denied_hourly", "demand_hourly": "rollup/demand_hourly"}.get(name, name))
+            if os.path.isdir(os.path.join(path, "_delta_log")):
+                spark.read.format("delta").load(path).createOrReplaceTempView(name)
+        with open(sql_file) as f:
+            sql = f.read()
+        for row in spark.sql(sql).collect():
+            say(row.asDict())
+    else:
+        raise SystemExit(f"unknown command {what!r}; see the docstring")
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,175 @@
+//! The raw table read by other engines, as analysts and pricing jobs read it: Apache Spark
+//! with Delta Lake's connector, delta-rs and Polars count exactly what verdict counts,
+//! while a compaction commits hour after hour and after one was killed before its commit;
+//! and a report's SQL on Spark SQL gives verdict's rows. Needs `scripts/services.sh up
+//! spark` (no server: the engines run in Python processes the test starts).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use verdict_jobs::compact::{CompactReport, compact_hour};
+use verdict_lake::tables::RAW;
+use verdict_query::{Engine, Limits, PoliciesTable};
+use verdict_schemas::HourPartition;
+use verdict_schemas::synth::{SynthConfig, SynthTraffic};
+use verdict_tests::engines::{Watcher, run, spark_install};
+use verdict_tests::query_fixture::rows;
+use verdict_tests::rollup_check::write_raw_hour;
+
+const MS_PER_HOUR: i64 = 3_600_000;
+
+/// The per tier × route class × verdict counts both engines compute: every column kind a
+/// report reads (small codes, booleans, the policy version, timestamps).
+const BY_VERDICT: &str = "SELECT tier, route_class, verdict, COUNT(*) AS n, \
+     SUM(CASE WHEN denied_by_window THEN 1 ELSE 0 END) AS by_window, \
+     MAX(policy_version) AS newest_policy, COUNT(DISTINCT key_id) AS keys, \
+     MIN(event_time) < MAX(event_time) AS spans_time \
+     FROM {table} GROUP BY tier, route_class, verdict ORDER BY tier, route_class, verdict";
+
+fn as_numbers(rows: &[serde_json::Value]) -> Vec<Vec<String>> {
+    let columns = [
+        "tier",
+        "route_class",
+        "verdict",
+        "n",
+        "by_window",
+        "newest_policy",
+        "keys",
+        "spans_time",
+    ];
+    rows.iter()
+        .map(|r| {
+            columns
+                .iter()
+                .map(|c| match &r[*c] {
+                    // Spark prints `long`s and `short`s as numbers, verdict as numbers too;
+                    // text for a number (a decimal) is read as the number it spells.
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spark_delta_rs_and_polars_count_what_verdict_counts_through_compactions() {
+    spark_install();
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+    // Three closed hours inside the raw window, 2 Kafka partitions, files of 1,500 rows:
+    // 8 files an hour, each its own commit.
+    let now = chrono::Utc::now().timestamp_millis();
+    let first = HourPartition::from_event_time_ms(now - 5 * MS_PER_HOUR).unwrap();
+    let mut hours = vec![first];
+    for _ in 0..2 {
+        hours.push(hours.last().unwrap().next().unwrap());
+    }
+    for (i, hour) in hours.iter().enumerate() {
+        let cfg = SynthConfig {
+            seed: 40 + i as u64,
+            start_ms: hour.start_ms(),
+            late_share: 0.0,
+            ..SynthConfig::hour(12_000, 400)
+        };
+        let events: Vec<_> = SynthTraffic::new(cfg)
+            .take(12_000)
+            .filter(|e| HourPartition::from_event_time_ms(e.event_time_ms) == Ok(*hour))
+            .collect();
+        write_raw_hour(&store, "decisions", *hour, &events, 2, 1_500).await;
+    }
+    let table = RAW.table(Arc::clone(&store));
+    let mut snapshot = table.snapshot().await.unwrap();
+    let total = snapshot.num_records();
+    let engine = Engine::new(
+        LocalFileSystem::new_with_prefix(dir.path()).unwrap(),
+        PoliciesTable::new(None),
+        2,
+        Limits::default(),
+    )
+    .unwrap();
+    let verdict_count = || async {
+        rows(&engine, "SELECT COUNT(*) AS n FROM decisions").await[0]["n"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(verdict_count().await, total);
+    println!(
+        "the raw table: {total} rows in {} files",
+        snapshot.files().count()
+    );
+
+    // Spark counts again and again while the hours are compacted one commit at a time.
+    let raw_dir = dir.path().join("raw");
+    let watcher = tokio::task::spawn_blocking(move || Watcher::start(&raw_dir))
+        .await
+        .unwrap();
+    let mut report = CompactReport::default();
+    for hour in &hours {
+        compact_hour(&table, &mut snapshot, *hour, 2, &mut report)
+            .await
+            .unwrap();
+        assert_eq!(verdict_count().await, total);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    let counts = tokio::task::spawn_blocking(move || watcher.stop())
+        .await
+        .unwrap();
+    println!("Spark's counts during the compactions: {counts:?}");
+    assert_eq!(report.compacted.len(), 3, "{report:?}");
+    assert!(
+        counts.len() >= 4,
+        "Spark counted too rarely to see the compactions: {counts:?}"
+    );
+    assert!(
+        counts.iter().all(|n| *n == total),
+        "Spark counted {counts:?}, verdict {total}"
+    );
+
+    // A compaction killed after writing its file, before its commit: the file is there and
+    // in no commit.
+    let killed = Path::from(format!(
+        "{}/compacted-killed.parquet",
+        hours[0].raw_prefix()
+    ));
+    let committed = verdict_rollup::hour_files(&store, &hours[0]).await.unwrap();
+    let bytes = store
+        .get(&committed.files[0].meta.location)
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    store.put(&killed, PutPayload::from(bytes)).await.unwrap();
+    let raw = dir.path().join("raw");
+    let raw = raw.to_str().unwrap();
+    let spark = run(&["count", raw]);
+    let others = run(&["others", raw]);
+    println!("after a killed compaction: Spark {spark:?}, delta-rs and Polars {others:?}");
+    assert_eq!(spark[0]["count"].as_u64(), Some(total));
+    assert_eq!(others[0]["delta_rs"].as_u64(), Some(total));
+    assert_eq!(others[0]["polars"].as_u64(), Some(total));
+    assert_eq!(verdict_count().await, total);
+
+    // The same report on Spark SQL and on verdict: the same rows.
+    let sql_file = dir.path().join("by_verdict.sql");
+    std::fs::write(&sql_file, BY_VERDICT.replace("{table}", "raw")).unwrap();
+    let by_spark = run(&[
+        "sql",
+        dir.path().to_str().unwrap(),
+        sql_file.to_str().unwrap(),
+    ]);
+    let by_verdict = rows(&engine, &BY_VERDICT.replace("{table}", "decisions")).await;
+    println!(
+        "per tier x route class x verdict: {} rows; the first: Spark {:?}, verdict {:?}",
+        by_verdict.len(),
+        by_spark.first(),
+        by_verdict.first()
+    );
+    assert!(by_verdict.len() >= 4, "{by_verdict:?}");
+    assert_eq!(as_numbers(&by_spark), as_numbers(&by_verdict));
+}
