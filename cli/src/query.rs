@@ -166,8 +166,22 @@ pub struct SqlArgs {
     /// Print the report's SQL instead of running it.
     #[arg(long, requires = "report")]
     pub show_sql: bool,
+    /// Time travel: `decisions` reads this version of the raw table's Delta log (the other
+    /// tables as they are now), to reproduce an answer given earlier.
+    #[arg(long, conflicts_with = "as_of")]
+    pub raw_version: Option<u64>,
+    /// Time travel: `decisions` reads the newest version committed at or before this time
+    /// (RFC 3339, e.g. 2026-11-30T12:00:00Z).
+    #[arg(long, value_parser = parse_time)]
+    pub as_of: Option<chrono::DateTime<chrono::Utc>>,
     #[command(flatten)]
     pub engine: EngineArgs,
+}
+
+fn parse_time(text: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(|t| t.with_timezone(&chrono::Utc))
+        .map_err(|e| format!("{text:?} is not an RFC 3339 time such as 2026-11-30T12:00:00Z: {e}"))
 }
 
 fn parse_param(text: &str) -> Result<(String, String), String> {
@@ -191,7 +205,12 @@ pub async fn sql(args: SqlArgs) -> anyhow::Result<()> {
         println!("{text}");
         return Ok(());
     }
-    let mut stream = engine.run(&text).await?;
+    let at = match (args.raw_version, args.as_of) {
+        (Some(v), _) => Some(verdict_query::AsOf::Version(i64::try_from(v)?)),
+        (None, Some(t)) => Some(verdict_query::AsOf::Time(t)),
+        (None, None) => None,
+    };
+    let mut stream = engine.run_at(&text, at).await?;
     // An empty answer still prints its columns.
     let mut batches = vec![verdict_query::format::hex_keys(
         &arrow::array::RecordBatch::new_empty(stream.schema()),

@@ -18,13 +18,16 @@ use arrow::record_batch::RecordBatch;
 use datafusion::error::DataFusionError;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
-use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::execution::object_store::{
+    DefaultObjectStoreRegistry, ObjectStoreRegistry, ObjectStoreUrl,
+};
 use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::Statement;
 use futures::{Stream, StreamExt};
+use object_store::ObjectStore;
 use tokio::time::Instant;
 
 use crate::budget::Budget;
@@ -32,7 +35,7 @@ use crate::indicator::CountIndicators;
 use crate::pack::PackGroupKeys;
 use crate::pruning::RawScanPruning;
 use crate::tables::{LAKE_URL, PoliciesTable, register};
-use crate::view::ReaderView;
+use crate::view::{AsOf, ReaderView};
 
 /// What one query may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -206,6 +209,8 @@ fn is_arrow_user_error(e: &arrow::error::ArrowError) -> bool {
 #[derive(Clone)]
 pub struct Engine {
     base: SessionContext,
+    /// The lake as every query reads it; time travel derives pinned views from it.
+    view: Arc<ReaderView>,
     limits: Limits,
     policies: Arc<PoliciesTable>,
     budget: Budget,
@@ -271,12 +276,13 @@ impl Engine {
         base.add_optimizer_rule(Arc::new(CountIndicators));
         base.add_optimizer_rule(Arc::new(PackGroupKeys));
         let url = ObjectStoreUrl::parse(LAKE_URL)?;
-        let view: ReaderView = store.into();
-        base.register_object_store(url.as_ref(), Arc::new(view));
+        let view: Arc<ReaderView> = Arc::new(store.into());
+        base.register_object_store(url.as_ref(), Arc::clone(&view) as Arc<dyn ObjectStore>);
         let policies = Arc::new(policies);
         register(&base, Arc::clone(&policies))?;
         Ok(Self {
             base,
+            view,
             budget: Budget::new(
                 limits.budget_bytes,
                 limits.memory_bytes,
@@ -355,16 +361,58 @@ impl Engine {
             .map_err(|e| QueryError::from_datafusion(e, &self.limits))
     }
 
+    /// A session whose `decisions` reads the raw table as of `at` (the other tables as
+    /// they are now).
+    async fn session_at(&self, at: AsOf) -> Result<SessionContext, QueryError> {
+        let view = self.view.at(at).await.map_err(|e| match e {
+            verdict_lake::LakeError::NoSuchVersion { reason, .. } => {
+                QueryError::Invalid(format!("time travel to {at}: {reason}"))
+            }
+            verdict_lake::LakeError::NotATable { .. } => QueryError::Invalid(format!(
+                "time travel to {at}: the raw table has no commits yet"
+            )),
+            other => {
+                tracing::warn!(error = %other, "reading the raw table's log for time travel");
+                QueryError::Internal
+            }
+        })?;
+        let registry = DefaultObjectStoreRegistry::new();
+        let url = ObjectStoreUrl::parse(LAKE_URL)
+            .map_err(|e| QueryError::from_datafusion(e, &self.limits))?;
+        registry.register_store(url.as_ref(), Arc::new(view));
+        let ctx = self.session();
+        let base = ctx.runtime_env();
+        let runtime = RuntimeEnv {
+            memory_pool: Arc::clone(&base.memory_pool),
+            disk_manager: Arc::clone(&base.disk_manager),
+            cache_manager: Arc::clone(&base.cache_manager),
+            object_store_registry: Arc::new(registry),
+        };
+        let state = SessionStateBuilder::new_from_existing(ctx.state())
+            .with_runtime_env(Arc::new(runtime))
+            .build();
+        Ok(SessionContext::new_with_state(state))
+    }
+
     /// Checks, plans and starts `sql`; the rows come from the returned stream, which ends
     /// with [`QueryError::TimeLimit`] if the deadline passes.
     pub async fn run(&self, sql: &str) -> Result<QueryStream, QueryError> {
+        self.run_at(sql, None).await
+    }
+
+    /// [`Self::run`], with the raw table as of `at` when given (time travel: an analyst
+    /// reproduces an earlier answer from the version it read).
+    pub async fn run_at(&self, sql: &str, at: Option<AsOf>) -> Result<QueryStream, QueryError> {
         let permit = self
             .budget
             .admit()
             .await
             .ok_or(QueryError::Busy { retry_after_s: 5 })?;
         let deadline = Instant::now() + self.limits.timeout;
-        let ctx = self.session();
+        let ctx = match at {
+            Some(at) => self.session_at(at).await?,
+            None => self.session(),
+        };
         let started = tokio::time::timeout_at(deadline, async {
             self.plan(&ctx, sql)
                 .await?
@@ -401,7 +449,19 @@ impl Engine {
         max_rows: usize,
         max_bytes: usize,
     ) -> Result<(SchemaRef, Vec<RecordBatch>), QueryError> {
-        let mut stream = self.run(sql).await?;
+        self.collect_bounded_at(sql, max_rows, max_bytes, None)
+            .await
+    }
+
+    /// [`Self::collect_bounded`], with the raw table as of `at` when given.
+    pub async fn collect_bounded_at(
+        &self,
+        sql: &str,
+        max_rows: usize,
+        max_bytes: usize,
+        at: Option<AsOf>,
+    ) -> Result<(SchemaRef, Vec<RecordBatch>), QueryError> {
+        let mut stream = self.run_at(sql, at).await?;
         let schema = stream.schema();
         let mut batches = Vec::new();
         let (mut rows, mut bytes) = (0usize, 0usize);

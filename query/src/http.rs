@@ -36,6 +36,7 @@ use serde_json::json;
 use crate::engine::{Engine, QueryError, QueryStream};
 use crate::format::{Encoder, Format, json};
 use crate::reports::catalog;
+use crate::view::AsOf;
 
 /// The service's own metrics.
 #[derive(Debug, Clone)]
@@ -513,7 +514,40 @@ async fn sql(
             QueryError::Invalid("the body holds no SQL".into()),
         );
     }
-    answer(&state, "sql", &text, &params, &headers).await
+    let at = match as_of(&params) {
+        Ok(at) => at,
+        Err(e) => return answer_error(&state, "sql", e),
+    };
+    answer(&state, "sql", &text, &params, &headers, at).await
+}
+
+/// The time travel `/v1/sql` asks for: `?version=N` (a version of the raw table's log) or
+/// `?as_of=2026-11-30T12:00:00Z` (the newest version committed by then); neither is now.
+pub fn as_of(params: &BTreeMap<String, String>) -> Result<Option<AsOf>, QueryError> {
+    match (params.get("version"), params.get("as_of")) {
+        (Some(_), Some(_)) => Err(QueryError::Invalid(
+            "give version or as_of, not both".into(),
+        )),
+        (Some(v), None) => v
+            .trim()
+            .parse::<i64>()
+            .ok()
+            .filter(|v| *v >= 0)
+            .map(|v| Some(AsOf::Version(v)))
+            .ok_or_else(|| {
+                QueryError::Invalid(format!(
+                    "parameter version: {v:?} is not a version of the raw table (a whole number from 0)"
+                ))
+            }),
+        (None, Some(t)) => chrono::DateTime::parse_from_rfc3339(t.trim())
+            .map(|t| Some(AsOf::Time(t.with_timezone(&chrono::Utc))))
+            .map_err(|e| {
+                QueryError::Invalid(format!(
+                    "parameter as_of: {t:?} is not an RFC 3339 time such as 2026-11-30T12:00:00Z ({e})"
+                ))
+            }),
+        (None, None) => Ok(None),
+    }
 }
 
 async fn report(
@@ -527,7 +561,7 @@ async fn report(
         Err(e) => return answer_error(&state, "report", e),
     };
     tracing::debug!(report = %name, %sql, "report");
-    answer(&state, "report", &sql, &params, &headers).await
+    answer(&state, "report", &sql, &params, &headers, None).await
 }
 
 /// `POST /v1/what-if?from=…&to=…&keys=N`, the candidate policy (TOML) in the body.
@@ -596,6 +630,7 @@ async fn answer(
     sql: &str,
     params: &BTreeMap<String, String>,
     headers: &HeaderMap,
+    at: Option<AsOf>,
 ) -> Response {
     let started = Instant::now();
     let format = match pick_format(params, headers) {
@@ -603,8 +638,8 @@ async fn answer(
         Err(e) => return answer_error(state, endpoint, e),
     };
     let result = match format {
-        Format::Json => json_answer(state, sql).await,
-        other => streamed_answer(state, endpoint, sql, other).await,
+        Format::Json => json_answer(state, sql, at).await,
+        other => streamed_answer(state, endpoint, sql, other, at).await,
     };
     state
         .metrics
@@ -634,11 +669,15 @@ async fn answer(
     }
 }
 
-async fn json_answer(state: &AppState, sql: &str) -> Result<(Response, Option<usize>), QueryError> {
+async fn json_answer(
+    state: &AppState,
+    sql: &str,
+    at: Option<AsOf>,
+) -> Result<(Response, Option<usize>), QueryError> {
     let limits = state.engine.limits();
     let (schema, batches) = state
         .engine
-        .collect_bounded(sql, limits.json_rows, limits.json_bytes)
+        .collect_bounded_at(sql, limits.json_rows, limits.json_bytes, at)
         .await?;
     let rows = batches.iter().map(|b| b.num_rows()).sum();
     let body = json(&schema, &batches).map_err(|e| {
@@ -659,8 +698,9 @@ async fn streamed_answer(
     endpoint: &str,
     sql: &str,
     format: Format,
+    at: Option<AsOf>,
 ) -> Result<(Response, Option<usize>), QueryError> {
-    let mut stream: QueryStream = state.engine.run(sql).await?;
+    let mut stream: QueryStream = state.engine.run_at(sql, at).await?;
     let schema = stream.schema();
     let first = stream.next().await.transpose()?;
     let internal = |e: arrow::error::ArrowError| {
@@ -793,7 +833,11 @@ pub fn openapi_document() -> serde_json::Value {
         "paths": {
             "/v1/sql": {"post": {
                 "summary": "Run one read-only SQL query (SELECT or EXPLAIN of one)",
-                "parameters": [formats],
+                "parameters": [formats,
+                    {"name": "version", "in": "query", "required": false, "schema": {"type": "integer", "minimum": 0},
+                     "description": "time travel: `decisions` reads this version of the raw table's Delta log (the other tables as they are now)"},
+                    {"name": "as_of", "in": "query", "required": false, "schema": {"type": "string", "format": "date-time"},
+                     "description": "time travel: `decisions` reads the newest version committed at or before this time; not with version"}],
                 "requestBody": {"required": true, "content": {
                     "text/plain": {"schema": {"type": "string"}},
                     "application/json": {"schema": {"type": "object", "required": ["sql"], "properties": {"sql": {"type": "string"}}}}
@@ -866,6 +910,41 @@ pub fn load_tokens(path: &std::path::Path) -> std::io::Result<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn time_travel_parameters_parse_or_say_what_is_wrong() {
+        let p = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect::<BTreeMap<_, _>>()
+        };
+        assert_eq!(as_of(&p(&[])).unwrap(), None);
+        assert_eq!(
+            as_of(&p(&[("version", "12")])).unwrap(),
+            Some(AsOf::Version(12))
+        );
+        assert_eq!(
+            as_of(&p(&[("as_of", "2026-11-30T12:00:00+01:00")])).unwrap(),
+            Some(AsOf::Time(
+                "2026-11-30T11:00:00Z"
+                    .parse::<chrono::DateTime<chrono::Utc>>()
+                    .unwrap()
+            ))
+        );
+        for (params, says) in [
+            (p(&[("version", "-1")]), "parameter version"),
+            (p(&[("version", "latest")]), "parameter version"),
+            (p(&[("as_of", "yesterday")]), "parameter as_of"),
+            (
+                p(&[("version", "1"), ("as_of", "2026-11-30T12:00:00Z")]),
+                "not both",
+            ),
+        ] {
+            let e = as_of(&params).unwrap_err();
+            assert!(e.to_string().contains(says), "{params:?}: {e}");
+        }
+    }
 
     #[tokio::test]
     async fn a_panicking_handler_fails_its_request_alone_in_json() {

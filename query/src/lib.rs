@@ -20,4 +20,4 @@ pub mod yielding;
 
 pub use engine::{Engine, Limits, QueryError, QueryStream};
 pub use tables::PoliciesTable;
-pub use view::ReaderView;
+pub use view::{AsOf, ReaderView};

@@ -46,6 +46,26 @@ pub struct ReaderView {
     folder: Option<Arc<LocalFileSystem>>,
     /// The raw table's snapshot, kept between listings and brought up to date by each.
     raw: Arc<Mutex<Option<Snapshot>>>,
+    /// The snapshot is of one version (time travel) and is never brought up to date.
+    pinned: bool,
+}
+
+/// Which version of the raw table a query reads (time travel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AsOf {
+    /// That version.
+    Version(i64),
+    /// The newest version committed at or before that time.
+    Time(chrono::DateTime<chrono::Utc>),
+}
+
+impl std::fmt::Display for AsOf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Version(v) => write!(f, "version {v}"),
+            Self::Time(t) => write!(f, "as of {}", t.to_rfc3339()),
+        }
+    }
 }
 
 impl ReaderView {
@@ -55,6 +75,7 @@ impl ReaderView {
             inner,
             folder: None,
             raw: Arc::default(),
+            pinned: false,
         }
     }
 
@@ -65,7 +86,23 @@ impl ReaderView {
             inner: Arc::clone(&folder) as Arc<dyn ObjectStore>,
             folder: Some(folder),
             raw: Arc::default(),
+            pinned: false,
         }
+    }
+
+    /// The same lake with the raw table as of `at` (its other tables as they are now).
+    pub async fn at(&self, at: AsOf) -> std::result::Result<Self, LakeError> {
+        let table = RAW.table(Arc::clone(&self.inner));
+        let snapshot = match at {
+            AsOf::Version(v) => table.load(Some(v)).await?,
+            AsOf::Time(t) => table.load_as_of(t.timestamp_millis()).await?,
+        };
+        Ok(Self {
+            inner: Arc::clone(&self.inner),
+            folder: self.folder.clone(),
+            raw: Arc::new(Mutex::new(Some(snapshot))),
+            pinned: true,
+        })
     }
 
     /// The raw table's files now, as objects, ordered by path (none while the table has no
@@ -73,9 +110,11 @@ impl ReaderView {
     fn raw_files(&self) -> impl std::future::Future<Output = Result<Vec<ObjectMeta>>> + use<> {
         let table = RAW.table(Arc::clone(&self.inner));
         let cache = Arc::clone(&self.raw);
+        let pinned = self.pinned;
         async move {
             let mut cached = cache.lock().await;
             let fresh = match cached.as_mut() {
+                Some(_) if pinned => Ok(()),
                 Some(s) => table.update(s).await,
                 None => match table.snapshot().await {
                     Ok(s) => {
