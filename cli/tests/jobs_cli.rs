@@ -126,9 +126,18 @@ fn rollup_of_an_hour_without_events_writes_an_empty_rollup() {
         "{}",
         stdout(&o)
     );
-    assert!(
-        lake.path()
-            .join("rollup/denied_hourly/date=2026-11-30/hour=03/denied_hourly.parquet")
-            .exists()
-    );
+    // One file in the hour's folder, and the table's first commits: creation, the hour.
+    let folder = lake
+        .path()
+        .join("rollup/denied_hourly/date=2026-11-30/hour=03");
+    let files: Vec<_> = std::fs::read_dir(&folder)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(files[0].starts_with("denied_hourly-"), "{files:?}");
+    let log = lake.path().join("rollup/denied_hourly/_delta_log");
+    assert!(log.join("00000000000000000001.json").exists());
+    let commit = std::fs::read_to_string(log.join("00000000000000000001.json")).unwrap();
+    assert!(commit.contains(&files[0]), "{commit}");
 }

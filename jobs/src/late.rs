@@ -1,14 +1,20 @@
-//! The hourly rollup job, late data included: every closed hour of the raw table (within
-//! the raw window) whose rollup is missing, or was computed from other raw files than the
-//! raw table holds for it now (late events arrived, or the hour was compacted), is rolled
-//! up again. Comparing the hour's files in the raw table's snapshot with the fingerprint in
-//! the rollup's footer catches files committed at any time, including during the previous
-//! rollup's run.
+//! The hourly rollup job, late data included. The rollup tables record, in a `txn` of
+//! application [`ROLLUP_APP_ID`], the raw table's version the job last rolled up to; the
+//! raw commits after it name the hours that changed (their `add`s with `dataChange`: a
+//! flush, late events included, and not a compaction, which only rewrites rows). An hour is
+//! due when it is closed and still in the raw window, and has no rollup yet or changed
+//! since. Every due hour is rolled up from one raw snapshot and the lot is committed with
+//! the job's new progress, so an hour committed to raw during a run is seen by the next.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use verdict_lake::tables::RAW;
-use verdict_rollup::{Rollup, RollupError, RollupReport, hour_files_in, hours_in};
+use verdict_lake::tables::{DEMAND_HOURLY, DENIED_HOURLY, RAW};
+use verdict_lake::{Snapshot, Table};
+use verdict_rollup::{
+    Progress, ROLLUP_APP_ID, Rollup, RollupError, RollupReport, hour_dir, hour_files_in, hour_of,
+    hours_in,
+};
 use verdict_schemas::HourPartition;
 
 use crate::windows::Windows;
@@ -18,13 +24,14 @@ use crate::windows::Windows;
 pub enum Why {
     /// It has never been rolled up.
     NeverRolledUp,
-    /// Its raw files changed since it was rolled up.
+    /// Raw commits since the last run added files to it (late data).
     Changed {
-        /// The fingerprint the rollup was computed from.
-        was: String,
-        /// The fingerprint of the folder now.
-        now: String,
+        /// The files they added.
+        files: usize,
     },
+    /// The job has no progress recorded yet, or the raw log no longer holds every commit
+    /// since it: every workable hour is rolled up again.
+    Unknown,
 }
 
 /// An hour to roll up, and why.
@@ -36,52 +43,180 @@ pub struct DueHour {
     pub why: Why,
 }
 
+/// What a run works from.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The raw table's snapshot the due hours are read from.
+    pub raw: Snapshot,
+    /// The due hours, oldest first.
+    pub due: Vec<DueHour>,
+    /// The progress the run's commit carries.
+    pub progress: Progress,
+}
+
+async fn snapshot_of(table: &Table) -> Result<Option<Snapshot>, RollupError> {
+    Ok(table.snapshot_if_any().await?)
+}
+
+/// The changed partitions' keys (`key_of` of each `add`) in `table`'s commits after
+/// `since` up to `to`, with the files each gained; `None` when there is no progress yet or
+/// the log no longer holds those commits.
+pub async fn changed_since<K: Ord>(
+    table: &Table,
+    since: Option<i64>,
+    to: i64,
+    key_of: impl Fn(&verdict_lake::Add) -> Option<K>,
+) -> Result<Option<BTreeMap<K, usize>>, verdict_lake::LakeError> {
+    let Some(since) = since else {
+        return Ok(None);
+    };
+    let Some(adds) = table.changes(Some(since), to).await? else {
+        return Ok(None);
+    };
+    let mut out = BTreeMap::new();
+    for add in &adds {
+        if let Some(k) = key_of(add) {
+            *out.entry(k).or_insert(0) += 1;
+        }
+    }
+    Ok(Some(out))
+}
+
+/// The closed hours within the raw window whose rollup is missing or stale, and the raw
+/// snapshot and progress a run commits with; `None` before the raw table's first commit.
+pub async fn plan(
+    rollup: &Rollup,
+    now_ms: i64,
+    windows: &Windows,
+) -> Result<Option<Plan>, RollupError> {
+    let store = Arc::clone(rollup.store());
+    let raw_table = RAW.table(Arc::clone(&store));
+    let Some(raw) = snapshot_of(&raw_table).await? else {
+        return Ok(None);
+    };
+    let denied = snapshot_of(&DENIED_HOURLY.table(Arc::clone(&store))).await?;
+    let demand = snapshot_of(&DEMAND_HOURLY.table(store)).await?;
+    let progress_of = |s: &Option<Snapshot>| s.as_ref().and_then(|s| s.txn_version(ROLLUP_APP_ID));
+    let (denied_expected, demand_expected) = (progress_of(&denied), progress_of(&demand));
+    let since = denied_expected.zip(demand_expected).map(|(a, b)| a.min(b));
+    let changed = changed_since(&raw_table, since, raw.version(), hour_of).await?;
+    let has = |s: &Option<Snapshot>, h: &HourPartition| {
+        s.as_ref()
+            .is_some_and(|s| s.files_under(&hour_dir(h)).next().is_some())
+    };
+    let mut due = Vec::new();
+    let mut held_back = false;
+    for hour in hours_in(&raw) {
+        let rolled_up = has(&denied, &hour) && has(&demand, &hour);
+        let why = match &changed {
+            _ if !rolled_up => Why::NeverRolledUp,
+            None => Why::Unknown,
+            Some(c) => match c.get(&hour) {
+                Some(&files) => Why::Changed { files },
+                None => continue,
+            },
+        };
+        if windows.is_workable(&hour, now_ms) {
+            due.push(DueHour { hour, why });
+        } else if rolled_up && why != Why::Unknown {
+            // Rolled up on demand before it closed, and changed since: the progress stays
+            // where it is until the hour is rolled up again.
+            held_back = true;
+        }
+    }
+    let raw_version = if held_back {
+        since.unwrap_or(-1)
+    } else {
+        raw.version()
+    };
+    Ok(Some(Plan {
+        due,
+        progress: Progress {
+            raw_version,
+            denied_expected,
+            demand_expected,
+        },
+        raw,
+    }))
+}
+
 /// The closed hours within the raw window whose rollup is missing or stale, oldest first.
 pub async fn due_hours(
     rollup: &Rollup,
     now_ms: i64,
     windows: &Windows,
 ) -> Result<Vec<DueHour>, RollupError> {
-    let snapshot = match RAW.table(Arc::clone(rollup.store())).snapshot().await {
-        Ok(s) => s,
-        Err(verdict_lake::LakeError::NotATable { .. }) => return Ok(Vec::new()),
-        Err(e) => return Err(e.into()),
-    };
-    let mut due = Vec::new();
-    for hour in hours_in(&snapshot) {
-        if !windows.is_workable(&hour, now_ms) {
-            continue;
-        }
-        let now = hour_files_in(&snapshot, &hour).fingerprint();
-        let why = match rollup.state(hour).await? {
-            None => Why::NeverRolledUp,
-            Some(s) if s.fingerprint != now => Why::Changed {
-                was: s.fingerprint,
-                now,
-            },
-            Some(_) => continue,
-        };
-        due.push(DueHour { hour, why });
-    }
-    Ok(due)
+    Ok(plan(rollup, now_ms, windows)
+        .await?
+        .map(|p| p.due)
+        .unwrap_or_default())
 }
 
-/// Rolls up every due hour; returns what each rollup did.
+/// How often a run starts over when another run committed first.
+const ATTEMPTS: usize = 3;
+
+/// Runs `job` again (up to [`ATTEMPTS`] times in all) while its commit meets another
+/// run's (another scheduler's): the next attempt plans afresh, usually finding nothing
+/// left to do, and the files the failed attempt wrote are left to vacuum.
+pub(crate) async fn again_on_conflict<T, Fut>(
+    job: &str,
+    mut attempt_once: impl FnMut() -> Fut,
+) -> Result<T, RollupError>
+where
+    Fut: std::future::Future<Output = Result<T, RollupError>>,
+{
+    let mut attempt = 1;
+    loop {
+        match attempt_once().await {
+            Err(RollupError::Lake(e @ verdict_lake::LakeError::Conflict { .. }))
+                if attempt < ATTEMPTS =>
+            {
+                tracing::info!(job, error = %e, attempt, "another run committed first: looking again at what is due");
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Rolls up every due hour and commits them with the job's progress; returns what each
+/// rollup did. When another run commits first (another scheduler), this one looks again
+/// at what is due then (see [`again_on_conflict`]).
 pub async fn run(
     rollup: &Rollup,
     now_ms: i64,
     windows: &Windows,
 ) -> Result<Vec<RollupReport>, RollupError> {
-    let mut reports = Vec::new();
-    for d in due_hours(rollup, now_ms, windows).await? {
+    again_on_conflict("rollup", || run_plan(rollup, now_ms, windows)).await
+}
+
+async fn run_plan(
+    rollup: &Rollup,
+    now_ms: i64,
+    windows: &Windows,
+) -> Result<Vec<RollupReport>, RollupError> {
+    let Some(plan) = plan(rollup, now_ms, windows).await? else {
+        return Ok(Vec::new());
+    };
+    // Nothing due: no commit (the progress moves with the next hour rolled up).
+    if plan.due.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut written = Vec::with_capacity(plan.due.len());
+    for d in &plan.due {
         match &d.why {
             Why::NeverRolledUp => tracing::info!(hour = %d.hour, "rolling up a closed hour"),
-            Why::Changed { was, now } => tracing::info!(
-                hour = %d.hour, %was, %now,
-                "raw files changed since the rollup (late data or compaction): rolling up again"
+            Why::Changed { files } => tracing::info!(
+                hour = %d.hour, files,
+                "raw files were committed to the hour since the last rollup (late data): rolling up again"
+            ),
+            Why::Unknown => tracing::info!(
+                hour = %d.hour,
+                "no record of the raw commits since the last rollup: rolling up again"
             ),
         }
-        reports.push(rollup.run_hour(d.hour).await?);
+        let files = hour_files_in(&plan.raw, &d.hour);
+        written.push(rollup.write_hour(d.hour, &files).await?);
     }
-    Ok(reports)
+    rollup.commit_hours(written, Some(plan.progress)).await
 }

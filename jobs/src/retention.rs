@@ -1,11 +1,11 @@
 //! Retention: whole partitions go once they are older than their table's window, found from
-//! the table's log (the raw table) or by listing folders (the rollups, the overage and the
-//! quarantine), never by reading rows. Raw hours and quarantine days go after `raw_keep`
+//! the table's log (the Delta tables) or by listing folders (the quarantine, a plain prefix
+//! of the rejected records), never by reading rows. Raw hours and quarantine days go after `raw_keep`
 //! (7 days); rollup hours and overage days after `rollup_keep` (5 years). A partition is
 //! old once its *end* is further back than the window: the hour that started exactly 7
 //! days ago still has an hour to live.
 //!
-//! The raw table's expired hours leave it in one Delta commit (a `remove` of each file);
+//! Each table's expired partitions leave it in one Delta commit (a `remove` of each file);
 //! vacuum then deletes the bytes of files removed longer ago than the table's retention
 //! (an hour, so a query planned before the removal still finishes) and of files no commit
 //! names (a flush or compaction that died, a fenced worker's).
@@ -14,14 +14,17 @@ use std::sync::Arc;
 
 use object_store::ObjectStore;
 use object_store::path::Path;
+use std::collections::BTreeMap;
 use verdict_ingest::flush::QUARANTINE_PREFIX;
-use verdict_lake::tables::{RAW, hour_partition};
-use verdict_lake::vacuum;
-use verdict_lake::{Action, Commit, LakeError, Snapshot};
-use verdict_rollup::{hour_files_in, hours_in};
-use verdict_schemas::layout::{DEMAND_HOURLY_PREFIX, DENIED_HOURLY_PREFIX, OVERAGE_PREFIX};
 
-use crate::partitions::{day_folders, delete_under, hour_partitions, objects_under};
+use verdict_lake::tables::{DEMAND_HOURLY, DENIED_HOURLY, OVERAGE, RAW, hour_partition};
+use verdict_lake::vacuum;
+use verdict_lake::{Action, Add, Commit, LakeError, PartitionValues, Snapshot, Table, TableDef};
+use verdict_rollup::{hour_files_in, hours_in};
+use verdict_schemas::HourPartition;
+use verdict_schemas::layout::{parse_date_segment, parse_hour_segment};
+
+use crate::partitions::{day_folders, delete_under, objects_under};
 use crate::windows::{DAY, Windows, day_start_ms, ms};
 
 /// Why retention failed.
@@ -56,18 +59,14 @@ pub struct RetentionReport {
     pub expired: Vec<Expired>,
     /// The raw table's version whose commit removed its expired hours.
     pub raw_version: Option<i64>,
-    /// Files vacuum deleted from the raw table (dry: would delete).
+    /// Files vacuum deleted from the Delta tables (dry: would delete).
     pub vacuumed: usize,
     /// Their bytes.
     pub vacuumed_bytes: u64,
 }
 
 async fn raw_snapshot(store: &Arc<dyn ObjectStore>) -> Result<Option<Snapshot>, LakeError> {
-    match RAW.table(Arc::clone(store)).snapshot().await {
-        Ok(s) => Ok(Some(s)),
-        Err(LakeError::NotATable { .. }) => Ok(None),
-        Err(e) => Err(e),
-    }
+    RAW.table(Arc::clone(store)).snapshot_if_any().await
 }
 
 /// The partitions past their window, oldest first within each table, with their sizes.
@@ -80,30 +79,19 @@ pub async fn plan(
     if let Some(snapshot) = raw_snapshot(store).await? {
         out.extend(raw_expired(&snapshot, now_ms, windows));
     }
-    let mut doomed: Vec<(&'static str, Path)> = Vec::new();
-    let hourly = [
-        ("denied_hourly", DENIED_HOURLY_PREFIX, windows.rollup_keep),
-        ("demand_hourly", DEMAND_HOURLY_PREFIX, windows.rollup_keep),
-    ];
-    for (table, prefix, keep) in hourly {
-        for hour in hour_partitions(store.as_ref(), prefix).await? {
-            if hour.end_ms() <= now_ms - ms(keep) {
-                doomed.push((
-                    table,
-                    Path::from(format!("{prefix}/{}", hour.partition_path())),
-                ));
-            }
+    for (def, keep) in derived(windows) {
+        if let Some(snapshot) = def.table(Arc::clone(store)).snapshot_if_any().await? {
+            out.extend(
+                derived_expired(def, &snapshot, now_ms, keep)
+                    .into_iter()
+                    .map(|(e, _)| e),
+            );
         }
     }
-    let daily = [
-        ("quarantine", QUARANTINE_PREFIX, windows.raw_keep),
-        ("overage", OVERAGE_PREFIX, windows.rollup_keep),
-    ];
-    for (table, prefix, keep) in daily {
-        for (date, folder) in day_folders(store.as_ref(), prefix).await? {
-            if day_start_ms(date) + ms(DAY) <= now_ms - ms(keep) {
-                doomed.push((table, folder));
-            }
+    let mut doomed: Vec<(&'static str, Path)> = Vec::new();
+    for (date, folder) in day_folders(store.as_ref(), QUARANTINE_PREFIX).await? {
+        if day_start_ms(date) + ms(DAY) <= now_ms - ms(windows.raw_keep) {
+            doomed.push(("quarantine", folder));
         }
     }
     for (table, prefix) in doomed {
@@ -116,6 +104,144 @@ pub async fn plan(
         });
     }
     Ok(out)
+}
+
+/// The tables derived from raw, each with its window.
+fn derived(windows: &Windows) -> [(&'static TableDef, std::time::Duration); 3] {
+    [
+        (&DENIED_HOURLY, windows.rollup_keep),
+        (&DEMAND_HOURLY, windows.rollup_keep),
+        (&OVERAGE, windows.rollup_keep),
+    ]
+}
+
+/// The partitions of a derived table past `keep`, from its snapshot: the hour folders
+/// (`date=…/hour=…/`) of the rollups, the day folders of the overage, each with its files.
+fn derived_expired(
+    def: &'static TableDef,
+    snapshot: &Snapshot,
+    now_ms: i64,
+    keep: std::time::Duration,
+) -> Vec<(Expired, Vec<Add>)> {
+    let mut folders: BTreeMap<String, (i64, Vec<Add>)> = BTreeMap::new();
+    for add in snapshot.files() {
+        let mut parts = add.path.split('/');
+        let Some(date) = parts.next().and_then(parse_date_segment) else {
+            continue;
+        };
+        let hour = if def.name == OVERAGE.name {
+            None
+        } else {
+            parts.next().and_then(parse_hour_segment)
+        };
+        let (folder, end) = match hour.and_then(|h| HourPartition::new(date, h)) {
+            Some(h) => (h.partition_path(), h.end_ms()),
+            None => (
+                format!("date={}", date.format("%Y-%m-%d")),
+                day_start_ms(date) + ms(DAY),
+            ),
+        };
+        folders
+            .entry(folder)
+            .or_insert((end, Vec::new()))
+            .1
+            .push(add.clone());
+    }
+    folders
+        .into_iter()
+        .filter(|(_, (end, _))| *end <= now_ms - ms(keep))
+        .map(|(folder, (_, files))| {
+            (
+                Expired {
+                    table: def.name,
+                    prefix: Path::from(format!("{}/{folder}", def.root)),
+                    objects: files.len(),
+                    bytes: files
+                        .iter()
+                        .map(|a| u64::try_from(a.size).unwrap_or(0))
+                        .sum(),
+                },
+                files,
+            )
+        })
+        .collect()
+}
+
+/// Removes a derived table's expired partitions in one commit and vacuums it; the files
+/// vacuum deleted and their bytes (dry: would delete).
+async fn expire_derived(
+    store: &Arc<dyn ObjectStore>,
+    def: &'static TableDef,
+    keep: std::time::Duration,
+    now_ms: i64,
+    dry_run: bool,
+) -> Result<(usize, u64), RetentionError> {
+    let table = def.table(Arc::clone(store));
+    let Some(mut snapshot) = table.snapshot_if_any().await? else {
+        return Ok((0, 0));
+    };
+    let expired = derived_expired(def, &snapshot, now_ms, keep);
+    if !dry_run && !expired.is_empty() {
+        let days: Vec<PartitionValues> = expired
+            .iter()
+            .flat_map(|(_, files)| files.iter().map(|a| a.partition_values.clone()))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let removes = expired
+            .iter()
+            .flat_map(|(_, files)| files.iter().map(|a| Action::Remove(a.remove(now_ms, true))))
+            .collect();
+        let version = table
+            .commit(
+                &mut snapshot,
+                Commit::new("DELETE", removes)
+                    .with_parameter(
+                        "predicate",
+                        format!(
+                            "partitions ending before {} days ago",
+                            keep.as_secs() / 86_400
+                        ),
+                    )
+                    .reading(days),
+            )
+            .await?;
+        tracing::info!(
+            table = def.name,
+            partitions = expired.len(),
+            version,
+            "removed expired partitions"
+        );
+    }
+    vacuum_table(&table, &snapshot, now_ms, dry_run).await
+}
+
+/// Vacuums `table` as of `snapshot`: the files removed longer ago than its retention and
+/// the orphans; how many and their bytes (dry: would delete, listed in the log).
+async fn vacuum_table(
+    table: &Table,
+    snapshot: &Snapshot,
+    now_ms: i64,
+    dry_run: bool,
+) -> Result<(usize, u64), RetentionError> {
+    let doomed = vacuum::plan(table, snapshot, None, now_ms).await?;
+    let counts = (doomed.files.len(), doomed.bytes());
+    if dry_run {
+        for (m, why) in &doomed.files {
+            tracing::info!(path = %m.location, bytes = m.size, ?why, "vacuum would delete (dry run)");
+        }
+    } else {
+        vacuum::run(table, &doomed).await?;
+        if counts.0 > 0 {
+            tracing::info!(
+                table = %table.root(),
+                files = counts.0,
+                bytes = counts.1,
+                "vacuumed"
+            );
+        }
+    }
+    Ok(counts)
 }
 
 /// The raw table's hours past the window, from its snapshot.
@@ -136,7 +262,7 @@ fn raw_expired(snapshot: &Snapshot, now_ms: i64, windows: &Windows) -> Vec<Expir
 }
 
 /// Removes the partitions past their window (or, with `dry_run`, only lists them) and
-/// vacuums the raw table.
+/// vacuums the Delta tables.
 pub async fn run(
     store: &Arc<dyn ObjectStore>,
     now_ms: i64,
@@ -148,7 +274,7 @@ pub async fn run(
     for e in &expired {
         if dry_run {
             tracing::info!(table = e.table, prefix = %e.prefix, objects = e.objects, bytes = e.bytes, "would delete (dry run)");
-        } else if e.table != "raw" {
+        } else if e.table == "quarantine" {
             delete_under(store.as_ref(), &e.prefix).await?;
             tracing::info!(table = e.table, prefix = %e.prefix, objects = e.objects, bytes = e.bytes, "deleted an expired partition");
         }
@@ -188,23 +314,14 @@ pub async fn run(
                 "removed the raw table's expired hours"
             );
         }
-        let doomed = vacuum::plan(&table, &snapshot, None, now_ms).await?;
-        report.vacuumed = doomed.files.len();
-        report.vacuumed_bytes = doomed.bytes();
-        if dry_run {
-            for (m, why) in &doomed.files {
-                tracing::info!(path = %m.location, bytes = m.size, ?why, "vacuum would delete (dry run)");
-            }
-        } else {
-            vacuum::run(&table, &doomed).await?;
-            if report.vacuumed > 0 {
-                tracing::info!(
-                    files = report.vacuumed,
-                    bytes = report.vacuumed_bytes,
-                    "vacuumed the raw table"
-                );
-            }
-        }
+        let (files, bytes) = vacuum_table(&table, &snapshot, now_ms, dry_run).await?;
+        report.vacuumed += files;
+        report.vacuumed_bytes += bytes;
+    }
+    for (def, keep) in derived(windows) {
+        let (files, bytes) = expire_derived(store, def, keep, now_ms, dry_run).await?;
+        report.vacuumed += files;
+        report.vacuumed_bytes += bytes;
     }
     report.expired = expired;
     Ok(report)

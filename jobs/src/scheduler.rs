@@ -262,7 +262,6 @@ impl Jobs {
 mod tests {
     use std::time::Duration;
 
-    use object_store::ObjectStoreExt;
     use object_store::local::LocalFileSystem;
     use verdict_ingest::{ConsumedEvent, KafkaSource, RawTable};
     use verdict_schemas::HourPartition;
@@ -355,10 +354,7 @@ mod tests {
             "a daily job ran more than once in 50 ms ticks"
         );
         assert!(
-            store
-                .head(&verdict_rollup::rollup_path(&hour))
-                .await
-                .is_ok(),
+            jobs.rollup.state(hour).await.unwrap().is_some(),
             "the closed hour was not rolled up"
         );
         assert_eq!(

@@ -194,6 +194,15 @@ impl Snapshot {
             .filter(move |a| &a.partition_values == partition)
     }
 
+    /// The files whose path starts with `dir` (`date=2026-12-01/hour=05/`: one folder of
+    /// a partition, where a table partitioned by `date` keeps each hour's files).
+    pub fn files_under<'a>(&'a self, dir: &'a str) -> impl Iterator<Item = &'a Add> {
+        self.files
+            .range::<str, _>((std::ops::Bound::Included(dir), std::ops::Bound::Unbounded))
+            .take_while(move |(p, _)| p.starts_with(dir))
+            .map(|(_, a)| a)
+    }
+
     /// The files removed and not yet forgotten (vacuum deletes their bytes once they are
     /// older than the retention).
     pub fn tombstones(&self) -> impl Iterator<Item = &Remove> {

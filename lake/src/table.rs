@@ -14,12 +14,13 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use crate::action::{
-    Action, CommitInfo, Metadata, PartitionValues, Protocol, Txn, parse_commit, to_commit_bytes,
+    Action, Add, CommitInfo, Metadata, PartitionValues, Protocol, Txn, parse_commit,
+    to_commit_bytes,
 };
 use crate::checkpoint::{CheckpointError, LastCheckpoint, decode_checkpoint, encode_checkpoint};
 use crate::log::{LAST_CHECKPOINT, LogFile, log_dir, log_path};
@@ -536,6 +537,59 @@ impl Table {
         }
     }
 
+    /// The latest snapshot, or `None` while the table has no log (nothing was ever
+    /// committed to it): what a reader or a job that only reads wants.
+    pub async fn snapshot_if_any(&self) -> Result<Option<Snapshot>, LakeError> {
+        match self.snapshot().await {
+            Ok(s) => Ok(Some(s)),
+            Err(LakeError::NotATable { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The files the commits after version `after` (from version 0 with `None`) up to
+    /// `to` added as a change of the data (`dataChange`, so not a compaction's rewrite),
+    /// in commit order: what a job that derives a table from this one has not seen yet.
+    /// `None` when the log no longer holds every one of those commits (log cleanup went
+    /// past them): the caller then treats everything as changed.
+    pub async fn changes(
+        &self,
+        after: Option<i64>,
+        to: i64,
+    ) -> Result<Option<Vec<Add>>, LakeError> {
+        let first = after.map_or(0, |v| v + 1);
+        if first > to {
+            return Ok(Some(Vec::new()));
+        }
+        let versions: Vec<i64> = self
+            .list_log(after)
+            .await?
+            .into_iter()
+            .filter_map(|e| match e.file {
+                LogFile::Commit(v) if v <= to => Some(v),
+                _ => None,
+            })
+            .collect();
+        if versions.first() != Some(&first) || versions.len() as i64 != to - first + 1 {
+            return Ok(None);
+        }
+        let commits: Vec<Vec<Action>> = futures::stream::iter(versions)
+            .map(|v| self.read_commit(v))
+            .buffered(16)
+            .try_collect()
+            .await?;
+        Ok(Some(
+            commits
+                .into_iter()
+                .flatten()
+                .filter_map(|a| match a {
+                    Action::Add(add) if add.data_change => Some(add),
+                    _ => None,
+                })
+                .collect(),
+        ))
+    }
+
     /// Brings `snapshot` up to the latest version, reading only the commits after it.
     pub async fn update(&self, snapshot: &mut Snapshot) -> Result<(), LakeError> {
         let entries = self.list_log(Some(snapshot.version())).await?;
@@ -723,8 +777,6 @@ impl Table {
         Ok(n)
     }
 }
-
-use futures::StreamExt;
 
 fn duration_ms(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)

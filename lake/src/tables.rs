@@ -135,8 +135,8 @@ pub fn date_partition(date: chrono::NaiveDate) -> PartitionValues {
     .into()
 }
 
-/// A random (version 4) UUID, as text.
-fn uuid() -> String {
+/// A random (version 4) UUID, as text: a table's id, or a data file's unique name.
+pub fn uuid() -> String {
     let mut b = [0u8; 16];
     rand::rng().fill_bytes(&mut b);
     b[6] = (b[6] & 0x0f) | 0x40;

@@ -9,8 +9,9 @@
 //! | `policies` | the policy in force: one row per tier × route class, and one per override × route class | the limiter's policy source (TOML file or PostgreSQL) |
 //!
 //! Every query lists the lake afresh (no listing cache), so new commits are seen at once;
-//! the listing goes through [`ReaderView`], which lists the raw table as its Delta
-//! snapshot: the committed files, no others.
+//! the listing goes through [`ReaderView`], which lists each Delta table (`decisions`,
+//! `denied_hourly`, `demand_hourly`, `overage`) as its snapshot: the committed files, no
+//! others.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,11 +1,12 @@
 //! The lake as a reader sees it: read-only, and with every listing cut down to the files a
 //! query may count.
 //!
-//! Under a Delta table's root (the raw table's `raw/`), a listing is the files of the
-//! table's snapshot, brought up to the latest version when the listing is made: a query
+//! Under a Delta table's root (`raw/`, `rollup/denied_hourly/`, `rollup/demand_hourly/`,
+//! `overage/`), a listing is the files of the table's snapshot, brought up to the latest
+//! version when the listing is made: a query
 //! sees every commit made before it was planned and none made after, and never a file a
-//! writer has put but not committed, or one a compaction replaced (DESIGN.md, "Readers never
-//! double count"). Elsewhere, objects that are not Parquet are left out. Writes, copies,
+//! writer has put but not committed, or one a compaction or a rollup replaced (DESIGN.md,
+//! "Readers never double count"). Elsewhere, objects that are not Parquet are left out. Writes, copies,
 //! renames and deletes are refused, so no statement can change the lake through the query
 //! service.
 //!
@@ -33,9 +34,9 @@ use object_store::{
     PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions, Result,
 };
 use tokio::sync::Mutex;
-use verdict_lake::tables::RAW;
-use verdict_lake::{LakeError, Snapshot, Table};
-use verdict_rollup::raw_object;
+use verdict_lake::log::data_path;
+use verdict_lake::tables::{ALL, RAW};
+use verdict_lake::{LakeError, Snapshot};
 use verdict_schemas::layout::{PARQUET_EXT, RAW_PREFIX};
 
 /// `inner`, read-only, listing only what a reader counts.
@@ -44,9 +45,11 @@ pub struct ReaderView {
     inner: Arc<dyn ObjectStore>,
     /// The same store when it is a local folder, whose ranges are read on the calling thread.
     folder: Option<Arc<LocalFileSystem>>,
-    /// The raw table's snapshot, kept between listings and brought up to date by each.
-    raw: Arc<Mutex<Option<Snapshot>>>,
-    /// The snapshot is of one version (time travel) and is never brought up to date.
+    /// Each table's snapshot (in the order of [`ALL`]), kept between listings and brought
+    /// up to date by each.
+    snapshots: Arc<[Mutex<Option<Snapshot>>; 4]>,
+    /// The raw table's snapshot is of one version (time travel) and is never brought up to
+    /// date.
     pinned: bool,
 }
 
@@ -74,7 +77,7 @@ impl ReaderView {
         Self {
             inner,
             folder: None,
-            raw: Arc::default(),
+            snapshots: Arc::default(),
             pinned: false,
         }
     }
@@ -85,7 +88,7 @@ impl ReaderView {
         Self {
             inner: Arc::clone(&folder) as Arc<dyn ObjectStore>,
             folder: Some(folder),
-            raw: Arc::default(),
+            snapshots: Arc::default(),
             pinned: false,
         }
     }
@@ -97,46 +100,85 @@ impl ReaderView {
             AsOf::Version(v) => table.load(Some(v)).await?,
             AsOf::Time(t) => table.load_as_of(t.timestamp_millis()).await?,
         };
+        let snapshots = Arc::new([
+            Mutex::new(Some(snapshot)),
+            Mutex::default(),
+            Mutex::default(),
+            Mutex::default(),
+        ]);
         Ok(Self {
             inner: Arc::clone(&self.inner),
             folder: self.folder.clone(),
-            raw: Arc::new(Mutex::new(Some(snapshot))),
+            snapshots,
             pinned: true,
         })
     }
 
-    /// The raw table's files now, as objects, ordered by path (none while the table has no
-    /// log yet).
-    fn raw_files(&self) -> impl std::future::Future<Output = Result<Vec<ObjectMeta>>> + use<> {
-        let table = RAW.table(Arc::clone(&self.inner));
-        let cache = Arc::clone(&self.raw);
-        let pinned = self.pinned;
+    /// The files of table `i` (of [`ALL`]) now, as objects, ordered by path (none while
+    /// the table has no log yet).
+    fn table_files(
+        &self,
+        i: usize,
+    ) -> impl std::future::Future<Output = Result<Vec<ObjectMeta>>> + use<> {
+        let def = ALL[i];
+        let table = def.table(Arc::clone(&self.inner));
+        let snapshots = Arc::clone(&self.snapshots);
+        let pinned = self.pinned && i == 0;
         async move {
-            let mut cached = cache.lock().await;
-            let fresh = match cached.as_mut() {
-                Some(_) if pinned => Ok(()),
-                Some(s) => table.update(s).await,
-                None => match table.snapshot().await {
-                    Ok(s) => {
-                        *cached = Some(s);
-                        Ok(())
-                    }
-                    Err(LakeError::NotATable { .. }) => return Ok(Vec::new()),
-                    Err(e) => Err(e),
+            let mut cached = snapshots[i].lock().await;
+            match cached.as_mut() {
+                Some(_) if pinned => {}
+                Some(s) => table.update(s).await.map_err(lake_error)?,
+                None => match table.snapshot_if_any().await.map_err(lake_error)? {
+                    Some(s) => *cached = Some(s),
+                    None => return Ok(Vec::new()),
                 },
-            };
-            fresh.map_err(lake_error)?;
+            }
             let snapshot = cached.as_ref().expect("set above");
-            Ok(objects_of(&table, snapshot))
+            let root = Path::from(def.root);
+            let mut out: Vec<ObjectMeta> = snapshot
+                .files()
+                .map(|add| table_object(&root, add))
+                .collect();
+            out.sort_by(|a, b| a.location.cmp(&b.location));
+            Ok(out)
+        }
+    }
+
+    /// The files of every table under `prefix` (a parent of the tables' roots, or one
+    /// of them), ordered by path.
+    fn tables_files(
+        &self,
+        prefix: Option<&Path>,
+    ) -> impl std::future::Future<Output = Result<Vec<ObjectMeta>>> + use<> {
+        let wanted: Vec<_> = (0..ALL.len())
+            .filter(|&i| {
+                let root = Path::from(ALL[i].root);
+                prefix.is_none_or(|p| root.prefix_matches(p) || p.prefix_matches(&root))
+            })
+            .map(|i| self.table_files(i))
+            .collect();
+        async move {
+            let mut out = Vec::new();
+            for files in wanted {
+                out.extend(files.await?);
+            }
+            out.sort_by(|a, b| a.location.cmp(&b.location));
+            Ok(out)
         }
     }
 }
 
-fn objects_of(table: &Table, snapshot: &Snapshot) -> Vec<ObjectMeta> {
-    debug_assert_eq!(table.root().as_ref(), RAW.root);
-    let mut out: Vec<ObjectMeta> = snapshot.files().map(raw_object).collect();
-    out.sort_by(|a, b| a.location.cmp(&b.location));
-    out
+/// The object of a data file's `add` in the table at `root`.
+pub fn table_object(root: &Path, add: &verdict_lake::Add) -> ObjectMeta {
+    ObjectMeta {
+        location: data_path(root, &add.path),
+        last_modified: chrono::DateTime::from_timestamp_millis(add.modification_time)
+            .unwrap_or_default(),
+        size: u64::try_from(add.size).unwrap_or(0),
+        e_tag: None,
+        version: None,
+    }
 }
 
 fn lake_error(e: LakeError) -> object_store::Error {
@@ -146,13 +188,16 @@ fn lake_error(e: LakeError) -> object_store::Error {
     }
 }
 
-/// Whether `prefix` (a listing's) lies in the raw table.
-fn under_raw(prefix: Option<&Path>) -> bool {
-    prefix.is_some_and(|p| {
-        p.parts()
-            .next()
-            .is_some_and(|first| first.as_ref() == RAW_PREFIX)
-    })
+/// The table (its index in [`ALL`]) whose root holds `prefix` (a listing's), if any.
+fn table_of(prefix: Option<&Path>) -> Option<usize> {
+    let prefix = prefix?;
+    (0..ALL.len()).find(|&i| prefix.prefix_matches(&Path::from(ALL[i].root)))
+}
+
+/// Whether `meta` lies in one of the Delta tables.
+fn in_a_table(meta: &ObjectMeta) -> bool {
+    ALL.iter()
+        .any(|t| meta.location.prefix_matches(&Path::from(t.root)))
 }
 
 /// The objects of `files` under `prefix`.
@@ -320,22 +365,22 @@ impl ObjectStore for ReaderView {
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
-        let raw = under_raw(prefix) || prefix.is_none_or(|p| p.parts().next().is_none());
-        let files = raw.then(|| self.raw_files());
-        let listing = (!under_raw(prefix)).then(|| self.inner.list(lake_prefix(prefix).as_ref()));
-        let prefix = lake_prefix(prefix).unwrap_or_default();
+        let prefix = lake_prefix(prefix);
+        let files = self.tables_files(prefix.as_ref());
+        let listing = table_of(prefix.as_ref())
+            .is_none()
+            .then(|| self.inner.list(prefix.as_ref()));
+        let prefix = prefix.unwrap_or_default();
         futures::stream::once(async move {
             let mut out = match listing {
                 Some(listing) => {
                     let listed: Vec<ObjectMeta> = listing.try_collect().await?;
-                    readable(listed.into_iter().filter(|m| !in_raw(m)).collect())
+                    readable(listed.into_iter().filter(|m| !in_a_table(m)).collect())
                 }
                 None => Vec::new(),
             };
-            if let Some(files) = files {
-                out.extend(under(files.await?, &prefix));
-                out.sort_by(|a, b| a.location.cmp(&b.location));
-            }
+            out.extend(under(files.await?, &prefix));
+            out.sort_by(|a, b| a.location.cmp(&b.location));
             Ok::<_, object_store::Error>(futures::stream::iter(out.into_iter().map(Ok)))
         })
         .try_flatten()
@@ -354,9 +399,9 @@ impl ObjectStore for ReaderView {
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
-        if under_raw(prefix) {
+        if let Some(i) = table_of(prefix) {
             let prefix = lake_prefix(prefix).unwrap_or_default();
-            return Ok(delimited(self.raw_files().await?, &prefix));
+            return Ok(delimited(self.table_files(i).await?, &prefix));
         }
         let mut listed = self
             .inner
@@ -450,7 +495,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn raw_listings_are_the_snapshot_and_see_each_new_commit() {
+    async fn table_listings_are_the_snapshot_and_see_each_new_commit() {
         let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
         let view = ReaderView::new(Arc::clone(&inner));
         assert!(listed(&view, Some("raw")).await.is_empty(), "no table yet");
@@ -478,15 +523,37 @@ mod tests {
             )
             .await
             .unwrap();
+        // The rollup table holds one of its two files.
+        let rollup = "rollup/denied_hourly/date=2026-11-30/hour=14/denied_hourly-1.parquet";
+        inner
+            .put(&Path::from(rollup), PutPayload::from_static(b"x"))
+            .await
+            .unwrap();
+        let (table, mut snapshot) = verdict_lake::tables::DENIED_HOURLY
+            .open(Arc::clone(&inner))
+            .await
+            .unwrap();
+        let add = verdict_lake::Add {
+            path: "date=2026-11-30/hour=14/denied_hourly-1.parquet".into(),
+            partition_values: verdict_lake::tables::date_partition(
+                chrono::NaiveDate::from_ymd_opt(2026, 11, 30).unwrap(),
+            ),
+            size: 1,
+            modification_time: 0,
+            data_change: true,
+            stats: None,
+            tags: None,
+        };
+        table
+            .commit(
+                &mut snapshot,
+                verdict_lake::Commit::new("WRITE", vec![verdict_lake::Action::Add(add)]),
+            )
+            .await
+            .unwrap();
         let committed = format!("raw/{dir}/committed.parquet");
         assert_eq!(listed(&view, Some("raw")).await, [committed.as_str()]);
-        assert_eq!(
-            listed(&view, None).await,
-            [
-                committed.as_str(),
-                "rollup/denied_hourly/date=2026-11-30/hour=14/denied_hourly.parquet"
-            ]
-        );
+        assert_eq!(listed(&view, None).await, [committed.as_str(), rollup]);
         let shallow = view
             .list_with_delimiter(Some(&Path::from("raw/date=2026-11-30")))
             .await

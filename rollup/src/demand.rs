@@ -5,8 +5,9 @@
 //! that were refused, which cannot say that a limit is too high; this histogram, a few KB an
 //! hour whatever the number of keys, can, over the rollup's five years.
 //!
-//! It is written beside the denied rollup whenever an hour is rolled up, from the same raw
-//! files, whole and deterministically, so a re-run replaces it.
+//! It is a Delta table of its own, partitioned by `date` like `denied_hourly`, and an
+//! hour's file is written beside the denied rollup's whenever an hour is rolled up, from
+//! the same raw files, and replaced in the same way (see [`crate::hour`]).
 
 use std::sync::Arc;
 
@@ -39,13 +40,8 @@ FROM b
 GROUP BY tier, route_class, region, bucket
 ORDER BY tier, route_class, region, bucket";
 
-/// The histogram object's name inside its hour folder.
-pub const DEMAND_FILE: &str = "demand_hourly.parquet";
-
-/// Where the histogram of `hour` lives.
-pub fn demand_path(hour: &HourPartition) -> Path {
-    Path::from(format!("{}/{DEMAND_FILE}", hour.demand_hourly_prefix()))
-}
+/// The start of a histogram file's name inside its hour folder.
+pub const DEMAND_FILE: &str = "demand_hourly";
 
 impl Rollup {
     /// The demand histogram of `files` (one hour's raw files a reader takes) as one batch
@@ -71,7 +67,7 @@ impl Rollup {
 
 #[cfg(test)]
 mod tests {
-    use arrow::array::{Int16Array, UInt8Array, UInt16Array, UInt32Array, UInt64Array};
+    use arrow::array::{Int16Array, Int64Array, UInt8Array, UInt16Array, UInt32Array};
     use verdict_schemas::tables::{DEMAND_MAX_BUCKET, DEMAND_MIN_BUCKET};
 
     use super::*;
@@ -89,14 +85,14 @@ mod tests {
                     for bucket in DEMAND_MIN_BUCKET..=DEMAND_MAX_BUCKET {
                         // Key counts of 10 M callers spread over the buckets.
                         let keys = 50_000
-                            + u64::from(tier) * 7_919
-                            + ((i64::from(bucket) + 100) as u64 * 104_729) % 90_000;
+                            + i64::from(tier) * 7_919
+                            + ((i64::from(bucket) + 100) * 104_729) % 90_000;
                         cols.0.push(tier);
                         cols.1.push(route);
                         cols.2.push(region);
                         cols.3.push(bucket);
                         cols.4.push(keys);
-                        cols.5.push(keys * 37 + u64::from(route));
+                        cols.5.push(keys * 37 + i64::from(route));
                         cols.6.push(1_000 * (u32::from(tier) + 1));
                     }
                 }
@@ -112,13 +108,13 @@ mod tests {
                 Arc::new(UInt8Array::from(cols.1)),
                 Arc::new(UInt16Array::from(cols.2)),
                 Arc::new(Int16Array::from(cols.3)),
-                Arc::new(UInt64Array::from(cols.4)),
-                Arc::new(UInt64Array::from(cols.5)),
+                Arc::new(Int64Array::from(cols.4)),
+                Arc::new(Int64Array::from(cols.5)),
                 Arc::new(UInt32Array::from(cols.6)),
             ],
         )
         .unwrap();
-        let bytes = encode_parquet(&batch, &[]).unwrap().len();
+        let bytes = encode_parquet(&batch).unwrap().len();
         let per_day = 24 * bytes;
         println!("demand histogram: {rows} rows, {bytes} bytes an hour, {per_day} bytes a day");
         assert_eq!(rows, 3_900);

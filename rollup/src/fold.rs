@@ -22,8 +22,8 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, AsArray, BooleanArray, FixedSizeBinaryArray, RecordBatch, TimestampMillisecondArray,
-    UInt8Array, UInt16Array, UInt32Array, UInt64Array,
+    ArrayRef, AsArray, BooleanArray, FixedSizeBinaryArray, Int64Array, RecordBatch,
+    TimestampMillisecondArray, UInt8Array, UInt16Array, UInt32Array,
 };
 use arrow::buffer::BooleanBuffer;
 use arrow::datatypes::{
@@ -596,8 +596,13 @@ fn to_batch(hour: HourPartition, rows: Vec<(Key, u32, Acc)>) -> Result<RecordBat
     if n == 0 {
         return Ok(RecordBatch::new_empty(denied_hourly_schema()));
     }
+    // Counts are `Int64` in the table (Delta has no unsigned 64-bit type); an hour's
+    // count is far below 2^63.
     let u64s = |f: fn(&Acc) -> u64| -> ArrayRef {
-        Arc::new(UInt64Array::from_iter_values(rows.iter().map(|r| f(&r.2))))
+        Arc::new(Int64Array::from_iter_values(
+            rows.iter()
+                .map(|r| i64::try_from(f(&r.2)).unwrap_or(i64::MAX)),
+        ))
     };
     let u32s = |f: fn(&Acc) -> u32| -> ArrayRef {
         Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| f(&r.2))))

@@ -1,15 +1,19 @@
 //! Rolling up one hour: the raw files a reader takes (see [`crate::sources`]) are grouped
 //! as [`ROLLUP_SQL`] defines (by [`crate::fold`], an aggregation written for the raw
-//! layout that gives the same rows), and the result becomes one Parquet object,
-//! `rollup/denied_hourly/date=…/hour=…/denied_hourly.parquet`.
+//! layout that gives the same rows), and the result becomes one Parquet file of the
+//! `denied_hourly` Delta table,
+//! `rollup/denied_hourly/date=…/hour=…/denied_hourly-<uuid>.parquet`, with the hour's
+//! `demand_hourly` file beside it (see [`crate::demand`]).
 //!
-//! One object per hour is what makes a re-run safe: a PUT replaces an object whole, so a
-//! reader sees the old rollup or the new one, never half of one or both. The rows are
-//! ordered by the group key, and the file records in its footer which raw files it was
-//! computed from (a fingerprint of their names and sizes), so the late-data job can tell
-//! when the hour has changed since.
+//! An hour is replaced in one commit per table: the `remove` of the files the hour had and
+//! the `add` of its new file, so a reader sees the old rollup or the new one, never half
+//! of one or both, and a query planned before keeps reading the old file (vacuum leaves it
+//! an hour). The rows are ordered by the group key and depend only on the raw files read,
+//! so a re-run over the same raw version writes the same rows. The job that rolls hours up
+//! as data arrives ([`Rollup::commit_hours`] with a [`Progress`]) records in each table a
+//! `txn` whose version is the raw table's version it read: the next run looks only at the
+//! raw commits after it, and two runs at once cannot both commit.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch, TimestampMillisecondArray};
@@ -24,11 +28,15 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
-use parquet::file::metadata::{KeyValue, ParquetMetaDataReader};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use verdict_lake::log::data_path;
+use verdict_lake::stats::file_stats;
+use verdict_lake::tables::{DEMAND_HOURLY, DENIED_HOURLY, date_partition};
+use verdict_lake::{Action, Add, Commit, PartitionValues, Snapshot, TableDef};
 use verdict_schemas::layout::HourPartition;
 use verdict_schemas::tables::{denied_hourly_schema, raw_schema};
 
+use crate::demand::DEMAND_FILE;
 use crate::sources::{HourFiles, hour_files};
 
 /// The rollup of the table `raw`, one row per (key, tier, route class, region) with at
@@ -65,15 +73,19 @@ JOIN refused f
 GROUP BY r.key_id, r.tier, r.route_class, r.region
 ORDER BY r.key_id, r.tier, r.route_class, r.region";
 
-/// The rollup object's name inside its hour folder.
-pub const ROLLUP_FILE: &str = "denied_hourly.parquet";
+/// The start of a rollup file's name inside its hour folder.
+pub const ROLLUP_FILE: &str = "denied_hourly";
 
-/// Footer key: the fingerprint of the raw files the rollup was computed from.
-pub const META_SOURCE_FINGERPRINT: &str = "verdict.rollup.source_fingerprint";
-/// Footer key: how many raw files it was computed from.
-pub const META_SOURCE_FILES: &str = "verdict.rollup.source_files";
-/// Footer key: how many raw events it summarises.
-pub const META_EVENTS: &str = "verdict.rollup.events";
+/// The `txn` application of the rollup job in `denied_hourly` and `demand_hourly`: its
+/// version is the raw table's version the job has rolled up to.
+pub const ROLLUP_APP_ID: &str = "verdict-rollup:raw";
+
+/// `add` tag: the raw table's version the file was computed from.
+pub const TAG_RAW_VERSION: &str = "verdict.rawVersion";
+/// `add` tag: how many raw files it was computed from.
+pub const TAG_SOURCE_FILES: &str = "verdict.sourceFiles";
+/// `add` tag: how many raw events it summarises.
+pub const TAG_EVENTS: &str = "verdict.events";
 
 /// Why a rollup failed.
 #[derive(Debug, thiserror::Error)]
@@ -91,7 +103,7 @@ pub enum RollupError {
     /// The result did not fit the rollup schema.
     #[error("arrow: {0}")]
     Arrow(#[from] arrow::error::ArrowError),
-    /// Encoding the rollup file, or reading an existing one's footer, failed.
+    /// Encoding a rollup file failed.
     #[error("parquet: {0}")]
     Parquet(#[from] parquet::errors::ParquetError),
     /// A raw file could not be read, or lacks a column of the raw table.
@@ -122,29 +134,59 @@ pub struct RollupReport {
     pub events: u64,
     /// Rows of the rollup (groups with a denial or would-deny).
     pub rows: usize,
-    /// Bytes of the rollup object.
+    /// Bytes of the rollup file.
     pub bytes: usize,
     /// Where it was written.
     pub path: Path,
-    /// The fingerprint of the raw files read.
-    pub fingerprint: String,
     /// Rows of the demand histogram written beside it (see [`crate::demand`]).
     pub demand_rows: usize,
-    /// Bytes of the demand histogram object.
+    /// Bytes of the demand histogram file.
     pub demand_bytes: usize,
+    /// The `denied_hourly` version whose commit put the hour in (`None` until committed).
+    pub version: Option<i64>,
 }
 
-/// What an existing rollup object says about itself.
+/// What the `denied_hourly` table holds for an hour.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RollupState {
-    /// The fingerprint of the raw files it was computed from.
-    pub fingerprint: String,
+    /// The raw table's version it was computed from.
+    pub raw_version: i64,
     /// Raw events it summarises.
     pub events: u64,
     /// Its rows.
     pub rows: i64,
     /// Its bytes.
     pub bytes: u64,
+    /// Its file, relative to the table's root.
+    pub path: String,
+}
+
+/// One hour rolled up and its two files written, not yet committed.
+#[derive(Debug, Clone)]
+pub struct HourRollup {
+    /// What was computed and written.
+    pub report: RollupReport,
+    denied: Add,
+    demand: Add,
+}
+
+/// The rollup job's progress a commit carries: the raw version it read, and the versions
+/// each table held for [`ROLLUP_APP_ID`] when the job looked (the commit is refused if
+/// another run has moved them since).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// The raw table's version every hour of the commit was read from.
+    pub raw_version: i64,
+    /// `denied_hourly`'s progress when the job read it.
+    pub denied_expected: Option<i64>,
+    /// `demand_hourly`'s progress when the job read it.
+    pub demand_expected: Option<i64>,
+}
+
+/// The folder of an hour's files in the tables partitioned by `date`, relative to the
+/// table's root, with its trailing `/`.
+pub fn hour_dir(hour: &HourPartition) -> String {
+    format!("{}/", hour.partition_path())
 }
 
 /// The URL under which the store is known to DataFusion.
@@ -180,27 +222,41 @@ impl Rollup {
         &self.store
     }
 
-    /// Rolls `hour` up from the files a reader takes now and replaces its rollup object.
+    /// Rolls `hour` up from the raw table's latest snapshot and replaces it in both
+    /// tables (the job's `txn` progress is left as it is: this is the on-demand re-run).
     pub async fn run_hour(&self, hour: HourPartition) -> Result<RollupReport, RollupError> {
         let files = hour_files(&self.store, &hour).await?;
+        let written = self.write_hour(hour, &files).await?;
+        let mut reports = self.commit_hours(vec![written], None).await?;
+        Ok(reports.remove(0))
+    }
+
+    /// Rolls `hour` up from `files` and writes its `denied_hourly` and `demand_hourly`
+    /// files, uncommitted (a reader does not see them; if no commit follows, vacuum
+    /// deletes them as orphans).
+    pub async fn write_hour(
+        &self,
+        hour: HourPartition,
+        files: &HourFiles,
+    ) -> Result<HourRollup, RollupError> {
         // The fold checks every raw file (one of another schema is refused by column), so
-        // it runs first; the demand histogram is written before the denied rollup, so a
-        // denied rollup that is there (what the late-data job looks at) has its histogram.
-        let (batch, events) = self.compute(hour, &files).await?;
-        let demand = self.compute_demand(hour, &files).await?;
-        let demand_body = encode_parquet(&demand, &[])?;
-        let demand_bytes = demand_body.len();
-        self.store
-            .put(
-                &crate::demand::demand_path(&hour),
-                PutPayload::from(demand_body),
-            )
+        // it runs first.
+        let (batch, events) = self.compute(hour, files).await?;
+        let demand = self.compute_demand(hour, files).await?;
+        let now = chrono::Utc::now().timestamp_millis();
+        let tags = [
+            (TAG_RAW_VERSION, files.version.to_string()),
+            (TAG_SOURCE_FILES, files.files.len().to_string()),
+            (TAG_EVENTS, events.to_string()),
+        ];
+        let dir = hour_dir(&hour);
+        let day = date_partition(hour.date());
+        let demand_add = self
+            .put_file(&DEMAND_HOURLY, &dir, DEMAND_FILE, &demand, &tags, &day, now)
             .await?;
-        let fingerprint = files.fingerprint();
-        let body = encode(&batch, &fingerprint, files.files.len(), events)?;
-        let path = rollup_path(&hour);
-        let bytes = body.len();
-        self.store.put(&path, PutPayload::from(body)).await?;
+        let denied_add = self
+            .put_file(&DENIED_HOURLY, &dir, ROLLUP_FILE, &batch, &tags, &day, now)
+            .await?;
         let report = RollupReport {
             hour,
             source_files: files.files.len(),
@@ -208,22 +264,119 @@ impl Rollup {
             raw_version: files.version,
             events,
             rows: batch.num_rows(),
-            bytes,
-            path,
-            fingerprint,
+            bytes: usize::try_from(denied_add.size).unwrap_or(0),
+            path: data_path(&Path::from(DENIED_HOURLY.root), &denied_add.path),
             demand_rows: demand.num_rows(),
-            demand_bytes,
+            demand_bytes: usize::try_from(demand_add.size).unwrap_or(0),
+            version: None,
         };
-        tracing::info!(
-            hour = %hour.partition_path(),
-            source_files = report.source_files,
-            events = report.events,
-            rows = report.rows,
-            bytes = report.bytes,
-            demand_rows = report.demand_rows,
-            "rollup written"
-        );
-        Ok(report)
+        Ok(HourRollup {
+            report,
+            denied: denied_add,
+            demand: demand_add,
+        })
+    }
+
+    /// Writes `batch` as a new file `<dir><stem>-<uuid>.parquet` of `table` in the
+    /// partition `partition`, and returns its `add`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn put_file(
+        &self,
+        table: &TableDef,
+        dir: &str,
+        stem: &str,
+        batch: &RecordBatch,
+        tags: &[(&str, String)],
+        partition: &PartitionValues,
+        now_ms: i64,
+    ) -> Result<Add, RollupError> {
+        let body = encode_parquet(batch)?;
+        let name = format!("{dir}{stem}-{}.parquet", verdict_lake::tables::uuid());
+        let size = body.len() as i64;
+        self.store
+            .put(
+                &data_path(&Path::from(table.root), &name),
+                PutPayload::from(body),
+            )
+            .await?;
+        Ok(Add {
+            path: name,
+            partition_values: partition.clone(),
+            size,
+            modification_time: now_ms,
+            data_change: true,
+            stats: Some(file_stats(
+                std::slice::from_ref(batch),
+                &table.partition_names(),
+            )),
+            tags: Some(
+                tags.iter()
+                    .map(|(k, v)| ((*k).to_owned(), Some(v.clone())))
+                    .collect(),
+            ),
+        })
+    }
+
+    /// Commits hours written by [`Self::write_hour`]: one commit to `demand_hourly`, then
+    /// one to `denied_hourly`, each removing the files those hours had and adding the new
+    /// ones, and, with `progress`, moving the job's `txn` to the raw version read. A
+    /// concurrent commit adding files to the same days, or another run's progress, makes
+    /// the commit fail with a conflict (the files written stay, orphans for vacuum).
+    pub async fn commit_hours(
+        &self,
+        hours: Vec<HourRollup>,
+        progress: Option<Progress>,
+    ) -> Result<Vec<RollupReport>, RollupError> {
+        if hours.is_empty() && progress.is_none() {
+            return Ok(Vec::new());
+        }
+        let now = chrono::Utc::now().timestamp_millis();
+        let txn = |expected| progress.map(|p| (expected, p.raw_version));
+        let demand: Vec<(String, Add)> = hours
+            .iter()
+            .map(|h| (hour_dir(&h.report.hour), h.demand.clone()))
+            .collect();
+        replace(
+            &self.store,
+            &DEMAND_HOURLY,
+            ROLLUP_APP_ID,
+            demand,
+            txn(progress.and_then(|p| p.demand_expected)),
+            now,
+        )
+        .await?;
+        let denied: Vec<(String, Add)> = hours
+            .iter()
+            .map(|h| (hour_dir(&h.report.hour), h.denied.clone()))
+            .collect();
+        let version = replace(
+            &self.store,
+            &DENIED_HOURLY,
+            ROLLUP_APP_ID,
+            denied,
+            txn(progress.and_then(|p| p.denied_expected)),
+            now,
+        )
+        .await?;
+        Ok(hours
+            .into_iter()
+            .map(|h| {
+                let mut r = h.report;
+                r.version = Some(version);
+                tracing::info!(
+                    hour = %r.hour.partition_path(),
+                    raw_version = r.raw_version,
+                    source_files = r.source_files,
+                    events = r.events,
+                    rows = r.rows,
+                    bytes = r.bytes,
+                    demand_rows = r.demand_rows,
+                    version,
+                    "rollup committed"
+                );
+                r
+            })
+            .collect())
     }
 
     /// The rollup of `files` as one batch in the `denied_hourly` schema, and the number of
@@ -293,103 +446,90 @@ impl Rollup {
         Ok(ctx)
     }
 
-    /// Reads what the rollup object of `hour` says about itself; `None` when the hour has
-    /// not been rolled up.
+    /// What `denied_hourly` holds for `hour` now; `None` when the hour has not been
+    /// rolled up.
     pub async fn state(&self, hour: HourPartition) -> Result<Option<RollupState>, RollupError> {
-        let Some(f) = read_footer(self.store.as_ref(), &rollup_path(&hour)).await? else {
-            return Ok(None);
-        };
-        let get = |key: &str| f.meta.get(key).cloned().unwrap_or_default();
-        Ok(Some(RollupState {
-            fingerprint: get(META_SOURCE_FINGERPRINT),
-            events: get(META_EVENTS).parse().unwrap_or(0),
-            rows: f.rows,
-            bytes: f.bytes,
-        }))
+        let table = DENIED_HOURLY.table(Arc::clone(&self.store));
+        Ok(table
+            .snapshot_if_any()
+            .await?
+            .and_then(|s| state_in(&s, &hour)))
     }
 }
 
-/// Where the rollup of `hour` lives.
-pub fn rollup_path(hour: &HourPartition) -> Path {
-    Path::from(format!("{}/{ROLLUP_FILE}", hour.denied_hourly_prefix()))
+/// What `snapshot` (of `denied_hourly`) holds for `hour`.
+pub fn state_in(snapshot: &Snapshot, hour: &HourPartition) -> Option<RollupState> {
+    let dir = hour_dir(hour);
+    let add = snapshot.files_under(&dir).next()?;
+    let tag = |k: &str| -> Option<i64> {
+        add.tags
+            .as_ref()
+            .and_then(|t| t.get(k).cloned().flatten())
+            .and_then(|v| v.parse().ok())
+    };
+    Some(RollupState {
+        raw_version: tag(TAG_RAW_VERSION).unwrap_or(-1),
+        events: tag(TAG_EVENTS).map_or(0, |e| e.max(0).unsigned_abs()),
+        rows: add
+            .num_records()
+            .map_or(0, |n| i64::try_from(n).unwrap_or(i64::MAX)),
+        bytes: u64::try_from(add.size).unwrap_or(0),
+        path: add.path.clone(),
+    })
+}
+
+/// One commit to `table` replacing, for each `(dir, add)`, the files under `dir` (one
+/// hour's or one day's folder) by `add`; with `txn` (`expected`, `version`), carrying
+/// `app_id`'s progress. The days it writes are what it read, so a concurrent writer
+/// adding to one of them makes it fail rather than leave an hour with two files.
+pub async fn replace(
+    store: &Arc<dyn ObjectStore>,
+    table: &TableDef,
+    app_id: &str,
+    files: Vec<(String, Add)>,
+    txn: Option<(Option<i64>, i64)>,
+    now_ms: i64,
+) -> Result<i64, RollupError> {
+    let (handle, mut snapshot) = table.open(Arc::clone(store)).await?;
+    let mut actions = Vec::new();
+    let mut days = Vec::new();
+    let replaced = files.len();
+    for (dir, add) in files {
+        actions.extend(
+            snapshot
+                .files_under(&dir)
+                .map(|old| Action::Remove(old.remove(now_ms, true))),
+        );
+        if !days.contains(&add.partition_values) {
+            days.push(add.partition_values.clone());
+        }
+        actions.push(Action::Add(add));
+    }
+    let mut commit = Commit::new("WRITE", actions)
+        .with_parameter("mode", "Overwrite")
+        .with_parameter("partitions replaced", replaced)
+        .reading(days);
+    if let Some((expected, version)) = txn {
+        commit = commit.with_txn(app_id, expected, version, now_ms);
+    }
+    Ok(handle.commit(&mut snapshot, commit).await?)
 }
 
 /// The writer settings of rollup files: zstd, statistics per page, rows sorted by key.
-pub fn writer_properties(meta: Vec<KeyValue>) -> WriterProperties {
+pub fn writer_properties() -> WriterProperties {
     WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).unwrap_or_default()))
         .set_statistics_enabled(EnabledStatistics::Page)
-        .set_key_value_metadata(Some(meta))
         .build()
 }
 
-fn encode(
-    batch: &RecordBatch,
-    fingerprint: &str,
-    files: usize,
-    events: u64,
-) -> Result<Bytes, RollupError> {
-    encode_parquet(
-        batch,
-        &[
-            (META_SOURCE_FINGERPRINT, fingerprint.to_owned()),
-            (META_SOURCE_FILES, files.to_string()),
-            (META_EVENTS, events.to_string()),
-        ],
-    )
-}
-
-/// One Parquet object holding `batch`, with `meta` in its footer, written with
-/// [`writer_properties`].
-pub fn encode_parquet(batch: &RecordBatch, meta: &[(&str, String)]) -> Result<Bytes, RollupError> {
-    let meta = meta
-        .iter()
-        .map(|(k, v)| KeyValue::new((*k).to_owned(), v.clone()))
-        .collect();
+/// One Parquet file holding `batch`, written with [`writer_properties`].
+pub fn encode_parquet(batch: &RecordBatch) -> Result<Bytes, RollupError> {
     let mut out = Vec::new();
-    let mut writer = ArrowWriter::try_new(&mut out, batch.schema(), Some(writer_properties(meta)))?;
+    let mut writer = ArrowWriter::try_new(&mut out, batch.schema(), Some(writer_properties()))?;
     writer.write(batch)?;
     writer.close()?;
     Ok(Bytes::from(out))
-}
-
-/// What a Parquet object's footer says.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Footer {
-    /// Its key-value metadata.
-    pub meta: BTreeMap<String, String>,
-    /// Its rows.
-    pub rows: i64,
-    /// The object's size.
-    pub bytes: u64,
-}
-
-/// Reads the footer of the Parquet object at `path`; `None` when there is no such object.
-/// (Rollup and overage objects are small: the whole object is read.)
-pub async fn read_footer(
-    store: &dyn ObjectStore,
-    path: &Path,
-) -> Result<Option<Footer>, RollupError> {
-    let body = match store.get(path).await {
-        Ok(r) => r.bytes().await?,
-        Err(object_store::Error::NotFound { .. }) => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    let parsed = ParquetMetaDataReader::new().parse_and_finish(&body)?;
-    let file = parsed.file_metadata();
-    let meta = file
-        .key_value_metadata()
-        .map(|kv| {
-            kv.iter()
-                .filter_map(|e| Some((e.key.clone(), e.value.clone()?)))
-                .collect()
-        })
-        .unwrap_or_default();
-    Ok(Some(Footer {
-        meta,
-        rows: file.num_rows(),
-        bytes: body.len() as u64,
-    }))
 }
 
 /// The result of a query as one batch of `schema`: its first column made by `lead` (a

@@ -169,8 +169,10 @@ pub fn demand_bucket_upper(bucket: i16) -> f64 {
     2f64.powf(f64::from(i32::from(bucket) + 1) / f64::from(DEMAND_BUCKETS_PER_OCTAVE))
 }
 
-/// The version of the `overage` table's schema.
-pub const OVERAGE_SCHEMA_VERSION: u32 = 1;
+/// The version of the `overage` table's schema. Version 2 holds its counts and the policy
+/// version as `Int64` (Delta's `long`: the protocol has no unsigned 64-bit type, and
+/// engines refuse a `decimal(20,0)` where they expect an integer).
+pub const OVERAGE_SCHEMA_VERSION: u32 = 2;
 
 fn ts() -> DataType {
     DataType::Timestamp(TimeUnit::Millisecond, Some(UTC.into()))
@@ -209,18 +211,18 @@ static DENIED_HOURLY_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new(TIER, DataType::UInt8, false),
         Field::new(ROUTE_CLASS, DataType::UInt8, false),
         Field::new(REGION, DataType::UInt16, false),
-        Field::new(ALLOWED, DataType::UInt64, false),
-        Field::new(DENIED, DataType::UInt64, false),
-        Field::new(WOULD_DENY, DataType::UInt64, false),
-        Field::new(DENIED_BY_BUCKET, DataType::UInt64, false),
-        Field::new(DENIED_BY_WINDOW, DataType::UInt64, false),
-        Field::new(WOULD_DENY_BY_WINDOW, DataType::UInt64, false),
-        Field::new(DEGRADED, DataType::UInt64, false),
+        Field::new(ALLOWED, DataType::Int64, false),
+        Field::new(DENIED, DataType::Int64, false),
+        Field::new(WOULD_DENY, DataType::Int64, false),
+        Field::new(DENIED_BY_BUCKET, DataType::Int64, false),
+        Field::new(DENIED_BY_WINDOW, DataType::Int64, false),
+        Field::new(WOULD_DENY_BY_WINDOW, DataType::Int64, false),
+        Field::new(DEGRADED, DataType::Int64, false),
         Field::new(MIN_REMAINING_TOKENS, DataType::UInt32, false),
         Field::new(MIN_REMAINING_WINDOW, DataType::UInt32, false),
         Field::new(FIRST_DENIAL, ts(), false),
         Field::new(LAST_DENIAL, ts(), false),
-        Field::new(POLICY_VERSION, DataType::UInt64, false),
+        Field::new(POLICY_VERSION, DataType::Int64, false),
         Field::new(WINDOW_QUOTA, DataType::UInt32, false),
     ]))
 });
@@ -232,10 +234,10 @@ static OVERAGE_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new(KEY_ID, DataType::FixedSizeBinary(16), false),
         Field::new(TIER, DataType::UInt8, false),
         Field::new(ROUTE_CLASS, DataType::UInt8, false),
-        Field::new(QUOTA_DENIED, DataType::UInt64, false),
-        Field::new(QUOTA_WOULD_DENY, DataType::UInt64, false),
+        Field::new(QUOTA_DENIED, DataType::Int64, false),
+        Field::new(QUOTA_WOULD_DENY, DataType::Int64, false),
         Field::new(WINDOW_QUOTA, DataType::UInt32, false),
-        Field::new(POLICY_VERSION, DataType::UInt64, false),
+        Field::new(POLICY_VERSION, DataType::Int64, false),
     ]))
 });
 
@@ -247,8 +249,8 @@ static DEMAND_HOURLY_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new(ROUTE_CLASS, DataType::UInt8, false),
         Field::new(REGION, DataType::UInt16, false),
         Field::new(BUCKET, DataType::Int16, false),
-        Field::new(KEYS, DataType::UInt64, false),
-        Field::new(REQUESTS, DataType::UInt64, false),
+        Field::new(KEYS, DataType::Int64, false),
+        Field::new(REQUESTS, DataType::Int64, false),
         Field::new(WINDOW_QUOTA, DataType::UInt32, false),
     ]))
 });

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow::array::{Array, AsArray, FixedSizeBinaryArray, RecordBatch};
-use arrow::datatypes::{TimestampMillisecondType, UInt8Type, UInt16Type, UInt32Type, UInt64Type};
+use arrow::datatypes::{Int64Type, TimestampMillisecondType, UInt8Type, UInt16Type, UInt32Type};
 use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -120,26 +120,79 @@ pub async fn commit_raw_object(
     name: &str,
     size: usize,
 ) {
-    let (table, mut snapshot) = verdict_lake::tables::RAW
-        .open(Arc::clone(store))
-        .await
-        .expect("opening the raw table");
+    let path = format!("{}/{name}", hour.partition_path());
+    let partition = verdict_lake::tables::hour_partition(&hour);
+    commit_add(store, &verdict_lake::tables::RAW, path, partition, size).await;
+}
+
+/// Commits the file `path` (relative to the table's root) of `size` bytes, in
+/// `partition`, alone to the table `def`.
+pub async fn commit_add(
+    store: &Arc<dyn ObjectStore>,
+    def: &verdict_lake::TableDef,
+    path: String,
+    partition: verdict_lake::PartitionValues,
+    size: usize,
+) {
     let add = verdict_lake::Add {
-        path: format!("{}/{name}", hour.partition_path()),
-        partition_values: verdict_lake::tables::hour_partition(&hour),
+        path,
+        partition_values: partition,
         size: size as i64,
         modification_time: chrono::Utc::now().timestamp_millis(),
         data_change: true,
         stats: None,
         tags: None,
     };
+    let (table, mut snapshot) = def.open(Arc::clone(store)).await.expect("opening a table");
     table
         .commit(
             &mut snapshot,
             verdict_lake::Commit::new("WRITE", vec![verdict_lake::Action::Add(add)]),
         )
         .await
-        .expect("committing a raw file");
+        .expect("committing a file");
+}
+
+/// Commits an object put at `<table root>/<path>` to the table `def` (partitioned by
+/// `date`, the day of `date`) as an `add` of `size` bytes.
+pub async fn commit_table_object(
+    store: &Arc<dyn ObjectStore>,
+    def: &verdict_lake::TableDef,
+    date: chrono::NaiveDate,
+    path: &str,
+    size: usize,
+) {
+    let partition = verdict_lake::tables::date_partition(date);
+    commit_add(store, def, path.to_owned(), partition, size).await;
+}
+
+/// The file `denied_hourly` holds for `hour` now, as an object of the lake.
+pub async fn rollup_file(store: &Arc<dyn ObjectStore>, hour: HourPartition) -> Path {
+    let def = &verdict_lake::tables::DENIED_HOURLY;
+    let snapshot = def
+        .table(Arc::clone(store))
+        .snapshot()
+        .await
+        .expect("the denied_hourly table");
+    let state = verdict_rollup::state_in(&snapshot, &hour)
+        .unwrap_or_else(|| panic!("{hour} is not rolled up"));
+    verdict_lake::log::data_path(&Path::from(def.root), &state.path)
+}
+
+/// The file `overage` holds for `date` now, as an object of the lake.
+pub async fn overage_file(store: &Arc<dyn ObjectStore>, date: chrono::NaiveDate) -> Path {
+    let def = &verdict_lake::tables::OVERAGE;
+    let snapshot = def
+        .table(Arc::clone(store))
+        .snapshot()
+        .await
+        .expect("the overage table");
+    let dir = verdict_jobs::overage::day_dir(date);
+    let add = snapshot
+        .files_under(&dir)
+        .next()
+        .unwrap_or_else(|| panic!("no overage for {date}"));
+    verdict_lake::log::data_path(&Path::from(def.root), &add.path)
 }
 
 /// Writes each partition's events as raw files of `hour` of `per_file` consecutive
@@ -205,7 +258,7 @@ pub async fn read_rollup(store: &Arc<dyn ObjectStore>, path: &Path) -> BTreeMap<
                 "rows out of order or doubled at {group:?}"
             );
             previous = Some(group);
-            let u64_at = |i: usize| c(i).as_primitive::<UInt64Type>().value(r);
+            let u64_at = |i: usize| c(i).as_primitive::<Int64Type>().value(r).unsigned_abs();
             let u32_at = |i: usize| c(i).as_primitive::<UInt32Type>().value(r);
             let ts_at = |i: usize| c(i).as_primitive::<TimestampMillisecondType>().value(r);
             out.insert(

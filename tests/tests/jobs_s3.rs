@@ -15,15 +15,15 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use parquet::file::metadata::ParquetMetaDataReader;
 use verdict_ingest::{ConsumedEvent, Prefixed};
 use verdict_jobs::late::{Why, due_hours};
-use verdict_jobs::overage::overage_path;
 use verdict_jobs::{Job, Jobs, JobsConfig, Windows};
-use verdict_lake::tables::RAW;
-use verdict_rollup::{Rollup, hour_files, rollup_path};
+use verdict_lake::tables::{DENIED_HOURLY, OVERAGE, RAW};
+use verdict_rollup::{Rollup, hour_files};
 use verdict_schemas::layout::RAW_PREFIX;
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
 use verdict_schemas::{DecisionEvent, HourPartition, Verdict};
 use verdict_tests::rollup_check::{
-    commit_raw_object, fold_rollup, read_rollup, spread, write_raw_files,
+    commit_raw_object, commit_table_object, fold_rollup, overage_file, read_rollup, rollup_file,
+    spread, write_raw_files,
 };
 use verdict_tests::{s3_store, unique_name};
 
@@ -85,7 +85,7 @@ async fn assert_rollup_equals_fold(
     events: &[DecisionEvent],
 ) {
     let expected = fold_rollup(hour, events);
-    let got = read_rollup(store, &rollup_path(&hour)).await;
+    let got = read_rollup(store, &rollup_file(store, hour).await).await;
     assert_eq!(got.len(), expected.len(), "rollup rows of {hour}");
     for (group, want) in &expected {
         assert_eq!(got.get(group), Some(want), "{hour}: group {group:?}");
@@ -181,16 +181,16 @@ async fn retention_deletes_exactly_the_partitions_past_their_windows() {
     }
     let table = RAW.table(Arc::clone(&store));
     for d in [1825, 1827] {
-        put_empty(&store, rollup_path(&at(d)).to_string()).await;
+        let path = format!("{}/denied_hourly-0.parquet", at(d).partition_path());
+        put_empty(&store, format!("{}/{path}", DENIED_HOURLY.root)).await;
+        commit_table_object(&store, &DENIED_HOURLY, at(d).date(), &path, 10).await;
     }
     for d in [6, 9] {
         put_empty(&store, format!("quarantine/date={}/q.jsonl", day(d))).await;
     }
-    put_empty(
-        &store,
-        format!("overage/date={}/overage.parquet", day(1828)),
-    )
-    .await;
+    let overage = format!("date={}/overage-0.parquet", day(1828));
+    put_empty(&store, format!("overage/{overage}")).await;
+    commit_table_object(&store, &OVERAGE, at(1828).date(), &overage, 10).await;
 
     let jobs = Jobs::new(Arc::clone(&store), config());
     let dry = jobs.run_once(Job::Retention, now, true).await.unwrap();
@@ -231,6 +231,22 @@ async fn retention_deletes_exactly_the_partitions_past_their_windows() {
         .unwrap();
     assert_eq!(doomed.files.len(), 1, "{:?}", doomed.files);
     verdict_lake::vacuum::run(&table, &doomed).await.unwrap();
+    // Likewise the rollup's and the overage's expired partitions.
+    for def in [&DENIED_HOURLY, &OVERAGE] {
+        let t = def.table(Arc::clone(&store));
+        let s = t.snapshot().await.unwrap();
+        assert!(
+            !s.files()
+                .any(|a| a.path.contains(&day(1827)) || a.path.contains(&day(1828))),
+            "{}: an expired partition is still in the table",
+            def.name
+        );
+        let doomed = verdict_lake::vacuum::plan(&t, &s, None, later)
+            .await
+            .unwrap();
+        assert_eq!(doomed.files.len(), 1, "{}: {:?}", def.name, doomed.files);
+        verdict_lake::vacuum::run(&t, &doomed).await.unwrap();
+    }
     for gone in [
         at(8).raw_prefix(),
         at(1827).denied_hourly_prefix(),
@@ -378,7 +394,7 @@ async fn read_overage(
     path: &Path,
 ) -> BTreeMap<([u8; 16], u8, u8), (u64, u64)> {
     use arrow::array::{AsArray, FixedSizeBinaryArray};
-    use arrow::datatypes::{UInt8Type, UInt64Type};
+    use arrow::datatypes::{Int64Type, UInt8Type};
     let body = store.get(path).await.unwrap().bytes().await.unwrap();
     let mut out = BTreeMap::new();
     for b in parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(body)
@@ -400,8 +416,14 @@ async fn read_overage(
                     b.column(3).as_primitive::<UInt8Type>().value(r),
                 ),
                 (
-                    b.column(4).as_primitive::<UInt64Type>().value(r),
-                    b.column(5).as_primitive::<UInt64Type>().value(r),
+                    b.column(4)
+                        .as_primitive::<Int64Type>()
+                        .value(r)
+                        .unsigned_abs(),
+                    b.column(5)
+                        .as_primitive::<Int64Type>()
+                        .value(r)
+                        .unsigned_abs(),
                 ),
             );
         }
@@ -443,7 +465,7 @@ async fn two_schedulers_at_once_leave_the_same_tables_as_one() {
     }
     let expected = fold_overage(&all);
     assert!(!expected.is_empty(), "the traffic has quota refusals");
-    let got = read_overage(&store, &overage_path(hours[0].0.date())).await;
+    let got = read_overage(&store, &overage_file(&store, hours[0].0.date()).await).await;
     assert_eq!(got, expected);
     // After both, a third run finds nothing to do.
     let c = Jobs::new(Arc::clone(&store), config());

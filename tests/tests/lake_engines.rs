@@ -1,7 +1,8 @@
 //! The raw table read by other engines, as analysts and pricing jobs read it: Apache Spark
 //! with Delta Lake's connector, delta-rs and Polars count exactly what verdict counts,
 //! while a compaction commits hour after hour and after one was killed before its commit;
-//! and a report's SQL on Spark SQL gives verdict's rows. Needs `scripts/services.sh up
+//! and a report's SQL on Spark SQL gives verdict's rows; the rollup tables and the overage,
+//! as the jobs commit them, read on Spark SQL give verdict's rows too. Needs `scripts/services.sh up
 //! spark` (no server: the engines run in Python processes the test starts).
 
 use std::sync::Arc;
@@ -40,6 +41,28 @@ fn as_numbers(rows: &[serde_json::Value]) -> Vec<Vec<String>> {
         "keys",
         "spans_time",
     ];
+    columns_of(rows, &columns)
+}
+
+/// The rollups as the limit review reads them: per tier and route class, the refusals
+/// enforced and in shadow mode, by the bucket and by the window, and the keys refused.
+const WRONG_LIMITS: &str = "SELECT tier, route_class, COUNT(*) AS n, SUM(denied) AS denied, \
+     SUM(would_deny) AS would_deny, SUM(denied_by_window) AS by_window, \
+     SUM(denied_by_bucket) AS by_bucket, MAX(window_quota) AS quota, \
+     COUNT(DISTINCT key_id) AS keys, MIN(min_remaining_window) AS low \
+     FROM denied_hourly GROUP BY tier, route_class ORDER BY tier, route_class";
+
+/// The overage as pricing reads it: per tier and route class of a day.
+const OVERAGE_BY_CLASS: &str = "SELECT date, tier, route_class, COUNT(*) AS n, \
+     SUM(quota_denied) AS denied, SUM(quota_would_deny) AS would_deny, \
+     MAX(policy_version) AS policy, COUNT(DISTINCT key_id) AS keys \
+     FROM overage GROUP BY date, tier, route_class ORDER BY date, tier, route_class";
+
+/// The demand histogram: keys and requests per bucket.
+const DEMAND: &str = "SELECT tier, route_class, bucket, SUM(keys) AS n, SUM(requests) AS requests \
+     FROM demand_hourly GROUP BY tier, route_class, bucket ORDER BY tier, route_class, bucket";
+
+fn columns_of(rows: &[serde_json::Value], columns: &[&str]) -> Vec<Vec<String>> {
     rows.iter()
         .map(|r| {
             columns
@@ -172,4 +195,108 @@ async fn spark_delta_rs_and_polars_count_what_verdict_counts_through_compactions
     );
     assert!(by_verdict.len() >= 4, "{by_verdict:?}");
     assert_eq!(as_numbers(&by_spark), as_numbers(&by_verdict));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rollups_and_the_overage_on_spark_sql_give_verdicts_rows() {
+    spark_install();
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+    // Two hours of the day before yesterday, with refusals enforced and in shadow mode.
+    let day = chrono::Utc::now().date_naive() - chrono::Duration::days(2);
+    let start = day
+        .and_hms_opt(0, 0, 0)
+        .unwrap()
+        .and_utc()
+        .timestamp_millis();
+    for i in 0..2 {
+        let hour = HourPartition::from_event_time_ms(start + i * MS_PER_HOUR).unwrap();
+        let cfg = SynthConfig {
+            seed: 70 + i as u64,
+            start_ms: hour.start_ms(),
+            late_share: 0.0,
+            ..SynthConfig::hour(30_000, 300)
+        };
+        let events: Vec<_> = SynthTraffic::new(cfg)
+            .take(30_000)
+            .filter(|e| HourPartition::from_event_time_ms(e.event_time_ms) == Ok(hour))
+            .collect();
+        write_raw_hour(&store, "decisions", hour, &events, 2, 5_000).await;
+    }
+    let now = start + 26 * MS_PER_HOUR;
+    let rollup = verdict_rollup::Rollup::new(Arc::clone(&store), 2);
+    let windows = verdict_jobs::Windows::default();
+    let hours = verdict_jobs::late::run(&rollup, now, &windows)
+        .await
+        .unwrap();
+    assert_eq!(hours.len(), 2, "{hours:?}");
+    let days = verdict_jobs::overage::run(&rollup, now, &windows)
+        .await
+        .unwrap();
+    assert_eq!(days.len(), 1, "{days:?}");
+
+    let engine = Engine::new(
+        LocalFileSystem::new_with_prefix(dir.path()).unwrap(),
+        PoliciesTable::new(None),
+        2,
+        Limits::default(),
+    )
+    .unwrap();
+    let root = dir.path().to_str().unwrap();
+    let cases: [(&str, &str, &[&str]); 3] = [
+        (
+            "wrong limits",
+            WRONG_LIMITS,
+            &[
+                "tier",
+                "route_class",
+                "n",
+                "denied",
+                "would_deny",
+                "by_window",
+                "by_bucket",
+                "quota",
+                "keys",
+                "low",
+            ],
+        ),
+        (
+            "overage",
+            OVERAGE_BY_CLASS,
+            &[
+                "date",
+                "tier",
+                "route_class",
+                "n",
+                "denied",
+                "would_deny",
+                "policy",
+                "keys",
+            ],
+        ),
+        (
+            "demand",
+            DEMAND,
+            &["tier", "route_class", "bucket", "n", "requests"],
+        ),
+    ];
+    for (name, sql, columns) in cases {
+        let sql_file = dir.path().join(format!("{}.sql", name.replace(' ', "_")));
+        std::fs::write(&sql_file, sql).unwrap();
+        let by_spark = run(&["sql", root, sql_file.to_str().unwrap()]);
+        let by_verdict = rows(&engine, sql).await;
+        println!(
+            "{name}: {} rows; the first: Spark {:?}, verdict {:?}",
+            by_verdict.len(),
+            by_spark.first(),
+            by_verdict.first()
+        );
+        assert!(by_verdict.len() >= 2, "{name}: {by_verdict:?}");
+        assert_eq!(
+            columns_of(&by_spark, columns),
+            columns_of(&by_verdict, columns),
+            "{name}"
+        );
+    }
 }

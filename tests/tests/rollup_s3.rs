@@ -9,7 +9,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use verdict_ingest::Prefixed;
 use verdict_ingest::raw_file::build_hour_file;
-use verdict_rollup::{Rollup, RollupError, hour_files, rollup_path};
+use verdict_rollup::{Rollup, RollupError, hour_files};
 use verdict_schemas::DecisionEvent;
 use verdict_schemas::layout::HourPartition;
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
@@ -92,8 +92,9 @@ async fn the_rollup_equals_a_fold_over_the_events_and_a_rerun_is_byte_identical(
     assert_eq!(folded_events, sql_events);
 
     let state = rollup.state(hour).await.unwrap().expect("a rollup state");
-    assert_eq!(state.fingerprint, report.fingerprint);
+    assert_eq!(state.raw_version, report.raw_version);
     assert_eq!(state.events, report.events);
+    assert_eq!(state.rows, report.rows as i64);
 
     let first = store
         .get(&report.path)
@@ -103,9 +104,23 @@ async fn the_rollup_equals_a_fold_over_the_events_and_a_rerun_is_byte_identical(
         .await
         .unwrap();
     let again = rollup.run_hour(hour).await.expect("rerun");
-    assert_eq!(again.path, rollup_path(&hour));
+    assert_ne!(
+        again.path, report.path,
+        "a committed file is never overwritten"
+    );
+    assert_eq!(again.version, report.version.map(|v| v + 1));
     let second = store.get(&again.path).await.unwrap().bytes().await.unwrap();
     assert_eq!(first, second, "a re-run wrote different bytes");
+    // The re-run replaced the hour: one file in the table, the new one.
+    let table = verdict_lake::tables::DENIED_HOURLY.table(Arc::clone(&store));
+    let snapshot = table.snapshot().await.unwrap();
+    let dir = verdict_rollup::hour_dir(&hour);
+    let held: Vec<&str> = snapshot
+        .files_under(&dir)
+        .map(|a| a.path.as_str())
+        .collect();
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert!(again.path.as_ref().ends_with(held[0]), "{held:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -130,7 +145,7 @@ async fn a_raw_file_without_a_column_of_the_raw_table_is_refused_by_path_and_col
     let keys: ArrayRef =
         Arc::new(FixedSizeBinaryArray::try_from_iter([[7u8; 16]].into_iter()).unwrap());
     let batch = RecordBatch::try_from_iter([("key_id", keys)]).unwrap();
-    let bytes = verdict_rollup::encode_parquet(&batch, &[]).unwrap();
+    let bytes = verdict_rollup::encode_parquet(&batch).unwrap();
     let path = Path::from(format!("{}/foreign.parquet", hour.raw_prefix()));
     let size = bytes.len();
     store.put(&path, PutPayload::from(bytes)).await.unwrap();
@@ -151,8 +166,11 @@ async fn a_raw_file_without_a_column_of_the_raw_table_is_refused_by_path_and_col
 }
 
 async fn rollup_state_absent(store: &Arc<dyn ObjectStore>, hour: HourPartition) -> bool {
-    matches!(
-        store.head(&rollup_path(&hour)).await,
-        Err(object_store::Error::NotFound { .. })
+    let listed: Vec<_> = futures::TryStreamExt::try_collect(
+        store.list(Some(&Path::from(verdict_lake::tables::DENIED_HOURLY.root))),
     )
+    .await
+    .unwrap();
+    let rollup = Rollup::new(Arc::clone(store), 1);
+    listed.is_empty() && rollup.state(hour).await.unwrap().is_none()
 }
