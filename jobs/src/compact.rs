@@ -89,10 +89,8 @@ pub async fn run(
 ) -> Result<CompactReport, CompactError> {
     let mut report = CompactReport::default();
     let table = RAW.table(Arc::clone(store));
-    let mut snapshot = match table.snapshot().await {
-        Ok(s) => s,
-        Err(LakeError::NotATable { .. }) => return Ok(report),
-        Err(e) => return Err(e.into()),
+    let Some(mut snapshot) = table.snapshot_if_any().await? else {
+        return Ok(report);
     };
     for hour in hours_in(&snapshot) {
         if windows.is_workable(&hour, now_ms) {

@@ -89,9 +89,10 @@ pub type Rows = BTreeMap<(i32, i64), (i64, Vec<u8>)>;
 
 /// The objects of the raw table's latest snapshot (none before its first commit).
 pub async fn raw_objects(store: &Arc<dyn ObjectStore>) -> Vec<object_store::ObjectMeta> {
-    match RAW.table(Arc::clone(store)).snapshot().await {
-        Ok(snapshot) => snapshot.files().map(raw_object).collect(),
-        Err(verdict_lake::LakeError::NotATable { .. }) => Vec::new(),
+    match RAW.table(Arc::clone(store)).snapshot_if_any().await {
+        Ok(snapshot) => snapshot
+            .map(|s| s.files().map(raw_object).collect())
+            .unwrap_or_default(),
         Err(e) => panic!("the raw table's log: {e}"),
     }
 }
