@@ -17,7 +17,7 @@ use object_store::path::Path;
 use std::collections::BTreeMap;
 use verdict_ingest::flush::QUARANTINE_PREFIX;
 
-use verdict_lake::tables::{DEMAND_HOURLY, DENIED_HOURLY, OVERAGE, RAW, hour_partition};
+use verdict_lake::tables::{DEMAND_HOURLY, DENIED_HOURLY, OVERAGE, RAW};
 use verdict_lake::vacuum;
 use verdict_lake::{Action, Add, Commit, LakeError, PartitionValues, Snapshot, Table, TableDef};
 use verdict_rollup::{hour_files_in, hours_in};
@@ -182,30 +182,15 @@ async fn expire_derived(
     };
     let expired = derived_expired(def, &snapshot, now_ms, keep);
     if !dry_run && !expired.is_empty() {
-        let days: Vec<PartitionValues> = expired
+        let files = expired
             .iter()
-            .flat_map(|(_, files)| files.iter().map(|a| a.partition_values.clone()))
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
+            .flat_map(|(_, files)| files.iter().cloned())
             .collect();
-        let removes = expired
-            .iter()
-            .flat_map(|(_, files)| files.iter().map(|a| Action::Remove(a.remove(now_ms, true))))
-            .collect();
-        let version = table
-            .commit(
-                &mut snapshot,
-                Commit::new("DELETE", removes)
-                    .with_parameter(
-                        "predicate",
-                        format!(
-                            "partitions ending before {} days ago",
-                            keep.as_secs() / 86_400
-                        ),
-                    )
-                    .reading(days),
-            )
-            .await?;
+        let predicate = format!(
+            "partitions ending before {} days ago",
+            keep.as_secs() / 86_400
+        );
+        let version = delete_files(&table, &mut snapshot, files, predicate, now_ms).await?;
         tracing::info!(
             table = def.name,
             partitions = expired.len(),
@@ -214,6 +199,31 @@ async fn expire_derived(
         );
     }
     vacuum_table(&table, &snapshot, now_ms, dry_run).await
+}
+
+/// Removes `files` from `table` in one `DELETE` commit on `snapshot`, which reads their
+/// partitions (a file committed to one of them meanwhile makes it conflict); the version.
+async fn delete_files(
+    table: &Table,
+    snapshot: &mut Snapshot,
+    files: Vec<Add>,
+    predicate: String,
+    now_ms: i64,
+) -> Result<i64, LakeError> {
+    let partitions: std::collections::BTreeSet<PartitionValues> =
+        files.iter().map(|a| a.partition_values.clone()).collect();
+    let removes = files
+        .iter()
+        .map(|a| Action::Remove(a.remove(now_ms, true)))
+        .collect();
+    table
+        .commit(
+            snapshot,
+            Commit::new("DELETE", removes)
+                .with_parameter("predicate", predicate)
+                .reading(partitions.into_iter().collect()),
+        )
+        .await
 }
 
 /// Vacuums `table` as of `snapshot`: the files removed longer ago than its retention and
@@ -288,25 +298,16 @@ pub async fn run(
             .filter(|hour| hour.end_ms() <= now_ms - ms(windows.raw_keep))
             .collect();
         if !dry_run && !hours.is_empty() {
-            let removes: Vec<Action> = hours
+            let files = hours
                 .iter()
                 .flat_map(|h| hour_files_in(&snapshot, h).files)
-                .map(|f| Action::Remove(f.add.remove(now_ms, true)))
+                .map(|f| f.add)
                 .collect();
-            let version = table
-                .commit(
-                    &mut snapshot,
-                    Commit::new("DELETE", removes)
-                        .with_parameter(
-                            "predicate",
-                            format!(
-                                "hours ending before {} days ago",
-                                windows.raw_keep.as_secs() / 86_400
-                            ),
-                        )
-                        .reading(hours.iter().map(hour_partition).collect()),
-                )
-                .await?;
+            let predicate = format!(
+                "hours ending before {} days ago",
+                windows.raw_keep.as_secs() / 86_400
+            );
+            let version = delete_files(&table, &mut snapshot, files, predicate, now_ms).await?;
             report.raw_version = Some(version);
             tracing::info!(
                 hours = hours.len(),

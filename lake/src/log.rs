@@ -74,6 +74,18 @@ pub fn data_path(root: &Path, path: &str) -> Path {
     out
 }
 
+/// The object of a data file's `add` in the table at `root`, as a listing would give it.
+pub fn data_object(root: &Path, add: &crate::action::Add) -> object_store::ObjectMeta {
+    object_store::ObjectMeta {
+        location: data_path(root, &add.path),
+        last_modified: chrono::DateTime::from_timestamp_millis(add.modification_time)
+            .unwrap_or_default(),
+        size: u64::try_from(add.size).unwrap_or(0),
+        e_tag: None,
+        version: None,
+    }
+}
+
 /// The relative, URI-encoded path an `add` gives for an object under the table's root.
 /// Only the characters a URI path may not hold are encoded (verdict's own names hold none).
 pub fn relative_path(root: &Path, location: &Path) -> Option<String> {

@@ -34,7 +34,7 @@ use object_store::{
     PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions, Result,
 };
 use tokio::sync::Mutex;
-use verdict_lake::log::data_path;
+use verdict_lake::log::data_object;
 use verdict_lake::tables::{ALL, RAW};
 use verdict_lake::{LakeError, Snapshot};
 use verdict_schemas::layout::{PARQUET_EXT, RAW_PREFIX};
@@ -138,7 +138,7 @@ impl ReaderView {
             let root = Path::from(def.root);
             let mut out: Vec<ObjectMeta> = snapshot
                 .files()
-                .map(|add| table_object(&root, add))
+                .map(|add| data_object(&root, add))
                 .collect();
             out.sort_by(|a, b| a.location.cmp(&b.location));
             Ok(out)
@@ -166,18 +166,6 @@ impl ReaderView {
             out.sort_by(|a, b| a.location.cmp(&b.location));
             Ok(out)
         }
-    }
-}
-
-/// The object of a data file's `add` in the table at `root`.
-pub fn table_object(root: &Path, add: &verdict_lake::Add) -> ObjectMeta {
-    ObjectMeta {
-        location: data_path(root, &add.path),
-        last_modified: chrono::DateTime::from_timestamp_millis(add.modification_time)
-            .unwrap_or_default(),
-        size: u64::try_from(add.size).unwrap_or(0),
-        e_tag: None,
-        version: None,
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore};
-use verdict_lake::log::data_path;
+use verdict_lake::log::data_object;
 use verdict_lake::tables::{RAW, hour_partition};
 use verdict_lake::{Add, LakeError, Snapshot};
 use verdict_schemas::layout::HourPartition;
@@ -43,14 +43,7 @@ impl HourFiles {
 
 /// The object of a raw file's `add`.
 pub fn raw_object(add: &Add) -> ObjectMeta {
-    ObjectMeta {
-        location: data_path(&Path::from(RAW.root), &add.path),
-        last_modified: chrono::DateTime::from_timestamp_millis(add.modification_time)
-            .unwrap_or_default(),
-        size: u64::try_from(add.size).unwrap_or(0),
-        e_tag: None,
-        version: None,
-    }
+    data_object(&Path::from(RAW.root), add)
 }
 
 /// The files of `hour` in `snapshot` (of the raw table).
