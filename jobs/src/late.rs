@@ -54,10 +54,6 @@ pub struct Plan {
     pub progress: Progress,
 }
 
-async fn snapshot_of(table: &Table) -> Result<Option<Snapshot>, RollupError> {
-    Ok(table.snapshot_if_any().await?)
-}
-
 /// The changed partitions' keys (`key_of` of each `add`) in `table`'s commits after
 /// `since` up to `to`, with the files each gained; `None` when there is no progress yet or
 /// the log no longer holds those commits.
@@ -91,11 +87,14 @@ pub async fn plan(
 ) -> Result<Option<Plan>, RollupError> {
     let store = Arc::clone(rollup.store());
     let raw_table = RAW.table(Arc::clone(&store));
-    let Some(raw) = snapshot_of(&raw_table).await? else {
+    let Some(raw) = raw_table.snapshot_if_any().await? else {
         return Ok(None);
     };
-    let denied = snapshot_of(&DENIED_HOURLY.table(Arc::clone(&store))).await?;
-    let demand = snapshot_of(&DEMAND_HOURLY.table(store)).await?;
+    let denied = DENIED_HOURLY
+        .table(Arc::clone(&store))
+        .snapshot_if_any()
+        .await?;
+    let demand = DEMAND_HOURLY.table(store).snapshot_if_any().await?;
     let progress_of = |s: &Option<Snapshot>| s.as_ref().and_then(|s| s.txn_version(ROLLUP_APP_ID));
     let (denied_expected, demand_expected) = (progress_of(&denied), progress_of(&demand));
     let since = denied_expected.zip(demand_expected).map(|(a, b)| a.min(b));

@@ -5,26 +5,7 @@ use chrono::NaiveDate;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore};
-use verdict_schemas::HourPartition;
-use verdict_schemas::layout::{parse_date_segment, parse_hour_segment};
-
-/// The hour partitions (`date=…/hour=…/`) under `prefix`, oldest first.
-pub async fn hour_partitions(
-    store: &dyn ObjectStore,
-    prefix: &str,
-) -> object_store::Result<Vec<HourPartition>> {
-    let mut out = Vec::new();
-    for (date, folder) in day_folders(store, prefix).await? {
-        let hours = store.list_with_delimiter(Some(&folder)).await?;
-        for h in hours.common_prefixes {
-            if let Some(hour) = h.filename().and_then(parse_hour_segment) {
-                out.extend(HourPartition::new(date, hour));
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
-}
+use verdict_schemas::layout::parse_date_segment;
 
 /// The day folders (`date=…/`) under `prefix`, oldest first.
 pub async fn day_folders(
