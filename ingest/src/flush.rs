@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use serde::{Deserialize, Serialize};
@@ -308,14 +309,74 @@ fn plan_files(
     Ok(FlushFiles { raw, quarantine })
 }
 
-/// `quarantine/date=<day of ingestion>/<cluster>-<topic>-<partition>-<first>-<last>.jsonl`:
-/// a prefix of JSON lines, not a table. It is written before the flush's commit and named
-/// by the flush's range, so a flush replayed after a crash writes the same file again.
+/// `quarantine/date=<day of ingestion>/<cluster>-<topic>-<partition>-<first>-<last>-<random>.jsonl`:
+/// a prefix of JSON lines, not a table. A flush writes it before its commit, under a name
+/// unique to that writing; a flush that is refused deletes it, and the next owner of the
+/// partition deletes what an aborted flush left ([`drop_uncommitted_quarantine`]), so each bad
+/// record is in one file.
 pub fn quarantine_path(source: &KafkaSource, range: FlushRange, today: &str) -> Path {
     Path::from(format!(
-        "{QUARANTINE_PREFIX}/date={today}/{}-{}-{:05}-{:020}-{:020}.jsonl",
-        source.cluster, source.topic, source.partition, range.first, range.last
+        "{QUARANTINE_PREFIX}/date={today}/{}",
+        source.unique_name(range.first, range.last, "jsonl")
     ))
+}
+
+/// Deletes the quarantine files of `source` that no commit holds: those whose first offset
+/// is past `committed`, the raw table's progress for the source. A flush writes its quarantine
+/// file before its commit and flushes of a partition follow each other, so such a file is
+/// what a flush that never committed (its worker killed or fenced) left behind. The owner
+/// runs this when it takes the partition, before its first flush. Returns how many it deleted.
+pub async fn drop_uncommitted_quarantine(
+    store: &Arc<dyn ObjectStore>,
+    source: &KafkaSource,
+    committed: Option<i64>,
+    retry: &StoreCalls,
+) -> Result<usize, FlushError> {
+    let mut report = FlushReport::default();
+    let prefix = Path::from(QUARANTINE_PREFIX);
+    let prefix = &prefix;
+    let listed = with_retry(retry, QUARANTINE_PREFIX, &mut report, move || {
+        store.list(Some(prefix)).try_collect::<Vec<_>>()
+    })
+    .await?;
+    let mut dropped = 0;
+    for meta in listed {
+        let Some(first) = meta
+            .location
+            .filename()
+            .and_then(|name| source.first_offset_in(name))
+        else {
+            continue;
+        };
+        if committed.is_some_and(|c| first <= c) {
+            continue;
+        }
+        let location = &meta.location;
+        with_retry(retry, location.as_ref(), &mut report, move || async move {
+            match store.delete(location).await {
+                Err(object_store::Error::NotFound { .. }) => Ok(()),
+                other => other,
+            }
+        })
+        .await?;
+        tracing::info!(path = %meta.location, "deleted the quarantine file of a flush that never committed");
+        dropped += 1;
+    }
+    Ok(dropped)
+}
+
+/// Deletes the files a refused flush wrote. Their names are unique to that flush and no
+/// commit holds them, so nothing committed goes; a file left behind is only an orphan for
+/// vacuum (raw) or for the next owner ([`drop_uncommitted_quarantine`]).
+async fn drop_refused(store: &Arc<dyn ObjectStore>, written: &[Path]) {
+    for path in written {
+        match store.delete(path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(error) => {
+                tracing::warn!(%path, %error, "could not delete a file of a refused flush; it stays an orphan");
+            }
+        }
+    }
 }
 
 async fn put_file(
@@ -371,13 +432,16 @@ pub async fn flush_partition(
         quarantine,
     } = plan_files(source, range, buf, &today, now.timestamp_millis())?;
     let store = Arc::clone(raw.table().store());
+    let mut written = Vec::with_capacity(files.len() + 1);
     if let Some(q) = &quarantine {
         report.quarantined = q.rows;
         put_file(&store, q, retry, &mut report).await?;
+        written.push(q.path.clone());
     }
     let mut adds = Vec::with_capacity(files.len());
     for (f, add) in files {
         put_file(&store, &f, retry, &mut report).await?;
+        written.push(f.path.clone());
         report.files += 1;
         report.bytes += f.bytes.len();
         adds.push(add);
@@ -413,6 +477,7 @@ pub async fn flush_partition(
                 if ours {
                     return Ok(report);
                 }
+                drop_refused(&store, &written).await;
                 return Err(FlushError::Fenced {
                     partition: source.partition,
                     range,
@@ -649,9 +714,9 @@ mod tests {
             .clone();
         assert_eq!(snapshot.num_records(), 100);
         assert_eq!(snapshot.txn_version(&source().app_id()), Some(99));
-        // Its files are in the store, named by no commit: vacuum's to remove.
+        // It deleted the files it wrote, which no commit names; the owner's are there.
         let on_disk = names(&store, "raw/date=2026-11-30").await;
-        assert_eq!((on_disk.len(), snapshot.files().count()), (4, 2));
+        assert_eq!((on_disk.len(), snapshot.files().count()), (2, 2));
         // The owner goes on from its own progress.
         flush_partition(&mut owner, &source(), Some(99), buffer(100..150), &calls)
             .await
@@ -710,12 +775,14 @@ mod tests {
         assert_eq!((report.events, report.quarantined), (6, 2));
         let q = names(&store, "quarantine").await;
         assert_eq!(q.len(), 1);
+        let name = q[0].rsplit('/').next().unwrap();
         assert!(
-            q[0].ends_with(
-                "/local-verdict.decisions.v1-00002-00000000000000000000-00000000000000000006.jsonl"
-            ),
+            name.starts_with(
+                "local-verdict.decisions.v1-00002-00000000000000000000-00000000000000000006-"
+            ) && name.ends_with(".jsonl"),
             "{q:?}"
         );
+        assert_eq!(source().first_offset_in(name), Some(0));
         let body = store
             .get(&Path::from(q[0].as_str()))
             .await
@@ -732,5 +799,57 @@ mod tests {
         assert_eq!(lines[0]["kind"], "unknown_version");
         assert_eq!(lines[1]["offset"], 6);
         assert_eq!(lines[1]["kind"], "event_time_out_of_range");
+    }
+
+    #[tokio::test]
+    async fn the_next_owner_deletes_only_the_quarantine_no_commit_holds() {
+        let (_dir, store, mut raw) = local().await;
+        let calls = StoreCalls::default();
+        let with_bad = |range: std::ops::Range<i64>| {
+            let mut b = buffer(range.clone());
+            b.bad.push(BadRecord::undecodable(
+                2,
+                range.end,
+                &[2, 0, 0],
+                &verdict_schemas::DecodeError::Empty,
+            ));
+            b.consumed(range.end);
+            b
+        };
+        flush_partition(&mut raw, &source(), None, with_bad(0..10), &calls)
+            .await
+            .unwrap();
+        let committed = names(&store, "quarantine").await;
+        // A worker aborted after writing the quarantine of 11..=20 and before its commit, and
+        // another source's file past this one's progress.
+        let today = chrono::Utc::now().format("%Y-%m-%d").to_string();
+        let range = FlushRange {
+            first: 11,
+            last: 20,
+        };
+        let aborted = quarantine_path(&source(), range, &today);
+        let other = quarantine_path(&KafkaSource::new("local", TOPIC, 3), range, &today);
+        for p in [&aborted, &other] {
+            store
+                .put(p, PutPayload::from_static(b"{}\n"))
+                .await
+                .unwrap();
+        }
+        let dropped = drop_uncommitted_quarantine(&store, &source(), Some(10), &calls)
+            .await
+            .unwrap();
+        assert_eq!(dropped, 1);
+        let mut left = committed.clone();
+        left.push(other.to_string());
+        left.sort();
+        assert_eq!(names(&store, "quarantine").await, left);
+        // With no progress at all, every file of the source is uncommitted.
+        assert_eq!(
+            drop_uncommitted_quarantine(&store, &source(), None, &calls)
+                .await
+                .unwrap(),
+            1
+        );
+        assert_eq!(names(&store, "quarantine").await, vec![other.to_string()]);
     }
 }

@@ -72,15 +72,37 @@ impl KafkaSource {
     /// it unique to this writing, so a worker that lost its partition and writes the same
     /// offsets again never overwrites a committed file.
     pub fn file_name(&self, first: i64, last: i64) -> String {
+        self.unique_name(first, last, "parquet")
+    }
+
+    /// `<cluster>-<topic>-<partition>-<first>-<last>-<random>.<extension>`: the name of a file
+    /// of offsets `first..=last` of this source, unique to this writing.
+    pub fn unique_name(&self, first: i64, last: i64, extension: &str) -> String {
         let mut nonce = [0u8; 8];
         rand::rng().fill_bytes(&mut nonce);
         format!(
-            "{}-{}-{:05}-{first:020}-{last:020}-{}.parquet",
-            self.cluster,
-            self.topic,
-            self.partition,
+            "{}{first:020}-{last:020}-{}.{extension}",
+            self.name_prefix(),
             hex::encode(nonce)
         )
+    }
+
+    /// `<cluster>-<topic>-<partition>-`: how the name of every file of this source starts.
+    pub fn name_prefix(&self) -> String {
+        format!("{}-{}-{:05}-", self.cluster, self.topic, self.partition)
+    }
+
+    /// The first offset in `name` if it is the name of a file of this source
+    /// ([`KafkaSource::unique_name`]).
+    pub fn first_offset_in(&self, name: &str) -> Option<i64> {
+        let rest = name.strip_prefix(&self.name_prefix())?;
+        let (first, rest) = rest.split_once('-')?;
+        let (last, _) = rest.split_once('-')?;
+        if first.len() != 20 || last.len() != 20 {
+            return None;
+        }
+        last.parse::<i64>().ok()?;
+        first.parse().ok()
     }
 }
 

@@ -26,7 +26,8 @@ use rdkafka::{Offset, TopicPartitionList};
 use verdict_schemas::DecisionEvent;
 
 use crate::flush::{
-    BadRecord, FlushError, FlushReport, PartitionBuffer, StoreCalls, flush_partition, resume_point,
+    BadRecord, FlushError, FlushReport, PartitionBuffer, StoreCalls, drop_uncommitted_quarantine,
+    flush_partition, resume_point,
 };
 use crate::metrics::IngestMetrics;
 use crate::raw_file::ConsumedEvent;
@@ -390,12 +391,15 @@ impl IngestWorker {
         let retry = self.cfg.retry.clone();
         let raw = self.raw().await?;
         let r = resume_point(raw, &source, committed, &retry).await?;
+        let store = Arc::clone(raw.table().store());
+        let dropped = drop_uncommitted_quarantine(&store, &source, r.committed, &retry).await?;
         let start = r.at.map_or(Offset::Beginning, Offset::Offset);
         tracing::info!(
             partition = p,
             ?start,
             kafka_committed = committed,
             log_committed = r.committed,
+            uncommitted_quarantine_deleted = dropped,
             "partition assigned; resuming where the raw table's log says"
         );
         let fresh = Owned {
