@@ -19,7 +19,8 @@ use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use verdict_ingest::KafkaSource;
+use verdict_ingest::flush::StoreCalls;
+use verdict_ingest::{IngestConfig, IngestMetrics, IngestStats, IngestWorker, KafkaSource};
 use verdict_lake::tables::RAW;
 use verdict_rollup::{Rollup, raw_object};
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
@@ -329,5 +330,74 @@ pub async fn assert_exactly_once(
                 produced.keys().nth(first)
             );
         }
+    }
+}
+
+/// A worker of group `group` on `topic` of the test broker that flushes every
+/// `flush_max_records` records or 500 ms, and retries store calls for a minute.
+pub fn worker_config(topic: &str, group: &str, flush_max_records: usize) -> IngestConfig {
+    IngestConfig {
+        brokers: kafka_brokers(),
+        topic: topic.to_owned(),
+        group_id: group.to_owned(),
+        flush_max_records,
+        flush_max_age: Duration::from_millis(500),
+        retry: StoreCalls {
+            give_up_after: Duration::from_secs(60),
+            ..StoreCalls::default()
+        },
+        ..IngestConfig::default()
+    }
+}
+
+/// A worker running on a task of its own until [`Running::stop`].
+pub struct Running {
+    /// The worker's metrics, read while it runs.
+    pub metrics: IngestMetrics,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<IngestStats, verdict_ingest::IngestError>>,
+}
+
+impl Running {
+    /// Starts `cfg`'s worker writing to `store`.
+    ///
+    /// # Panics
+    /// When the worker cannot be built.
+    pub fn start(cfg: IngestConfig, store: Arc<dyn ObjectStore>) -> Self {
+        let worker = IngestWorker::new(cfg, store).expect("the ingest worker");
+        let metrics = worker.metrics();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(worker.run(async {
+            let _ = stopped.await;
+        }));
+        Self {
+            metrics,
+            stop,
+            task,
+        }
+    }
+
+    /// Whether the worker's run has ended (it stopped or failed).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Asks the worker to stop and returns what it did.
+    ///
+    /// # Panics
+    /// When the worker failed.
+    pub async fn stop(self) -> IngestStats {
+        let _ = self.stop.send(());
+        self.task
+            .await
+            .expect("the worker's task")
+            .expect("the worker stopped cleanly")
+    }
+
+    /// Drops the worker's run wherever it is (an await point inside a flush, say): a crash
+    /// that leaves the process alive.
+    pub async fn abort(self) {
+        self.task.abort();
+        let _ = self.task.await;
     }
 }

@@ -9,12 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use object_store::ObjectStore;
-use verdict_ingest::flush::StoreCalls;
-use verdict_ingest::{IngestConfig, IngestWorker};
 use verdict_tests::ingest_check::{
-    all_flushed, assert_exactly_once, create_topic, produce, recent_events,
+    Running, all_flushed, assert_exactly_once, create_topic, produce, recent_events, worker_config,
 };
-use verdict_tests::{Service, eventually, kafka_brokers, require, s3_store, unique_name};
+use verdict_tests::{Service, eventually, require, s3_store, unique_name};
 
 /// Restarts the shared broker with the project's own script (its data stays).
 fn restart_kafka() {
@@ -34,27 +32,11 @@ async fn the_worker_reconnects_after_a_broker_restart_and_writes_every_event_onc
     let topic = unique_name("decisions-restart");
     create_topic(&topic, 4).await;
 
-    let worker = IngestWorker::new(
-        IngestConfig {
-            brokers: kafka_brokers(),
-            topic: topic.clone(),
-            group_id: unique_name("restart-group"),
-            flush_max_records: 1_000,
-            flush_max_age: Duration::from_millis(500),
-            retry: StoreCalls {
-                give_up_after: Duration::from_secs(60),
-                ..StoreCalls::default()
-            },
-            ..IngestConfig::default()
-        },
+    let worker = Running::start(
+        worker_config(&topic, &unique_name("restart-group"), 1_000),
         Arc::clone(&store),
-    )
-    .unwrap();
-    let metrics = worker.metrics();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(worker.run(async {
-        let _ = stopped.await;
-    }));
+    );
+    let metrics = worker.metrics.clone();
 
     let mut produced = produce(&topic, recent_events(4_000, 31)).await;
     eventually(
@@ -67,7 +49,7 @@ async fn the_worker_reconnects_after_a_broker_restart_and_writes_every_event_onc
 
     tokio::task::spawn_blocking(restart_kafka).await.unwrap();
     assert!(
-        !task.is_finished(),
+        !worker.is_finished(),
         "the worker stopped when the broker went away"
     );
 
@@ -82,11 +64,7 @@ async fn the_worker_reconnects_after_a_broker_restart_and_writes_every_event_onc
         metrics.events_written.get() > before,
         "nothing was written after the restart"
     );
-    stop.send(()).unwrap();
-    let stats = task
-        .await
-        .unwrap()
-        .expect("the worker survives the restart");
+    let stats = worker.stop().await;
     println!("broker restart: {stats:?}");
     assert_exactly_once(&store, &produced).await;
 }

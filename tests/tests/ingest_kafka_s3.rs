@@ -11,30 +11,20 @@ use std::time::Duration;
 
 use object_store::ObjectStore;
 use object_store::throttle::{ThrottleConfig, ThrottledStore};
-use verdict_ingest::flush::StoreCalls;
-use verdict_ingest::{IngestConfig, IngestWorker};
+use verdict_ingest::IngestConfig;
 use verdict_schemas::DecisionEvent;
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
 use verdict_tests::ingest_check::{
-    all_flushed, assert_exactly_once, assert_vacuum_takes_only_uncommitted, create_topic, produce,
-    quarantined, raw_rows, recent_events, uncommitted,
+    Running, all_flushed, assert_exactly_once, assert_vacuum_takes_only_uncommitted, create_topic,
+    produce, quarantined, raw_rows, recent_events, uncommitted, worker_config,
 };
 use verdict_tests::private::TcpProxy;
 use verdict_tests::{Service, eventually, kafka_brokers, require, s3_store, unique_name};
 
 fn config(topic: &str, group: &str) -> IngestConfig {
     IngestConfig {
-        brokers: kafka_brokers(),
-        topic: topic.to_owned(),
-        group_id: group.to_owned(),
-        flush_max_records: 1_500,
-        flush_max_age: Duration::from_millis(500),
-        retry: StoreCalls {
-            give_up_after: Duration::from_secs(60),
-            ..StoreCalls::default()
-        },
         stats_interval: Duration::from_millis(500),
-        ..IngestConfig::default()
+        ..worker_config(topic, group, 1_500)
     }
 }
 
@@ -89,44 +79,31 @@ async fn every_event_lands_exactly_once_across_an_aborted_worker_and_bad_records
             ..ThrottleConfig::default()
         },
     ));
-    let first = tokio::spawn(
-        IngestWorker::new(config(&topic, &group), slow)
-            .unwrap()
-            .run(std::future::pending()),
-    );
+    let first = Running::start(config(&topic, &group), slow);
     eventually(
         Duration::from_secs(60),
         "a flush with some of its files written and not committed",
         || async { !uncommitted(&store).await.is_empty() },
     )
     .await;
-    first.abort();
-    let _ = first.await;
+    first.abort().await;
 
     let mut produced_all = produced;
     produced_all.extend(produce(&topic, values[6_000..].to_vec()).await);
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     // The replay cuts its flushes differently (smaller), so its files are not named like
     // the interrupted ones and cannot simply overwrite them.
     let replay = IngestConfig {
         flush_max_records: 250,
         ..config(&topic, &group)
     };
-    let second = tokio::spawn(
-        IngestWorker::new(replay, Arc::clone(&store))
-            .unwrap()
-            .run(async {
-                let _ = rx.await;
-            }),
-    );
+    let second = Running::start(replay, Arc::clone(&store));
     eventually(
         Duration::from_secs(120),
         "every partition flushed to its last offset",
         || all_flushed(&store, "main", &topic, &produced_all),
     )
     .await;
-    tx.send(()).unwrap();
-    let stats = second.await.unwrap().expect("second worker");
+    let stats = second.stop().await;
     println!("second worker: {stats:?}");
     // The interrupted flush's files are in the store and in no commit: readers never see
     // them, and vacuum (past the retention, here none) removes them and nothing else.
@@ -185,13 +162,8 @@ async fn two_workers_in_one_group_over_12_partitions_write_every_event_once() {
     let group = unique_name("ingest-group");
 
     let mut produced = produce(&topic, recent_events(6_000, 1)).await;
-    let (tx_a, rx_a) = tokio::sync::oneshot::channel::<()>();
-    let (tx_b, rx_b) = tokio::sync::oneshot::channel::<()>();
-    let worker_a = IngestWorker::new(config(&topic, &group), Arc::clone(&store)).unwrap();
-    let metrics_a = worker_a.metrics();
-    let a = tokio::spawn(worker_a.run(async {
-        let _ = rx_a.await;
-    }));
+    let a = Running::start(config(&topic, &group), Arc::clone(&store));
+    let metrics_a = a.metrics.clone();
     eventually(
         Duration::from_secs(60),
         "the first worker owns the partitions",
@@ -200,11 +172,8 @@ async fn two_workers_in_one_group_over_12_partitions_write_every_event_once() {
     .await;
     // The second joins while the first is working: the group rebalances under load, and
     // the first worker's unflushed buffers of the partitions it gives up are replayed.
-    let worker_b = IngestWorker::new(config(&topic, &group), Arc::clone(&store)).unwrap();
-    let metrics_b = worker_b.metrics();
-    let b = tokio::spawn(worker_b.run(async {
-        let _ = rx_b.await;
-    }));
+    let b = Running::start(config(&topic, &group), Arc::clone(&store));
+    let metrics_b = b.metrics.clone();
     eventually(
         Duration::from_secs(60),
         "both workers own partitions",
@@ -243,12 +212,7 @@ async fn two_workers_in_one_group_over_12_partitions_write_every_event_once() {
         },
     )
     .await;
-    tx_a.send(()).unwrap();
-    tx_b.send(()).unwrap();
-    let (sa, sb) = (
-        a.await.unwrap().expect("worker a"),
-        b.await.unwrap().expect("worker b"),
-    );
+    let (sa, sb) = tokio::join!(a.stop(), b.stop());
     println!("worker a: {sa:?}\nworker b: {sb:?}");
     assert!(
         sa.events > 0 && sb.events > 0,
@@ -280,13 +244,8 @@ async fn an_object_store_outage_loses_and_doubles_nothing() {
     create_topic(&topic, 4).await;
 
     let mut produced = produce(&topic, recent_events(3_000, 21)).await;
-    let worker =
-        IngestWorker::new(config(&topic, &unique_name("outage-group")), via_proxy).unwrap();
-    let metrics = worker.metrics();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(worker.run(async {
-        let _ = rx.await;
-    }));
+    let worker = Running::start(config(&topic, &unique_name("outage-group")), via_proxy);
+    let metrics = worker.metrics.clone();
     eventually(
         Duration::from_secs(60),
         "the first events written",
@@ -324,8 +283,7 @@ async fn an_object_store_outage_loses_and_doubles_nothing() {
         || all_flushed(&store, "main", &topic, &produced),
     )
     .await;
-    tx.send(()).unwrap();
-    let stats = task.await.unwrap().expect("the worker survives the outage");
+    let stats = worker.stop().await;
     println!("outage: {stats:?}");
     assert!(stats.retries > 0, "the outage caused no retries: {stats:?}");
     assert_eq!(metrics.upload_retries.get(), stats.retries as u64);
@@ -404,22 +362,14 @@ async fn a_group_offset_behind_the_log_is_committed_up_to_it() {
         })
         .collect();
 
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let first = tokio::spawn(
-        IngestWorker::new(config(&topic, &group), Arc::clone(&store))
-            .unwrap()
-            .run(async {
-                let _ = rx.await;
-            }),
-    );
+    let first = Running::start(config(&topic, &group), Arc::clone(&store));
     eventually(
         Duration::from_secs(60),
         "every partition flushed to its last offset",
         || all_flushed(&store, "main", &topic, &produced),
     )
     .await;
-    tx.send(()).unwrap();
-    first.await.unwrap().expect("first worker");
+    first.stop().await;
     assert_eq!(group_offsets(&topic, &group, 2), ends, "committed on flush");
 
     // The commits are lost (as when a commit fails in a rebalance): Kafka's offsets are
@@ -427,12 +377,8 @@ async fn a_group_offset_behind_the_log_is_committed_up_to_it() {
     // resumes from the log, consumes nothing new, and still commits the log's offsets.
     rewind_group(&topic, &group, 2, 0);
     assert_eq!(group_offsets(&topic, &group, 2), vec![Some(0), Some(0)]);
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let worker = IngestWorker::new(config(&topic, &group), Arc::clone(&store)).unwrap();
-    let metrics = worker.metrics();
-    let second = tokio::spawn(worker.run(async {
-        let _ = rx.await;
-    }));
+    let second = Running::start(config(&topic, &group), Arc::clone(&store));
+    let metrics = second.metrics.clone();
     let topic_ = topic.clone();
     let group_ = group.clone();
     eventually(
@@ -454,8 +400,7 @@ async fn a_group_offset_behind_the_log_is_committed_up_to_it() {
         },
     )
     .await;
-    tx.send(()).unwrap();
-    let stats = second.await.unwrap().expect("second worker");
+    let stats = second.stop().await;
     assert_eq!(stats.events, 0, "nothing was consumed twice: {stats:?}");
     assert_exactly_once(&store, &produced).await;
 }
