@@ -7,13 +7,14 @@
 #   postgres  PostgreSQL, from Debian's postgresql package (a private cluster, trust auth)
 #   kafka     Apache Kafka, the real broker, KRaft single node, from Maven Central's
 #             artifacts, run on the machine's Java 17
+#   kafka2    a second Kafka cluster (another region's), the same broker on ports of its own
 #   s3        moto's S3 server, from PyPI, in a virtualenv of its own
 #   spark     not a server: Apache Spark (pyspark from PyPI, run on the machine's Java 17)
 #             with Delta Lake's jars from Maven Central, and the Python `deltalake` and
 #             `polars` readers, in a virtualenv of its own; the tests that read the lake
 #             with other engines run its Python (tests/spark/lake.py)
 #
-# Usage: scripts/services.sh up|down|status|restart [redis|regions|postgres|kafka|s3|spark ...]
+# Usage: scripts/services.sh up|down|status|restart [redis|regions|postgres|kafka|kafka2|s3|spark ...]
 #
 # `up` is idempotent: what already answers is left alone. It waits until each service
 # answers and prints one line per service with its address. Downloads are cached in
@@ -25,7 +26,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=env.sh
 . "$here/env.sh"
 
-ALL=(redis regions postgres kafka s3 spark)
+ALL=(redis regions postgres kafka kafka2 s3 spark)
 
 say() { printf '%s\n' "$*"; }
 log() { printf 'services: %s\n' "$*" >&2; }
@@ -160,15 +161,22 @@ postgres_down() {
 }
 postgres_status() { if pg_ready 2>/dev/null; then say "postgres  up    $VERDICT_PG_URL"; else say "postgres  down  $VERDICT_PG_URL"; fi; }
 
-# ---------------------------------------------------------------- kafka
+# ---------------------------------------------------------------- kafka, kafka2
+# `kafka2` is a second Kafka cluster (another region's own), the same broker on ports and
+# in a folder of its own: the tests of several regions' clusters feeding one table use it.
 kafka_libs() { echo "$VERDICT_CACHE/kafka-$VERDICT_KAFKA_VERSION/libs"; }
-kafka_dir() { echo "$VERDICT_STATE/kafka"; }
+kafka_dir() { echo "$VERDICT_STATE/$1"; }
+kafka_port() { if [ "$1" = kafka2 ]; then echo "$VERDICT_KAFKA2_PORT"; else echo "$VERDICT_KAFKA_PORT"; fi; }
+kafka_controller_port() {
+  if [ "$1" = kafka2 ]; then echo "$VERDICT_KAFKA2_CONTROLLER_PORT"; else echo "$VERDICT_KAFKA_CONTROLLER_PORT"; fi
+}
+kafka_brokers() { if [ "$1" = kafka2 ]; then echo "$VERDICT_KAFKA2_BROKERS"; else echo "$VERDICT_KAFKA_BROKERS"; fi; }
 # The JVM command line shared by the storage tool and the broker.
 kafka_jvm() { KAFKA_JVM=(java -Xms256m -Xmx768m -XX:+UseG1GC -Djava.awt.headless=true
   "-Dlog4j2.configurationFile=file:$here/kafka/log4j2.properties" -cp "$(kafka_libs)/*"); }
-kafka_ready() { port_open "$VERDICT_KAFKA_PORT" && grep -q "Kafka Server started" "$(kafka_dir)/kafka.log"; }
+kafka_ready() { port_open "$(kafka_port "$1")" && grep -q "Kafka Server started" "$(kafka_dir "$1")/kafka.log"; }
 # Stops the wait early when the JVM has died.
-kafka_starting_or_ready() { kafka_ready || ! pid_alive "$(kafka_dir)/kafka.pid"; }
+kafka_starting_or_ready() { kafka_ready "$1" || ! pid_alive "$(kafka_dir "$1")/kafka.pid"; }
 
 # maven_jars POM DIR WHAT -Dproperty=value…: copies the runtime dependencies POM resolves
 # from Maven Central into DIR (once: DIR/.complete marks a finished copy).
@@ -189,21 +197,24 @@ kafka_install() {
     "Apache Kafka $VERDICT_KAFKA_VERSION and its runtime dependencies" -Dkafka.version="$VERDICT_KAFKA_VERSION"
 }
 
-kafka_up() {
+# kafka_node_up NAME: starts the broker NAME (kafka or kafka2) unless it answers.
+kafka_node_up() {
+  local name=$1 line; line=$(printf '%-9s' "$1")
   kafka_install
   kafka_jvm
-  local dir; dir=$(kafka_dir); mkdir -p "$dir"
-  if pid_alive "$dir/kafka.pid" && kafka_ready; then
-    say "kafka     up  $VERDICT_KAFKA_BROKERS"; return 0
+  local dir port cport; dir=$(kafka_dir "$name"); port=$(kafka_port "$name"); cport=$(kafka_controller_port "$name")
+  mkdir -p "$dir"
+  if pid_alive "$dir/kafka.pid" && kafka_ready "$name"; then
+    say "$line up  $(kafka_brokers "$name")"; return 0
   fi
-  port_open "$VERDICT_KAFKA_PORT" && die "port $VERDICT_KAFKA_PORT is taken by something that is not our Kafka"
+  port_open "$port" && die "port $port is taken by something that is not our Kafka ($name)"
   cat >"$dir/server.properties" <<EOF
 # Single-node KRaft broker for verdict's tests (written by scripts/services.sh).
 process.roles=broker,controller
 node.id=1
-controller.quorum.voters=1@127.0.0.1:$VERDICT_KAFKA_CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$VERDICT_KAFKA_PORT,CONTROLLER://127.0.0.1:$VERDICT_KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$VERDICT_KAFKA_PORT
+controller.quorum.voters=1@127.0.0.1:$cport
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
@@ -222,17 +233,26 @@ EOF
   if [ ! -f "$dir/data/meta.properties" ]; then
     local id; id=$(python3 -c 'import base64,uuid;print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')
     "${KAFKA_JVM[@]}" kafka.tools.StorageTool format -t "$id" -c "$dir/server.properties" >"$dir/format.log" 2>&1 \
-      || { tail -20 "$dir/format.log" >&2; die "kafka storage format failed"; }
+      || { tail -20 "$dir/format.log" >&2; die "$name storage format failed"; }
   fi
   : >"$dir/kafka.log"
   (setsid nohup "${KAFKA_JVM[@]}" kafka.Kafka "$dir/server.properties" >>"$dir/kafka.log" 2>&1 &
     echo $! >"$dir/kafka.pid")
-  wait_until 120 kafka kafka_starting_or_ready || true
-  kafka_ready || { tail -30 "$dir/kafka.log" >&2; die "kafka did not start within 120 s (log: $dir/kafka.log)"; }
-  say "kafka     up  $VERDICT_KAFKA_BROKERS"
+  wait_until 120 "$name" kafka_starting_or_ready "$name" || true
+  kafka_ready "$name" || { tail -30 "$dir/kafka.log" >&2; die "$name did not start within 120 s (log: $dir/kafka.log)"; }
+  say "$line up  $(kafka_brokers "$name")"
 }
-kafka_down() { stop_pid "$(kafka_dir)/kafka.pid" kafka; }
-kafka_status() { if pid_alive "$(kafka_dir)/kafka.pid" && kafka_ready; then say "kafka     up    $VERDICT_KAFKA_BROKERS"; else say "kafka     down  $VERDICT_KAFKA_BROKERS"; fi; }
+kafka_node_status() {
+  local line; line=$(printf '%-9s' "$1")
+  if pid_alive "$(kafka_dir "$1")/kafka.pid" && kafka_ready "$1"; then say "$line up    $(kafka_brokers "$1")"
+  else say "$line down  $(kafka_brokers "$1")"; fi
+}
+kafka_up() { kafka_node_up kafka; }
+kafka_down() { stop_pid "$(kafka_dir kafka)/kafka.pid" kafka; }
+kafka_status() { kafka_node_status kafka; }
+kafka2_up() { kafka_node_up kafka2; }
+kafka2_down() { stop_pid "$(kafka_dir kafka2)/kafka.pid" kafka2; }
+kafka2_status() { kafka_node_status kafka2; }
 
 # ---------------------------------------------------------------- s3 (moto)
 moto_venv() { echo "$VERDICT_CACHE/moto-$VERDICT_MOTO_VERSION"; }
@@ -298,7 +318,7 @@ usage() {
 cmd=${1:-}; [ $# -gt 0 ] && shift
 services=("$@"); [ ${#services[@]} -gt 0 ] || services=("${ALL[@]}")
 for s in "${services[@]}"; do
-  case $s in redis|regions|postgres|kafka|s3|spark) ;; *) die "unknown service '$s' (known: ${ALL[*]})";; esac
+  case $s in redis|regions|postgres|kafka|kafka2|s3|spark) ;; *) die "unknown service '$s' (known: ${ALL[*]})";; esac
 done
 mkdir -p "$VERDICT_CACHE" "$VERDICT_STATE"
 

@@ -276,7 +276,9 @@ fn plan_files(
         ) else {
             continue;
         };
-        if let Some(file) = build_hour_file(source.file_name(first, last), hour, events)? {
+        if let Some(file) =
+            build_hour_file(&source.cluster, source.file_name(first, last), hour, events)?
+        {
             let add = Action::Add(raw_add(&file, now_ms, true));
             raw.push((
                 Planned {

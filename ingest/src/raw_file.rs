@@ -74,9 +74,10 @@ impl HourFile {
     }
 }
 
-/// Builds the raw file `name` of one hour's events: rows sorted, encoded, their
-/// statistics taken. `None` for no events.
+/// Builds the raw file `name` of one hour's events read from Kafka cluster `cluster`: rows
+/// sorted, encoded, their statistics taken. `None` for no events.
 pub fn build_hour_file(
+    cluster: &str,
     name: String,
     hour: HourPartition,
     mut events: Vec<ConsumedEvent>,
@@ -84,7 +85,7 @@ pub fn build_hour_file(
     if events.is_empty() {
         return Ok(None);
     }
-    let batch = sorted_raw_batch(&mut events)?;
+    let batch = sorted_raw_batch(&mut events, cluster)?;
     Ok(Some(HourFile {
         hour,
         name,
@@ -94,12 +95,16 @@ pub fn build_hour_file(
     }))
 }
 
-/// Sorts `events` into the raw table's row order and converts them into one batch.
-pub fn sorted_raw_batch(events: &mut [ConsumedEvent]) -> Result<RecordBatch, RawFileError> {
+/// Sorts `events`, read from Kafka cluster `cluster`, into the raw table's row order and
+/// converts them into one batch.
+pub fn sorted_raw_batch(
+    events: &mut [ConsumedEvent],
+    cluster: &str,
+) -> Result<RecordBatch, RawFileError> {
     events.sort_unstable_by(|a, b| a.sort_key().cmp(&b.sort_key()));
     let mut builder = RawBatchBuilder::with_capacity(events.len());
     for c in events.iter() {
-        builder.push(&c.event, c.partition, c.offset);
+        builder.push(&c.event, cluster, c.partition, c.offset);
     }
     Ok(builder.finish()?)
 }
@@ -198,7 +203,7 @@ mod tests {
             consumed(1, 200, 2),
             consumed(5, 100, 3),
         ];
-        let batch = sorted_raw_batch(&mut events).unwrap();
+        let batch = sorted_raw_batch(&mut events, "main").unwrap();
         let order: Vec<i64> = events.iter().map(|c| c.offset).collect();
         assert_eq!(order, [2, 1, 3, 0]);
 

@@ -203,7 +203,9 @@ impl RawTable {
         ) else {
             return Ok(None);
         };
-        let Some(file) = build_hour_file(source.file_name(first, last), hour, events)? else {
+        let Some(file) =
+            build_hour_file(&source.cluster, source.file_name(first, last), hour, events)?
+        else {
             return Ok(None);
         };
         let path = Path::from(file.path());

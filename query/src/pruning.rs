@@ -7,7 +7,7 @@
 //! a pruning predicate and test it against the file's statistics, row groups and bloom
 //! filters. A raw file holds an hour of one Kafka partition, sorted by key id then time
 //! (DESIGN.md), so its statistics can exclude it for a condition on `key_id` (bloom filter,
-//! min/max), `event_time`, `kafka_partition`, `kafka_offset` or `policy_version` (a few
+//! min/max), `event_time`, `kafka_cluster`, `kafka_partition`, `kafka_offset` or `policy_version` (a few
 //! versions are in force in an hour), and `date`/`hour` are its folder. Every other column —
 //! tier, route class, region, verdict, source, the remaining counts — takes nearly all its
 //! values in every file, so testing a condition on it against statistics rules out nothing
@@ -36,9 +36,10 @@ use crate::view::in_raw;
 
 /// The raw table's columns whose per-file statistics can exclude a file (see the module
 /// documentation).
-pub const RAW_PRUNING_COLUMNS: [&str; 7] = [
+pub const RAW_PRUNING_COLUMNS: [&str; 8] = [
     raw::KEY_ID,
     raw::EVENT_TIME,
+    raw::KAFKA_CLUSTER,
     raw::KAFKA_PARTITION,
     raw::KAFKA_OFFSET,
     raw::POLICY_VERSION,

@@ -59,7 +59,7 @@ fn codec(c: &mut Criterion) {
             |mut builder| {
                 for (offset, w) in wire.iter().enumerate() {
                     if let Ok(e) = DecisionEvent::decode(w) {
-                        builder.push(&e, 0, offset as i64);
+                        builder.push(&e, "main", 0, offset as i64);
                     }
                 }
                 builder.finish().unwrap()

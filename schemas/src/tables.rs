@@ -7,7 +7,7 @@ use std::sync::{Arc, LazyLock};
 
 use arrow::array::{
     ArrayRef, BooleanArray, BooleanBufferBuilder, FixedSizeBinaryArray, Int32Array, Int64Array,
-    TimestampMillisecondArray, UInt8Array, UInt16Array, UInt32Array,
+    StringBuilder, TimestampMillisecondArray, UInt8Array, UInt16Array, UInt32Array,
 };
 use arrow::buffer::Buffer;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
@@ -55,6 +55,10 @@ pub mod raw {
     pub const SUB_KEY: &str = "sub_key";
     /// Hot-key split count.
     pub const SUB_KEYS: &str = "sub_keys";
+    /// The Kafka cluster the event was read from (the ingest worker's `--cluster`): each
+    /// region's cluster has the same topic and partition numbers, so a row is identified by
+    /// (`kafka_cluster`, `kafka_partition`, `kafka_offset`).
+    pub const KAFKA_CLUSTER: &str = "kafka_cluster";
     /// Kafka partition the event was read from.
     pub const KAFKA_PARTITION: &str = "kafka_partition";
     /// Kafka offset the event was read from.
@@ -198,6 +202,7 @@ static RAW_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new(POLICY_VERSION, DataType::Int64, false),
         Field::new(SUB_KEY, DataType::UInt8, false),
         Field::new(SUB_KEYS, DataType::UInt8, false),
+        Field::new(KAFKA_CLUSTER, DataType::Utf8, false),
         Field::new(KAFKA_PARTITION, DataType::Int32, false),
         Field::new(KAFKA_OFFSET, DataType::Int64, false),
     ]))
@@ -299,6 +304,7 @@ pub struct RawBatchBuilder {
     policy_version: Vec<i64>,
     sub_key: Vec<u8>,
     sub_keys: Vec<u8>,
+    kafka_cluster: StringBuilder,
     kafka_partition: Vec<i32>,
     kafka_offset: Vec<i64>,
 }
@@ -324,6 +330,7 @@ impl RawBatchBuilder {
             policy_version: Vec::with_capacity(rows),
             sub_key: Vec::with_capacity(rows),
             sub_keys: Vec::with_capacity(rows),
+            kafka_cluster: StringBuilder::with_capacity(rows, rows * 8),
             kafka_partition: Vec::with_capacity(rows),
             kafka_offset: Vec::with_capacity(rows),
         }
@@ -344,8 +351,15 @@ impl RawBatchBuilder {
         self.event_time.is_empty()
     }
 
-    /// Appends one event read from `kafka_partition` at `kafka_offset`.
-    pub fn push(&mut self, e: &DecisionEvent, kafka_partition: i32, kafka_offset: i64) {
+    /// Appends one event read from partition `kafka_partition` of Kafka cluster
+    /// `kafka_cluster` at `kafka_offset`.
+    pub fn push(
+        &mut self,
+        e: &DecisionEvent,
+        kafka_cluster: &str,
+        kafka_partition: i32,
+        kafka_offset: i64,
+    ) {
         self.event_time.push(e.event_time_ms);
         self.key_id.extend_from_slice(&e.key_id.0);
         self.tier.push(e.tier.0);
@@ -366,6 +380,7 @@ impl RawBatchBuilder {
             .push(i64::try_from(e.policy_version).unwrap_or(i64::MAX));
         self.sub_key.push(e.sub_key);
         self.sub_keys.push(e.sub_keys);
+        self.kafka_cluster.append_value(kafka_cluster);
         self.kafka_partition.push(kafka_partition);
         self.kafka_offset.push(kafka_offset);
     }
@@ -394,6 +409,7 @@ impl RawBatchBuilder {
             Arc::new(Int64Array::from(self.policy_version)),
             Arc::new(UInt8Array::from(self.sub_key)),
             Arc::new(UInt8Array::from(self.sub_keys)),
+            Arc::new(self.kafka_cluster.finish()),
             Arc::new(Int32Array::from(self.kafka_partition)),
             Arc::new(Int64Array::from(self.kafka_offset)),
         ];
@@ -407,13 +423,14 @@ impl Default for RawBatchBuilder {
     }
 }
 
-/// Converts events read from one Kafka partition (with their offsets, in the same order) into
-/// a raw `RecordBatch`.
+/// Converts events read from one partition of Kafka cluster `kafka_cluster` (with their
+/// offsets, in the same order) into a raw `RecordBatch`.
 ///
 /// # Errors
 /// When `offsets` is not as long as `events`, or Arrow refuses the arrays.
 pub fn raw_batch(
     events: &[DecisionEvent],
+    kafka_cluster: &str,
     kafka_partition: i32,
     offsets: &[i64],
 ) -> Result<RecordBatch, ArrowError> {
@@ -426,7 +443,7 @@ pub fn raw_batch(
     }
     let mut b = RawBatchBuilder::with_capacity(events.len());
     for (e, &o) in events.iter().zip(offsets) {
-        b.push(e, kafka_partition, o);
+        b.push(e, kafka_cluster, kafka_partition, o);
     }
     b.finish()
 }

@@ -107,7 +107,7 @@ proptest! {
     ) {
         let mut b = RawBatchBuilder::with_capacity(events.len());
         for (i, e) in events.iter().enumerate() {
-            b.push(e, partition, first_offset + i as i64);
+            b.push(e, "main", partition, first_offset + i as i64);
         }
         let batch = b.finish().unwrap();
         prop_assert_eq!(batch.schema(), raw_schema());

@@ -30,8 +30,16 @@ use crate::kafka_brokers;
 
 /// Creates `topic` with `partitions` partitions.
 pub async fn create_topic(topic: &str, partitions: i32) {
+    create_topic_on(&kafka_brokers(), topic, partitions).await;
+}
+
+/// Creates `topic` with `partitions` partitions on the Kafka cluster at `brokers`.
+///
+/// # Panics
+/// When the cluster refuses.
+pub async fn create_topic_on(brokers: &str, topic: &str, partitions: i32) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", kafka_brokers())
+        .set("bootstrap.servers", brokers)
         .create()
         .unwrap();
     let results = admin
@@ -49,8 +57,20 @@ pub async fn create_topic(topic: &str, partitions: i32) {
 /// Produces `values` keyed by their first 16 bytes (or a fixed key for short garbage);
 /// returns (partition, offset) → value.
 pub async fn produce(topic: &str, values: Vec<Vec<u8>>) -> BTreeMap<(i32, i64), Vec<u8>> {
+    produce_to(&kafka_brokers(), topic, values).await
+}
+
+/// [`produce`] to the Kafka cluster at `brokers`.
+///
+/// # Panics
+/// When a value is not delivered within 30 s.
+pub async fn produce_to(
+    brokers: &str,
+    topic: &str,
+    values: Vec<Vec<u8>>,
+) -> BTreeMap<(i32, i64), Vec<u8>> {
     let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", kafka_brokers())
+        .set("bootstrap.servers", brokers)
         .set("enable.idempotence", "true")
         .set("linger.ms", "5")
         .create()
@@ -266,18 +286,27 @@ pub async fn raw_table(store: &Arc<dyn ObjectStore>) -> SessionContext {
 }
 
 /// Checks, with DataFusion queries over the raw table, that every produced (partition,
-/// offset) is in it exactly once and that its row equals the event produced there
-/// (every column).
+/// offset) of the `main` Kafka cluster is in it exactly once and that its row equals the
+/// event produced there (every column).
 pub async fn assert_exactly_once(
     store: &Arc<dyn ObjectStore>,
     produced: &BTreeMap<(i32, i64), Vec<u8>>,
 ) {
+    assert_exactly_once_from(store, &BTreeMap::from([("main", produced)])).await;
+}
+
+/// [`assert_exactly_once`] for events produced to several Kafka clusters (by cluster name):
+/// every row is identified by (cluster, partition, offset).
+pub async fn assert_exactly_once_from(
+    store: &Arc<dyn ObjectStore>,
+    produced: &BTreeMap<&str, &BTreeMap<(i32, i64), Vec<u8>>>,
+) {
     let ctx = raw_table(store).await;
     let twice = ctx
         .sql(
-            "SELECT kafka_partition, kafka_offset, COUNT(*) AS n FROM raw \
-             GROUP BY kafka_partition, kafka_offset HAVING COUNT(*) > 1 \
-             ORDER BY kafka_partition, kafka_offset LIMIT 20",
+            "SELECT kafka_cluster, kafka_partition, kafka_offset, COUNT(*) AS n FROM raw \
+             GROUP BY kafka_cluster, kafka_partition, kafka_offset HAVING COUNT(*) > 1 \
+             ORDER BY kafka_cluster, kafka_partition, kafka_offset LIMIT 20",
         )
         .await
         .unwrap()
@@ -292,14 +321,19 @@ pub async fn assert_exactly_once(
         arrow::util::pretty::pretty_format_batches(&twice).unwrap()
     );
 
-    let mut expected = RawBatchBuilder::with_capacity(produced.len());
-    for ((partition, offset), value) in produced {
-        let event = DecisionEvent::decode(value).expect("a good event was produced");
-        expected.push(&event, *partition, *offset);
+    let rows = produced.values().map(|p| p.len()).sum();
+    let mut expected = RawBatchBuilder::with_capacity(rows);
+    let mut keys = Vec::with_capacity(rows);
+    for (cluster, events) in produced {
+        for ((partition, offset), value) in *events {
+            let event = DecisionEvent::decode(value).expect("a good event was produced");
+            expected.push(&event, cluster, *partition, *offset);
+            keys.push((*cluster, *partition, *offset));
+        }
     }
     let expected = expected.finish().unwrap();
     let actual = ctx
-        .sql("SELECT * FROM raw ORDER BY kafka_partition, kafka_offset")
+        .sql("SELECT * FROM raw ORDER BY kafka_cluster, kafka_partition, kafka_offset")
         .await
         .unwrap()
         .collect()
@@ -307,8 +341,7 @@ pub async fn assert_exactly_once(
         .unwrap();
     assert!(
         !actual.is_empty(),
-        "the raw table reads back empty through DataFusion ({} rows produced)",
-        produced.len()
+        "the raw table reads back empty through DataFusion ({rows} rows produced)"
     );
     let actual = arrow::compute::concat_batches(&actual[0].schema(), &actual).unwrap();
     assert_eq!(
@@ -327,7 +360,7 @@ pub async fn assert_exactly_once(
             panic!(
                 "column {} differs from what was produced, first at row {first} ({:?})",
                 field.name(),
-                produced.keys().nth(first)
+                keys.get(first)
             );
         }
     }

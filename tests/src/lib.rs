@@ -26,6 +26,9 @@ pub enum Service {
     Postgres,
     /// Apache Kafka (decision events).
     Kafka,
+    /// A second Kafka cluster, another region's (the tests of several clusters feeding one
+    /// table).
+    Kafka2,
     /// The S3-API server (raw and rollup tables).
     S3,
     /// The Redis servers of the regional tests, one per region.
@@ -38,6 +41,7 @@ impl Service {
             Self::Redis => "redis",
             Self::Postgres => "postgres",
             Self::Kafka => "kafka",
+            Self::Kafka2 => "kafka2",
             Self::S3 => "s3",
             Self::Regions => "regions",
         }
@@ -48,15 +52,16 @@ impl Service {
         match self {
             Self::Redis => host_port(&redis_url()),
             Self::Postgres => host_port(&postgres_url()),
-            Self::Kafka => kafka_brokers()
-                .split(',')
-                .next()
-                .unwrap_or_default()
-                .to_owned(),
+            Self::Kafka => first_broker(&kafka_brokers()),
+            Self::Kafka2 => first_broker(&kafka2_brokers()),
             Self::S3 => host_port(&s3_endpoint()),
             Self::Regions => host_port(&region_redis_urls()[0]),
         }
     }
+}
+
+fn first_broker(brokers: &str) -> String {
+    brokers.split(',').next().unwrap_or_default().to_owned()
 }
 
 fn env_or(name: &str, default: &str) -> String {
@@ -87,6 +92,11 @@ pub fn postgres_url() -> String {
 /// `VERDICT_KAFKA_BROKERS`, default `127.0.0.1:19092`.
 pub fn kafka_brokers() -> String {
     env_or("VERDICT_KAFKA_BROKERS", "127.0.0.1:19092")
+}
+
+/// `VERDICT_KAFKA2_BROKERS`, default `127.0.0.1:19094`: the second Kafka cluster.
+pub fn kafka2_brokers() -> String {
+    env_or("VERDICT_KAFKA2_BROKERS", "127.0.0.1:19094")
 }
 
 /// `VERDICT_S3_ENDPOINT`, default `http://127.0.0.1:19000`.

@@ -5,7 +5,7 @@
 //! offset) is in the raw table exactly once with the row that was produced, and every bad
 //! record is in quarantine with its reason.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,11 +15,14 @@ use verdict_ingest::IngestConfig;
 use verdict_schemas::DecisionEvent;
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
 use verdict_tests::ingest_check::{
-    Running, all_flushed, assert_exactly_once, assert_vacuum_takes_only_uncommitted, create_topic,
-    produce, quarantined, raw_rows, recent_events, uncommitted, worker_config,
+    Running, all_flushed, assert_exactly_once, assert_exactly_once_from,
+    assert_vacuum_takes_only_uncommitted, create_topic, create_topic_on, produce, produce_to,
+    quarantined, raw_rows, recent_events, uncommitted, worker_config,
 };
 use verdict_tests::private::TcpProxy;
-use verdict_tests::{Service, eventually, kafka_brokers, require, s3_store, unique_name};
+use verdict_tests::{
+    Service, eventually, kafka_brokers, kafka2_brokers, require, s3_store, unique_name,
+};
 
 fn config(topic: &str, group: &str) -> IngestConfig {
     IngestConfig {
@@ -403,4 +406,52 @@ async fn a_group_offset_behind_the_log_is_committed_up_to_it() {
     let stats = second.stop().await;
     assert_eq!(stats.events, 0, "nothing was consumed twice: {stats:?}");
     assert_exactly_once(&store, &produced).await;
+}
+
+/// Two regions' Kafka clusters, each with the same topic and the same partition numbers,
+/// feed one raw table through a worker each (`cluster` "main" and "east"): their progress is
+/// two applications in the log, and every (cluster, partition, offset) is in the table once,
+/// with its row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_kafka_clusters_with_the_same_topic_and_partitions_feed_one_table_exactly_once() {
+    require(Service::Kafka);
+    require(Service::Kafka2);
+    verdict_tests::capture_logs();
+    let store = s3_store("verdict-ingest-test").await;
+    let run = unique_name("two-clusters");
+    let store: Arc<dyn ObjectStore> = Arc::new(verdict_ingest::Prefixed::new(store, &run));
+    let topic = unique_name("decisions");
+    let group = unique_name("ingest-group");
+    for brokers in [kafka_brokers(), kafka2_brokers()] {
+        create_topic_on(&brokers, &topic, 3).await;
+    }
+    let main = produce_to(&kafka_brokers(), &topic, recent_events(3_000, 51)).await;
+    let east = produce_to(&kafka2_brokers(), &topic, recent_events(3_000, 52)).await;
+    let shared = main.keys().filter(|k| east.contains_key(k)).count();
+    assert!(
+        shared >= 2_500,
+        "the clusters share only {shared} (partition, offset) pairs"
+    );
+
+    let a = Running::start(config(&topic, &group), Arc::clone(&store));
+    let b = Running::start(
+        IngestConfig {
+            brokers: kafka2_brokers(),
+            cluster: "east".to_owned(),
+            ..config(&topic, &group)
+        },
+        Arc::clone(&store),
+    );
+    eventually(
+        Duration::from_secs(120),
+        "both clusters' partitions flushed to their last offsets",
+        || async {
+            all_flushed(&store, "main", &topic, &main).await
+                && all_flushed(&store, "east", &topic, &east).await
+        },
+    )
+    .await;
+    let (sa, sb) = tokio::join!(a.stop(), b.stop());
+    println!("main: {sa:?}\neast: {sb:?}");
+    assert_exactly_once_from(&store, &BTreeMap::from([("east", &east), ("main", &main)])).await;
 }

@@ -306,6 +306,7 @@ async fn compaction_under_a_counting_reader_never_changes_the_count() {
     write_raw_files(&store, TOPIC, hour, by, 2_000).await;
     write_raw_files(&store, TOPIC, hour, [(1, p1)].into(), 8_000).await;
     let in_flight = verdict_ingest::raw_file::build_hour_file(
+        "local",
         "in-flight.parquet".into(),
         hour,
         p2[..100].to_vec(),

@@ -43,9 +43,14 @@ async fn the_rollup_equals_a_fold_over_the_events_and_a_rerun_is_byte_identical(
     // Compaction caught between writing its output and committing it: partition 0's first
     // two files again, as one file in the hour's folder that no commit names.
     let first_two: Vec<_> = spread(&events, 3)[&0][..40_000].to_vec();
-    let merged = build_hour_file("compacted-interrupted.parquet".into(), hour, first_two)
-        .unwrap()
-        .unwrap();
+    let merged = build_hour_file(
+        "local",
+        "compacted-interrupted.parquet".into(),
+        hour,
+        first_two,
+    )
+    .unwrap()
+    .unwrap();
     store
         .put(&Path::from(merged.path()), PutPayload::from(merged.bytes))
         .await

@@ -139,7 +139,7 @@ pub async fn run(args: IngestBenchArgs) -> anyhow::Result<()> {
             })
         });
         for (_, mut events) in split_by_hour(events).hours {
-            batches.push(sorted_raw_batch(&mut events)?);
+            batches.push(sorted_raw_batch(&mut events, "bench")?);
         }
     }
     let encode_started = Instant::now();
