@@ -11,7 +11,7 @@
 #   s3        moto's S3 server, from PyPI, in a virtualenv of its own
 #   spark     not a server: Apache Spark (pyspark from PyPI, run on the machine's Java 17)
 #             with Delta Lake's jars from Maven Central, and the Python `deltalake` and
-#             `polars` readers, in a virtualenv of its own; the tests that read the lake
+#             `polars` readers and DuckDB, in a virtualenv of its own; the tests that read the lake
 #             with other engines run its Python (tests/spark/lake.py)
 #
 # Usage: scripts/services.sh up|down|status|restart [redis|regions|postgres|kafka|kafka2|s3|spark ...]
@@ -289,7 +289,7 @@ s3_status() { if s3_ready 2>/dev/null; then say "s3        up    $VERDICT_S3_END
 # ---------------------------------------------------------------- spark (other engines)
 spark_venv() { echo "$VERDICT_CACHE/spark-$VERDICT_PYSPARK_VERSION"; }
 spark_jars() { echo "$VERDICT_CACHE/delta-spark-$VERDICT_DELTA_SPARK_VERSION/jars"; }
-spark_ready() { [ -f "$(spark_venv)/.complete" ] && [ -f "$(spark_jars)/.complete" ]; }
+spark_ready() { [ -f "$(spark_venv)/.complete" ] && [ -f "$(spark_jars)/.complete" ] && "$(spark_venv)/bin/python" -c 'import duckdb' 2>/dev/null; }
 
 spark_up() {
   local venv jars; venv=$(spark_venv); jars=$(spark_jars)
@@ -301,6 +301,11 @@ spark_up() {
       "polars==$VERDICT_POLARS_VERSION" pyarrow >"$VERDICT_STATE/pip-spark.log" 2>&1 \
       || { tail -20 "$VERDICT_STATE/pip-spark.log" >&2; rm -rf "$venv"; die "pip could not install pyspark"; }
     touch "$venv/.complete"
+  fi
+  if ! "$venv/bin/python" -c 'import duckdb' 2>/dev/null; then
+    log "installing duckdb==$VERDICT_DUCKDB_VERSION from PyPI into $venv"
+    "$venv/bin/pip" install -q "duckdb==$VERDICT_DUCKDB_VERSION" >"$VERDICT_STATE/pip-spark.log" 2>&1 \
+      || { tail -20 "$VERDICT_STATE/pip-spark.log" >&2; die "pip could not install duckdb"; }
   fi
   maven_jars "$here/spark/pom.xml" "$jars" "Delta Lake $VERDICT_DELTA_SPARK_VERSION for Spark" \
     -Ddelta.version="$VERDICT_DELTA_SPARK_VERSION"

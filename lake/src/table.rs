@@ -12,6 +12,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
@@ -275,12 +276,29 @@ impl Commit {
     }
 }
 
+/// What a table reads the time from, in UTC milliseconds: the commits' timestamps, and the
+/// cut-offs of a checkpoint's tombstones and of the log cleanup.
+pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
+
 /// A Delta table at `root` in `store`.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Table {
     store: Arc<dyn ObjectStore>,
     root: Path,
     name: String,
+    clock: Clock,
+    /// The oldest version the log may still hold, once a cleanup has listed it (-1 before):
+    /// later cleanups then look up checkpoints by name instead of listing the whole log.
+    log_start: Arc<AtomicI64>,
+}
+
+impl std::fmt::Debug for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table")
+            .field("store", &self.store)
+            .field("root", &self.root)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The commit file of a version, listed.
@@ -299,7 +317,17 @@ impl Table {
             store,
             root: Path::from(root),
             name: root.to_owned(),
+            clock: Arc::new(|| chrono::Utc::now().timestamp_millis()),
+            log_start: Arc::new(AtomicI64::new(-1)),
         }
+    }
+
+    /// The table reading the time from `clock` instead of the system's: a simulation of
+    /// days of commits in minutes (`verdict bench log`) runs the cleanup as those days would.
+    #[must_use]
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The table's root.
@@ -604,7 +632,13 @@ impl Table {
             other => return other,
         }
         let actions = vec![
-            Action::CommitInfo(commit_info("CREATE TABLE", &BTreeMap::new(), -1, false)),
+            Action::CommitInfo(commit_info(
+                (self.clock)(),
+                "CREATE TABLE",
+                &BTreeMap::new(),
+                -1,
+                false,
+            )),
             Action::Protocol(Protocol::default()),
             Action::MetaData(metadata),
         ];
@@ -643,6 +677,7 @@ impl Table {
             let version = snapshot.version() + 1;
             let mut actions = Vec::with_capacity(commit.actions.len() + 1);
             actions.push(Action::CommitInfo(commit_info(
+                (self.clock)(),
                 &commit.operation,
                 &commit.parameters,
                 read_version,
@@ -658,6 +693,11 @@ impl Table {
                             source,
                         })?;
                     if version % snapshot.checkpoint_interval() == 0 {
+                        // A long-lived writer's snapshot drops the tombstones past the
+                        // deleted-file retention, as a snapshot loaded from this checkpoint
+                        // will, so that it does not grow with every removal since it started.
+                        let retention = duration_ms(snapshot.deleted_file_retention());
+                        snapshot.expire_tombstones((self.clock)() - retention);
                         // The commit is in; a checkpoint that fails is only a slower next
                         // load, so it is logged, not returned.
                         if let Err(e) = self.checkpoint(snapshot).await {
@@ -708,17 +748,19 @@ impl Table {
     /// retention left out), points `_last_checkpoint` at it, and deletes the log entries
     /// the retention no longer needs.
     pub async fn checkpoint(&self, snapshot: &Snapshot) -> Result<LastCheckpoint, LakeError> {
-        let now = chrono::Utc::now().timestamp_millis();
-        let mut kept = snapshot.clone();
-        kept.expire_tombstones(now - duration_ms(snapshot.deleted_file_retention()));
+        let now = (self.clock)();
+        let tombstones_from = now - duration_ms(snapshot.deleted_file_retention());
         let path = LogFile::Checkpoint(snapshot.version()).path(&self.root);
-        let (bytes, counts) = encode_checkpoint(kept.checkpoint_actions()).map_err(|source| {
-            LakeError::Checkpoint {
+        let actions = snapshot.checkpoint_actions().filter(|a| match a {
+            Action::Remove(r) => r.deletion_timestamp.unwrap_or(0) >= tombstones_from,
+            _ => true,
+        });
+        let (bytes, counts) =
+            encode_checkpoint(actions).map_err(|source| LakeError::Checkpoint {
                 table: self.name.clone(),
                 path: path.to_string(),
                 source,
-            }
-        })?;
+            })?;
         let size = bytes.len() as i64;
         self.store
             .put(&path, PutPayload::from(Bytes::from(bytes)))
@@ -739,8 +781,11 @@ impl Table {
             .await
             .map_err(self.store_err())?;
         tracing::debug!(table = %self.name, version = last.version, actions = last.size, bytes = size, "checkpoint written");
-        self.clean_log(now - duration_ms(snapshot.log_retention()))
-            .await?;
+        let before_ms = now - duration_ms(snapshot.log_retention());
+        match self.log_start.load(Ordering::Relaxed) {
+            start if start >= 0 => self.clean_log_from(start, snapshot, before_ms).await?,
+            _ => self.clean_log(before_ms).await?,
+        };
         Ok(last)
     }
 
@@ -748,6 +793,10 @@ impl Table {
     /// `before_ms`: every version since that checkpoint stays loadable.
     pub async fn clean_log(&self, before_ms: i64) -> Result<usize, LakeError> {
         let entries = self.list_log(None).await?;
+        if let Some(oldest) = entries.first() {
+            self.log_start
+                .fetch_max(oldest.file.version(), Ordering::Relaxed);
+        }
         let Some(keep_from) = entries
             .iter()
             .filter(|e| {
@@ -774,6 +823,69 @@ impl Table {
         if n > 0 {
             tracing::info!(table = %self.name, deleted = n, before_version = keep_from, "log entries past the log retention deleted");
         }
+        self.log_start.fetch_max(keep_from, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    /// [`Table::clean_log`] for a log known to start at `start`, without listing it: the
+    /// checkpoints of `snapshot`'s interval from `start` on are looked up by name (in steady
+    /// state two or three HEADs), and the versions before the newest one older than
+    /// `before_ms` are deleted by name. A listing of the whole log, at every checkpoint, grew
+    /// with the log's retention (a week of ingest is about 120,000 commits).
+    async fn clean_log_from(
+        &self,
+        start: i64,
+        snapshot: &Snapshot,
+        before_ms: i64,
+    ) -> Result<usize, LakeError> {
+        let interval = snapshot.checkpoint_interval();
+        let mut keep_from = None;
+        let mut c = (start + interval - 1).div_euclid(interval) * interval;
+        while c <= snapshot.version() {
+            match self
+                .store
+                .head(&LogFile::Checkpoint(c).path(&self.root))
+                .await
+            {
+                Ok(meta) if meta.last_modified.timestamp_millis() < before_ms => {
+                    keep_from = Some(c);
+                }
+                Ok(_) => break,
+                // A checkpoint that failed to be written: the next one serves.
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(self.store_err()(e)),
+            }
+            c += interval;
+        }
+        let Some(keep_from) = keep_from.filter(|&k| k > start) else {
+            return Ok(0);
+        };
+        let doomed: Vec<object_store::Result<Path>> = (start..keep_from)
+            .flat_map(|v| {
+                let checkpoint = (v % interval == 0).then_some(LogFile::Checkpoint(v));
+                std::iter::once(LogFile::Commit(v))
+                    .chain(checkpoint)
+                    .map(|f| Ok(f.path(&self.root)))
+            })
+            .collect();
+        let results: Vec<object_store::Result<Path>> = self
+            .store
+            .delete_stream(futures::stream::iter(doomed).boxed())
+            .collect()
+            .await;
+        let mut n = 0;
+        for r in results {
+            match r {
+                Ok(_) => n += 1,
+                // Deleted already, by another writer's cleanup.
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(self.store_err()(e)),
+            }
+        }
+        self.log_start.fetch_max(keep_from, Ordering::Relaxed);
+        if n > 0 {
+            tracing::info!(table = %self.name, deleted = n, before_version = keep_from, "log entries past the log retention deleted");
+        }
         Ok(n)
     }
 }
@@ -783,13 +895,14 @@ fn duration_ms(d: std::time::Duration) -> i64 {
 }
 
 fn commit_info(
+    timestamp: i64,
     operation: &str,
     parameters: &BTreeMap<String, String>,
     read_version: i64,
     blind: bool,
 ) -> CommitInfo {
     CommitInfo {
-        timestamp: Some(chrono::Utc::now().timestamp_millis()),
+        timestamp: Some(timestamp),
         operation: Some(operation.to_owned()),
         operation_parameters: Some(parameters.clone()),
         engine_info: Some(concat!("verdict/", env!("CARGO_PKG_VERSION")).to_owned()),

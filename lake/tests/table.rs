@@ -346,3 +346,65 @@ async fn vacuum_deletes_removed_files_and_orphans_past_the_retention_only() {
             .is_ok()
     );
 }
+
+#[tokio::test]
+async fn each_checkpoint_deletes_the_log_the_retention_no_longer_needs() {
+    let (_dir, store) = folder();
+    // A clock 31 days ahead: every checkpoint written is past the 30-day log retention.
+    let table =
+        Table::new(Arc::clone(&store), "t").with_clock(Arc::new(|| now() + 31 * 86_400_000));
+    let mut s = table.open_or_create(metadata(5)).await.unwrap();
+    let mut logged = Vec::new();
+    for i in 1..=23 {
+        table
+            .commit(&mut s, append(&format!("f{i:02}.parquet")))
+            .await
+            .unwrap();
+        if i % 5 == 0 {
+            logged.push(log_names(&store).await);
+        }
+    }
+    // The first cleanup lists the log; the later ones look the checkpoints up by name. Each
+    // leaves the newest checkpoint and what follows it.
+    for (k, names) in logged.iter().enumerate() {
+        let v = 5 * (k as i64 + 1);
+        let want: Vec<String> = [
+            format!("{v:020}.checkpoint.parquet"),
+            format!("{v:020}.json"),
+        ]
+        .into_iter()
+        .chain(["_last_checkpoint".to_owned()])
+        .collect();
+        assert_eq!(names, &want, "after the checkpoint of version {v}");
+    }
+    assert_eq!(
+        log_names(&store).await,
+        [
+            "00000000000000000020.checkpoint.parquet",
+            "00000000000000000020.json",
+            "00000000000000000021.json",
+            "00000000000000000022.json",
+            "00000000000000000023.json",
+            "_last_checkpoint",
+        ]
+    );
+    let latest = Table::new(Arc::clone(&store), "t")
+        .snapshot()
+        .await
+        .unwrap();
+    assert_eq!((latest.version(), latest.files().count()), (23, 23));
+    let e = table.load(Some(19)).await.unwrap_err();
+    assert!(e.to_string().contains("older than the log keeps"), "{e}");
+}
+
+async fn log_names(store: &Arc<dyn ObjectStore>) -> Vec<String> {
+    use futures::TryStreamExt;
+    let mut names: Vec<String> = store
+        .list(Some(&Path::from("t/_delta_log")))
+        .map_ok(|m| m.location.filename().unwrap_or_default().to_owned())
+        .try_collect()
+        .await
+        .unwrap();
+    names.sort();
+    names
+}

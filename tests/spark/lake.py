@@ -1,12 +1,13 @@
 """Reads verdict's lake with other engines, as an analyst would: Apache Spark with Delta
-Lake's connector, delta-rs (the `deltalake` package) and Polars. The Rust tests run it with
+Lake's connector, delta-rs (the `deltalake` package), Polars, and DuckDB over the files of
+the snapshot delta-rs loads. The Rust tests run it with
 the Python of `scripts/services.sh up spark` and compare what it prints (JSON, one object
 per line) with what verdict counts.
 
     lake.py count  TABLE            rows of a Delta table, by Spark
     lake.py watch  TABLE            counts again and again until stdin closes; "ready" first
     lake.py sql    ROOT FILE        runs the SQL in FILE on Spark over ROOT's tables
-    lake.py others TABLE            rows of a Delta table by delta-rs and by Polars
+    lake.py others TABLE            rows of a Delta table by delta-rs, Polars and DuckDB
 """
 
 import glob
@@ -55,6 +56,7 @@ def main(argv):
     what = argv[1]
     if what == "others":
         import deltalake
+        import duckdb
         import polars as pl
 
         table = argv[2]
@@ -63,7 +65,22 @@ def main(argv):
         # column's type as the files hold it.
         n_delta_rs = dt.to_pyarrow_table().num_rows
         n_polars = pl.read_delta(table).height
-        say({"delta_rs": n_delta_rs, "polars": n_polars, "version": dt.version()})
+        # DuckDB reads the files of the snapshot, never a glob of the folder (which would
+        # also see files that are removed, or not committed yet).
+        files = dt.file_uris()
+        n_duckdb = (
+            duckdb.execute("SELECT count(*) FROM read_parquet(?)", [files]).fetchone()[0]
+            if files
+            else 0
+        )
+        say(
+            {
+                "delta_rs": n_delta_rs,
+                "polars": n_polars,
+                "duckdb": n_duckdb,
+                "version": dt.version(),
+            }
+        )
         return
     spark = spark_session()
     spark.sparkContext.setLogLevel("ERROR")

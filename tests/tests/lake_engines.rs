@@ -172,10 +172,12 @@ async fn spark_delta_rs_and_polars_count_what_verdict_counts_through_compactions
     let raw = raw.to_str().unwrap();
     let spark = run(&["count", raw]);
     let others = run(&["others", raw]);
-    println!("after a killed compaction: Spark {spark:?}, delta-rs and Polars {others:?}");
+    println!("after a killed compaction: Spark {spark:?}, delta-rs, Polars and DuckDB {others:?}");
     assert_eq!(spark[0]["count"].as_u64(), Some(total));
     assert_eq!(others[0]["delta_rs"].as_u64(), Some(total));
     assert_eq!(others[0]["polars"].as_u64(), Some(total));
+    // DuckDB over the snapshot's files: the README's recipe for an analyst's DuckDB.
+    assert_eq!(others[0]["duckdb"].as_u64(), Some(total));
     assert_eq!(verdict_count().await, total);
 
     // The same report on Spark SQL and on verdict: the same rows.

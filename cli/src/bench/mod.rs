@@ -4,6 +4,7 @@
 pub mod gateway;
 pub mod ingest;
 pub mod limiter;
+pub mod log;
 pub mod query;
 pub mod rollup;
 
@@ -26,6 +27,11 @@ pub enum BenchCommand {
     /// prints one JSON object per mode with events/s, CPU cores used and Parquet bytes
     /// per event.
     Ingest(ingest::IngestBenchArgs),
+    /// The raw table's Delta log after simulated days of ingest (12 partitions flushing once
+    /// a minute, hourly compaction, daily retention), on a local folder: prints one JSON
+    /// object per day with the log's files and bytes, the newest checkpoint's size and the
+    /// time a reader takes to load the latest snapshot.
+    Log(log::LogBenchArgs),
     /// One peak hour of raw data (62.5 M events by default) rolled up, and in the same run
     /// the rollup's SQL over the same files in DataFusion and in DuckDB (from PyPI); prints
     /// events/s, rollup rows and bytes, vs_datafusion_sql and vs_duckdb (ours ÷ theirs).
@@ -47,6 +53,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Limiter(args) => limiter::run(args).await,
         BenchCommand::Ingest(args) => ingest::run(args).await,
+        BenchCommand::Log(args) => log::run(args).await,
         BenchCommand::Rollup(args) => rollup::run(args).await,
         BenchCommand::Query(args) => query::run(args).await,
         BenchCommand::Gateway(args) => gateway::run(args).await,
