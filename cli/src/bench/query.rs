@@ -167,6 +167,18 @@ async fn write_data_set(
         let report = rollup.run_hour(hour).await?;
         rollup_rows += report.rows as u64;
         if start < raw_from_ms {
+            // Past the raw table's days: removed in a commit, as retention does, then its
+            // files deleted, as vacuum does.
+            let table = verdict_lake::tables::RAW.table(Arc::clone(store));
+            let mut snapshot = table.snapshot().await?;
+            let now = chrono::Utc::now().timestamp_millis();
+            let removes: Vec<verdict_lake::Action> = snapshot
+                .files_under(&format!("{}/", hour.partition_path()))
+                .map(|a| verdict_lake::Action::Remove(a.remove(now, true)))
+                .collect();
+            table
+                .commit(&mut snapshot, verdict_lake::Commit::new("DELETE", removes))
+                .await?;
             delete_under(store.as_ref(), &Path::from(hour.raw_prefix())).await?;
         } else {
             raw_events += report.events;
@@ -396,12 +408,28 @@ async fn duckdb_spec(
     w.close()?;
     let policies_path = root.join("bench-policies.parquet");
     std::fs::write(&policies_path, buf)?;
-    let lake = root.display().to_string().replace('\'', "''");
+    // DuckDB reads each table's snapshot: the files of its latest version, listed from the
+    // Delta log, as an analyst's DuckDB reads the lake (a glob of the folder would also take
+    // the log's checkpoints, and files removed or not committed).
+    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(root)?);
+    let mut files = BTreeMap::new();
+    for def in verdict_lake::tables::ALL {
+        let snapshot = def.table(Arc::clone(&store)).snapshot().await?;
+        let list: Vec<String> = snapshot
+            .files()
+            .map(|a| {
+                let path = root.join(def.root).join(&a.path);
+                format!("'{}'", path.display().to_string().replace('\'', "''"))
+            })
+            .collect();
+        anyhow::ensure!(!list.is_empty(), "the {} table holds no files", def.name);
+        files.insert(def.name, format!("[{}]", list.join(", ")));
+    }
     let views = serde_json::json!({
-        "decisions": format!("SELECT * FROM read_parquet('{lake}/raw/*/*/*.parquet', hive_partitioning = true, hive_types = {{'date': DATE, 'hour': INTEGER}})"),
-        "denied_hourly": format!("SELECT *, CAST(hour AS DATE) AS date FROM read_parquet('{lake}/rollup/denied_hourly/*/*/*.parquet', hive_partitioning = false)"),
-        "demand_hourly": format!("SELECT *, CAST(hour AS DATE) AS date FROM read_parquet('{lake}/rollup/demand_hourly/*/*/*.parquet', hive_partitioning = false)"),
-        "overage": format!("SELECT * FROM read_parquet('{lake}/overage/*/*.parquet', hive_partitioning = false)"),
+        "decisions": format!("SELECT * FROM read_parquet({}, hive_partitioning = true, hive_types = {{'date': DATE, 'hour': INTEGER}})", files["raw"]),
+        "denied_hourly": format!("SELECT *, CAST(hour AS DATE) AS date FROM read_parquet({}, hive_partitioning = false)", files["denied_hourly"]),
+        "demand_hourly": format!("SELECT *, CAST(hour AS DATE) AS date FROM read_parquet({}, hive_partitioning = false)", files["demand_hourly"]),
+        "overage": format!("SELECT * FROM read_parquet({}, hive_partitioning = false)", files["overage"]),
         "policies": format!("SELECT * FROM read_parquet('{}')", policies_path.display().to_string().replace('\'', "''")),
     });
     let spec = serde_json::json!({

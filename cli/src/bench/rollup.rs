@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Args;
-use object_store::ObjectStore;
 use object_store::local::LocalFileSystem;
+use object_store::{ObjectStore, ObjectStoreExt};
 use serde::Serialize;
 use verdict_ingest::{ConsumedEvent, KafkaSource, RawTable};
 use verdict_rollup::{ROLLUP_SQL, Rollup, hour_files};
@@ -46,6 +46,8 @@ struct RollupBenchReport {
     rollup_rows: usize,
     rollup_bytes: usize,
     datafusion_sql_seconds: f64,
+    fold_seconds: f64,
+    demand_seconds: f64,
     vs_datafusion_sql: f64,
     duckdb_seconds: Option<f64>,
     duckdb_rows: Option<usize>,
@@ -94,13 +96,34 @@ pub async fn run(args: RollupBenchArgs) -> anyhow::Result<()> {
         let t = Instant::now();
         let again = rollup.run_hour(hour).await?;
         seconds = seconds.min(t.elapsed().as_secs_f64());
-        anyhow::ensure!(again == first, "a re-run gave a different rollup");
+        // Each run replaces the hour with a file of its own: the same report but for its
+        // path and commit, and the same bytes.
+        let renamed = verdict_rollup::RollupReport {
+            path: again.path.clone(),
+            version: again.version,
+            ..first.clone()
+        };
+        let (was, is) = (
+            store.get(&first.path).await?.bytes().await?,
+            store.get(&again.path).await?.bytes().await?,
+        );
+        anyhow::ensure!(
+            again == renamed && was == is,
+            "a re-run gave a different rollup: {first:?}, then {again:?}"
+        );
     }
 
     // The SQL that defines the rollup, run by DataFusion over the same files: a baseline,
     // and a check at full size that the aggregation gives the same rows.
     let sources = hour_files(&store, &hour).await?;
+    // Where a run's time goes: the fold of the denied groups and the demand histogram
+    // (writing and committing the two files is the rest).
+    let t = Instant::now();
     let (folded, _) = rollup.compute(hour, &sources).await?;
+    let fold_seconds = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    rollup.compute_demand(hour, &sources).await?;
+    let demand_seconds = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let (by_sql, _) = rollup.compute_sql(hour, &sources).await?;
     let sql_seconds = t.elapsed().as_secs_f64();
@@ -143,6 +166,8 @@ pub async fn run(args: RollupBenchArgs) -> anyhow::Result<()> {
         rollup_rows: first.rows,
         rollup_bytes: first.bytes,
         datafusion_sql_seconds: sql_seconds,
+        fold_seconds,
+        demand_seconds,
         vs_datafusion_sql: seconds / sql_seconds,
         duckdb_seconds: duck.as_ref().map(|d| d.seconds),
         duckdb_rows: duck.as_ref().map(|d| d.rows),
