@@ -2,9 +2,9 @@
 # Runs DuckDB (from PyPI, in a virtualenv cached outside the repo) for the benchmarks that
 # compare verdict's DataFusion queries with DuckDB on the same files.
 #
-# Usage: scripts/duckdb.sh <query-file> <parquet-glob> [threads]
-#   Creates the view `raw` over the glob, runs the query in <query-file> once to warm the
-#   OS cache, then times it and prints one JSON object: {"seconds": …, "rows": …}.
+# Usage: scripts/duckdb.sh <query-file> <parquet-glob or @file-list> [threads]
+#   Creates the view `raw` over the files, runs the queries in <query-file> once to warm the
+#   OS cache, then times them and prints one JSON object (scripts/bench/duckdb_query.py).
 # Usage: scripts/duckdb.sh --queries <spec.json>
 #   Creates the spec's views, then runs the query named on each line of standard input and
 #   prints one JSON line per run (scripts/bench/duckdb_queries.py).

@@ -7,7 +7,8 @@
 //!
 //! It is a Delta table of its own, partitioned by `date` like `denied_hourly`, and an
 //! hour's file is written beside the denied rollup's whenever an hour is rolled up, from
-//! the same raw files, and replaced in the same way (see [`crate::hour`]).
+//! the same raw files, and replaced in the same way (see [`crate::hour`]). [`DEMAND_SQL`]
+//! defines it; [`crate::fold`] computes it in the pass that finds the refused keys.
 
 use std::sync::Arc;
 
@@ -45,8 +46,9 @@ pub const DEMAND_FILE: &str = "demand_hourly";
 
 impl Rollup {
     /// The demand histogram of `files` (one hour's raw files a reader takes) as one batch
-    /// in the `demand_hourly` schema.
-    pub async fn compute_demand(
+    /// in the `demand_hourly` schema, by DataFusion running [`DEMAND_SQL`]: the histogram's
+    /// definition, which the tests hold [`crate::fold`] to.
+    pub async fn compute_demand_sql(
         &self,
         hour: HourPartition,
         files: &HourFiles,

@@ -1,28 +1,36 @@
 //! The rollup's aggregation, written for the raw table's layout.
 //!
-//! [`ROLLUP_SQL`](crate::ROLLUP_SQL) defines the rollup, and DuckDB runs it unchanged in
-//! the benchmark; this module computes the same rows (a test compares the two on the same
-//! files, row for row) in two passes over the hour's raw files, each file read by one task,
-//! four files per thread at a time (while one waits for the store, another decodes):
+//! [`ROLLUP_SQL`](crate::ROLLUP_SQL) defines the rollup and [`DEMAND_SQL`](crate::DEMAND_SQL)
+//! the demand histogram; DuckDB runs both unchanged in the benchmark. This module computes
+//! the same rows (a test compares them with DataFusion running the SQL on the same files, row
+//! for row) in two passes over the hour's raw files, each file read by one task, four tasks
+//! per thread (while one waits for the store, another decodes), each task folding the files
+//! it takes into state of its own:
 //!
-//! 1. **The refused keys.** Only `verdict` is decoded for every row; `key_id` only for the
-//!    rows with a refusal (a Parquet row filter).
-//! 2. **Their groups.** `key_id` is decoded for every row, the other eleven columns only for
-//!    the rows of refused keys, and those rows are folded into one [`Acc`] per (key, tier,
-//!    route class, region). Raw files are sorted by key, so a key's rows come in runs: the
-//!    key is looked up once per run, and its few groups are searched in a short list.
+//! 1. **The refused keys and every key's demand.** The eight small columns the histogram
+//!    and the refusals need are decoded for every row: a key's requests and quota per
+//!    (tier, route class, region), and whether it was refused. The histogram is built from
+//!    those sums once every file is read.
+//! 2. **The groups of the refused keys.** `key_id` is decoded for every row, the other
+//!    eleven columns only for the rows of refused keys, and those rows are folded into one
+//!    [`Acc`] per (key, tier, route class, region).
 //!
-//! A group of a refused key that has no refusal of its own (the key was refused on another
-//! route class) is dropped at the end, as the SQL's join on the whole group drops it.
+//! Raw files are sorted by key, so a key's rows come in runs: the key is looked up once per
+//! run, and its few groups are searched in a short list. A group of a refused key that has
+//! no refusal of its own (the key was refused on another route class) is dropped at the
+//! end, as the SQL's join on the whole group drops it.
 //!
 //! Compared with DataFusion running the SQL, this skips the generic row format for the
-//! group key (a 16-byte binary and three small integers), the join, and the decoding of
-//! eleven columns for the rows of keys never refused (about 2 % of keys are).
+//! group key (a 16-byte binary and three small integers), the join, the second scan the
+//! histogram's SQL makes, and the decoding of eleven columns for the rows of keys never
+//! refused (about 2 % of keys are).
 
 use std::sync::Arc;
 
+use std::collections::BTreeMap;
+
 use arrow::array::{
-    ArrayRef, AsArray, BooleanArray, FixedSizeBinaryArray, Int64Array, RecordBatch,
+    ArrayRef, AsArray, BooleanArray, FixedSizeBinaryArray, Int16Array, Int64Array, RecordBatch,
     TimestampMillisecondArray, UInt8Array, UInt16Array, UInt32Array,
 };
 use arrow::buffer::BooleanBuffer;
@@ -43,7 +51,7 @@ use parquet::errors::ParquetError;
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use rustc_hash::{FxHashMap, FxHashSet};
 use verdict_schemas::layout::HourPartition;
-use verdict_schemas::tables::{denied_hourly_schema, raw};
+use verdict_schemas::tables::{demand_bucket, demand_hourly_schema, denied_hourly_schema, raw};
 
 use crate::hour::RollupError;
 use crate::sources::RawFile;
@@ -122,6 +130,22 @@ fn packed(tier: u8, route_class: u8, region: u16) -> u32 {
     (u32::from(tier) << 24) | (u32::from(route_class) << 16) | u32::from(region)
 }
 
+/// One key's demand in one (tier, route class, region): its decisions the limit review
+/// counts (the limiter's, on Redis or the fallback) and the most quota it had.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Demand {
+    requests: u64,
+    /// The window quota times the sub-keys: a split key's whole quota.
+    quota: u64,
+}
+
+impl Demand {
+    fn merge(&mut self, o: &Demand) {
+        self.requests += o.requests;
+        self.quota = self.quota.max(o.quota);
+    }
+}
+
 /// The groups of some keys: per key, its groups' packed tier/route/region and aggregates.
 #[derive(Debug, Default)]
 struct Groups {
@@ -194,43 +218,171 @@ impl Groups {
     }
 }
 
-/// The rollup of `files` (the raw files of `hour` a reader takes) as one batch in the
-/// `denied_hourly` schema, and the number of raw events they hold, with `threads` threads'
-/// worth of files read at a time.
+/// Every key's demand per (tier, route class, region), summed the way a hash aggregate
+/// partitioned by key does it, so that its tables stay in the cache.
+///
+/// A minute's file holds a small share of an hour's keys, most of them in a run of one or
+/// two rows, so nearly every row adds a (key, group) pair; one table of the hour's groups
+/// (a million at the design's scale) takes a cache miss for each. Pairs are instead
+/// appended to one of [`DEMAND_PARTS`] lists by their key's hash, and once
+/// [`DEMAND_PENDING`] are held each list is summed into its part's table, a sixty-fourth of
+/// the whole.
+#[derive(Debug)]
+struct DemandSums {
+    pending: Vec<Vec<(Key, u32, Demand)>>,
+    held: usize,
+    parts: Vec<FxHashMap<(Key, u32), Demand>>,
+}
+
+/// The parts of [`DemandSums`].
+const DEMAND_PARTS: usize = 64;
+
+/// Pairs held before they are summed into the parts' tables (40 bytes each).
+const DEMAND_PENDING: usize = 1 << 16;
+
+impl Default for DemandSums {
+    fn default() -> Self {
+        Self {
+            pending: (0..DEMAND_PARTS).map(|_| Vec::new()).collect(),
+            held: 0,
+            parts: (0..DEMAND_PARTS).map(|_| FxHashMap::default()).collect(),
+        }
+    }
+}
+
+impl DemandSums {
+    /// The part of `key`: a multiplicative hash of its two halves, not the tables' own
+    /// hash (whose high bits would then be the same for every key of a table).
+    fn part(key: Key) -> usize {
+        let mixed = ((key >> 64) as u64 ^ key as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (mixed >> (64 - DEMAND_PARTS.trailing_zeros())) as usize
+    }
+
+    fn add(&mut self, key: Key, tag: u32, d: Demand) {
+        self.pending[Self::part(key)].push((key, tag, d));
+        self.held += 1;
+        if self.held >= DEMAND_PENDING {
+            self.sum_pending();
+        }
+    }
+
+    fn sum_pending(&mut self) {
+        for (list, part) in self.pending.iter_mut().zip(&mut self.parts) {
+            for (key, tag, d) in list.drain(..) {
+                part.entry((key, tag)).or_default().merge(&d);
+            }
+        }
+        self.held = 0;
+    }
+
+    fn merge(&mut self, mut other: DemandSums) {
+        self.sum_pending();
+        other.sum_pending();
+        for (mine, theirs) in self.parts.iter_mut().zip(other.parts) {
+            let (mut into, from) = if mine.len() < theirs.len() {
+                (theirs, std::mem::take(mine))
+            } else {
+                (std::mem::take(mine), theirs)
+            };
+            for (group, d) in from {
+                into.entry(group).or_default().merge(&d);
+            }
+            *mine = into;
+        }
+    }
+
+    /// Every (key, packed group) and its demand.
+    fn into_sums(mut self) -> impl Iterator<Item = ((Key, u32), Demand)> {
+        self.sum_pending();
+        self.parts.into_iter().flatten()
+    }
+}
+
+/// What pass 1 finds in the files a task reads.
+#[derive(Debug, Default)]
+struct Scan {
+    rows: u64,
+    refused: FxHashSet<Key>,
+    demand: DemandSums,
+}
+
+impl Scan {
+    fn merge(&mut self, other: Scan) {
+        self.rows += other.rows;
+        if self.refused.len() < other.refused.len() {
+            let mine = std::mem::replace(&mut self.refused, other.refused);
+            self.refused.extend(mine);
+        } else {
+            self.refused.extend(other.refused);
+        }
+        self.demand.merge(other.demand);
+    }
+
+    /// Adds the groups of one run of `key`'s rows, emptying `run`.
+    fn add_run(&mut self, key: Key, run: &mut Vec<(u32, Demand)>) {
+        for (tag, d) in run.drain(..) {
+            self.demand.add(key, tag, d);
+        }
+    }
+}
+
+/// An hour's rollup: the `denied_hourly` rows, the `demand_hourly` rows, and the number
+/// of raw events read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Folded {
+    /// The rows of `denied_hourly`.
+    pub denied: RecordBatch,
+    /// The rows of `demand_hourly`.
+    pub demand: RecordBatch,
+    /// Raw events read.
+    pub events: u64,
+}
+
+/// The rollup and the demand histogram of `files` (the raw files of `hour` a reader
+/// takes), with `threads` threads' worth of files read at a time.
 pub async fn rollup_files(
     store: &Arc<dyn ObjectStore>,
     hour: HourPartition,
     files: &[RawFile],
     threads: usize,
-) -> Result<(RecordBatch, u64), RollupError> {
+) -> Result<Folded, RollupError> {
     let files: Arc<[RawFile]> = files.into();
     let threads = threads.max(1);
 
     let started = std::time::Instant::now();
-    let refused = in_parallel(store, &files, threads, |store, file| async move {
-        refused_keys(&store, &file).await
+    let scans = in_parallel(store, &files, threads, |store, file, scan| async move {
+        scan_file(&store, &file, scan).await
     })
     .await?;
-    let mut events = 0;
-    let mut keys = FxHashSet::default();
-    for (rows, found) in refused {
-        events += rows;
-        keys.extend(found);
+    let mut scan = Scan::default();
+    for s in scans {
+        scan.merge(s);
     }
+    let Scan {
+        rows: events,
+        refused: keys,
+        demand,
+    } = scan;
+    let demand = demand_batch(hour, demand)?;
     tracing::debug!(
         seconds = started.elapsed().as_secs_f64(),
         keys = keys.len(),
-        "rollup pass 1: the refused keys"
+        demand_rows = demand.num_rows(),
+        "rollup pass 1: the refused keys and the demand"
     );
     if keys.is_empty() {
-        return Ok((RecordBatch::new_empty(denied_hourly_schema()), events));
+        return Ok(Folded {
+            denied: RecordBatch::new_empty(denied_hourly_schema()),
+            demand,
+            events,
+        });
     }
 
     let keys = Arc::new(keys);
     let pass_2 = std::time::Instant::now();
-    let folded = in_parallel(store, &files, threads, move |store, file| {
+    let folded = in_parallel(store, &files, threads, move |store, file, groups| {
         let keys = Arc::clone(&keys);
-        async move { fold_file(&store, &file, keys).await }
+        async move { fold_file(&store, &file, keys, groups).await }
     })
     .await?;
     let mut groups = Groups::default();
@@ -242,21 +394,26 @@ pub async fn rollup_files(
         rows = groups.rows,
         "rollup pass 2: the groups of those keys"
     );
-    Ok((to_batch(hour, groups.into_rows())?, events))
+    Ok(Folded {
+        denied: to_batch(hour, groups.into_rows())?,
+        demand,
+        events,
+    })
 }
 
 /// Runs `work` on every file, [`READS_PER_THREAD`] × `threads` tasks each taking the next
-/// file until none is left, and returns the results (in no particular order).
-async fn in_parallel<T, F, Fut>(
+/// file until none is left and folding it into the task's own state (which starts as
+/// `S::default()`); returns the tasks' states.
+async fn in_parallel<S, F, Fut>(
     store: &Arc<dyn ObjectStore>,
     files: &Arc<[RawFile]>,
     threads: usize,
     work: F,
-) -> Result<Vec<T>, RollupError>
+) -> Result<Vec<S>, RollupError>
 where
-    T: Send + 'static,
-    F: Fn(Arc<dyn ObjectStore>, RawFile) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = Result<T, RollupError>> + Send,
+    S: Default + Send + 'static,
+    F: Fn(Arc<dyn ObjectStore>, RawFile, S) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<S, RollupError>> + Send,
 {
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = tokio::task::JoinSet::new();
@@ -268,22 +425,22 @@ where
             work.clone(),
         );
         tasks.spawn(async move {
-            let mut out = Vec::new();
+            let mut state = S::default();
             loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(file) = files.get(i) else {
-                    return Ok::<_, RollupError>(out);
+                    return Ok::<_, RollupError>(state);
                 };
-                out.push(work(Arc::clone(&store), file.clone()).await?);
+                state = work(Arc::clone(&store), file.clone(), state).await?;
             }
         });
     }
-    let mut results = Vec::new();
+    let mut states = Vec::new();
     while let Some(done) = tasks.join_next().await {
         let done = done.map_err(|e| RollupError::Task(e.to_string()))?;
-        results.extend(done?);
+        states.push(done?);
     }
-    Ok(results)
+    Ok(states)
 }
 
 /// Reads one raw object for the Parquet decoder: the footer from the size the listing gave,
@@ -399,12 +556,16 @@ fn key_type() -> DataType {
     DataType::FixedSizeBinary(16)
 }
 
+/// Column `name` of a batch the reader was asked to decode it in.
+fn column<'a>(batch: &'a RecordBatch, name: &str) -> &'a ArrayRef {
+    batch
+        .column_by_name(name)
+        .expect("the reader was asked for this column")
+}
+
 /// The key ids of a batch the reader was asked to decode them in.
 fn keys_of(batch: &RecordBatch) -> &FixedSizeBinaryArray {
-    batch
-        .column_by_name(raw::KEY_ID)
-        .expect("the reader was asked for the key id")
-        .as_fixed_size_binary()
+    column(batch, raw::KEY_ID).as_fixed_size_binary()
 }
 
 /// The key ids of an array of 16-byte values, in order.
@@ -421,46 +582,125 @@ fn read_error(file: &RawFile, e: impl std::fmt::Display) -> RollupError {
     }
 }
 
-/// Pass 1 over one file: its row count and the keys with a refusal.
-async fn refused_keys(
+/// The columns pass 1 reads, in the order [`scan_file`] takes them.
+fn scan_columns() -> [(&'static str, DataType); 8] {
+    [
+        (raw::KEY_ID, key_type()),
+        (raw::TIER, DataType::UInt8),
+        (raw::ROUTE_CLASS, DataType::UInt8),
+        (raw::REGION, DataType::UInt16),
+        (raw::VERDICT, DataType::UInt8),
+        (raw::SOURCE, DataType::UInt8),
+        (raw::WINDOW_QUOTA, DataType::UInt32),
+        (raw::SUB_KEYS, DataType::UInt8),
+    ]
+}
+
+/// Pass 1 over one file, folded into `scan`: its rows, the keys with a refusal, and each
+/// key's demand.
+async fn scan_file(
     store: &Arc<dyn ObjectStore>,
     file: &RawFile,
-) -> Result<(u64, FxHashSet<Key>), RollupError> {
-    let (builder, at) = open(
-        store,
-        file,
-        &[(raw::VERDICT, DataType::UInt8), (raw::KEY_ID, key_type())],
-    )
-    .await?;
-    let rows = builder.metadata().file_metadata().num_rows().max(0) as u64;
+    mut scan: Scan,
+) -> Result<Scan, RollupError> {
+    let (builder, at) = open(store, file, &scan_columns()).await?;
+    scan.rows += builder.metadata().file_metadata().num_rows().max(0) as u64;
     let schema = builder.parquet_schema().clone();
-    let schema = &schema;
-    let refused = ArrowPredicateFn::new(
-        ProjectionMask::leaves(schema, [at[0]]),
-        |batch: RecordBatch| -> Result<BooleanArray, ArrowError> {
-            let verdict = batch.column(0).as_primitive::<UInt8Type>();
-            Ok(verdict
-                .iter()
-                .map(|v| Some(v.is_some_and(|v| v != 0)))
-                .collect())
-        },
-    );
     let mut stream = builder
-        .with_projection(ProjectionMask::leaves(schema, [at[1]]))
-        .with_row_filter(RowFilter::new(vec![Box::new(refused)]))
+        .with_projection(ProjectionMask::leaves(&schema, at.iter().copied()))
         .build()
         .map_err(|e| read_error(file, e))?;
-    let mut keys = FxHashSet::default();
-    let mut last: Option<Key> = None;
     while let Some(batch) = stream.try_next().await.map_err(|e| read_error(file, e))? {
-        for k in key_ids(keys_of(&batch)) {
-            if last != Some(k) {
-                keys.insert(k);
-                last = Some(k);
+        scan_batch(&mut scan, &batch);
+    }
+    Ok(scan)
+}
+
+/// Folds the rows of one batch (the columns of [`scan_columns`]) into `scan`.
+fn scan_batch(scan: &mut Scan, batch: &RecordBatch) {
+    let col = |name: &str| column(batch, name);
+    let tier = col(raw::TIER).as_primitive::<UInt8Type>().values();
+    let route = col(raw::ROUTE_CLASS).as_primitive::<UInt8Type>().values();
+    let region = col(raw::REGION).as_primitive::<UInt16Type>().values();
+    let verdict = col(raw::VERDICT).as_primitive::<UInt8Type>().values();
+    let source = col(raw::SOURCE).as_primitive::<UInt8Type>().values();
+    let quota = col(raw::WINDOW_QUOTA).as_primitive::<UInt32Type>().values();
+    let sub_keys = col(raw::SUB_KEYS).as_primitive::<UInt8Type>().values();
+
+    // The current run's key, whether it is known to be refused, and its groups so far.
+    let mut current: Option<(Key, bool)> = None;
+    let mut run: Vec<(u32, Demand)> = Vec::with_capacity(16);
+    for (i, k) in key_ids(keys_of(batch)).enumerate() {
+        let refused = match &mut current {
+            Some((key, refused)) if *key == k => refused,
+            _ => {
+                if let Some((key, _)) = current {
+                    scan.add_run(key, &mut run);
+                }
+                &mut current.insert((k, false)).1
             }
+        };
+        if verdict[i] != 0 && !*refused {
+            scan.refused.insert(k);
+            *refused = true;
+        }
+        // The limit review's decisions: the limiter's own, on Redis (0) or the fallback (1).
+        if source[i] > 1 {
+            continue;
+        }
+        let tag = packed(tier[i], route[i], region[i]);
+        let q = u64::from(quota[i]) * u64::from(sub_keys[i]);
+        match run.iter_mut().find(|(t, _)| *t == tag) {
+            Some((_, d)) => {
+                d.requests += 1;
+                d.quota = d.quota.max(q);
+            }
+            None => run.push((
+                tag,
+                Demand {
+                    requests: 1,
+                    quota: q,
+                },
+            )),
         }
     }
-    Ok((rows, keys))
+    if let Some((key, _)) = current {
+        scan.add_run(key, &mut run);
+    }
+}
+
+/// The histogram of every key's demand: per (tier, route class, region) and bucket of
+/// requests over quota, the keys, their requests and the most quota any of them had.
+fn demand_batch(hour: HourPartition, demand: DemandSums) -> Result<RecordBatch, RollupError> {
+    let mut buckets: BTreeMap<(u32, i16), (i64, i64, u64)> = BTreeMap::new();
+    for ((_, tag), d) in demand.into_sums() {
+        let bucket = demand_bucket(d.requests as f64 / d.quota.max(1) as f64);
+        let b = buckets.entry((tag, bucket)).or_default();
+        b.0 += 1;
+        b.1 += i64::try_from(d.requests).unwrap_or(i64::MAX);
+        b.2 = b.2.max(d.quota);
+    }
+    let n = buckets.len();
+    let tags = || buckets.keys().map(|(tag, _)| *tag);
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(TimestampMillisecondArray::from(vec![hour.start_ms(); n]).with_timezone("UTC")),
+        Arc::new(UInt8Array::from_iter_values(
+            tags().map(|t| (t >> 24) as u8),
+        )),
+        Arc::new(UInt8Array::from_iter_values(
+            tags().map(|t| (t >> 16) as u8),
+        )),
+        Arc::new(UInt16Array::from_iter_values(tags().map(|t| t as u16))),
+        Arc::new(Int16Array::from_iter_values(buckets.keys().map(|k| k.1))),
+        Arc::new(Int64Array::from_iter_values(buckets.values().map(|v| v.0))),
+        Arc::new(Int64Array::from_iter_values(buckets.values().map(|v| v.1))),
+        Arc::new(UInt32Array::from_iter_values(
+            buckets
+                .values()
+                .map(|v| u32::try_from(v.2).unwrap_or(u32::MAX)),
+        )),
+    ];
+    Ok(RecordBatch::try_new(demand_hourly_schema(), columns)?)
 }
 
 /// The columns pass 2 reads, in the order [`fold_file`] takes them.
@@ -485,11 +725,13 @@ fn fold_columns() -> [(&'static str, DataType); 13] {
     ]
 }
 
-/// Pass 2 over one file: the groups of the rows whose key is in `keys`.
+/// Pass 2 over one file, folded into `groups`: the groups of the rows whose key is in
+/// `keys`.
 async fn fold_file(
     store: &Arc<dyn ObjectStore>,
     file: &RawFile,
     keys: Arc<FxHashSet<Key>>,
+    mut groups: Groups,
 ) -> Result<Groups, RollupError> {
     let columns = fold_columns();
     let (builder, at) = open(store, file, &columns).await?;
@@ -519,7 +761,6 @@ async fn fold_file(
         .with_row_filter(RowFilter::new(vec![Box::new(wanted)]))
         .build()
         .map_err(|e| read_error(file, e))?;
-    let mut groups = Groups::default();
     while let Some(batch) = stream.try_next().await.map_err(|e| read_error(file, e))? {
         fold_batch(&mut groups, &batch);
     }
@@ -529,11 +770,7 @@ async fn fold_file(
 /// Folds the rows of one batch (the columns of [`fold_columns`], checked when the file
 /// was opened) into `groups`.
 fn fold_batch(groups: &mut Groups, batch: &RecordBatch) {
-    let col = |name: &str| -> &ArrayRef {
-        batch
-            .column_by_name(name)
-            .expect("the reader was asked for this column")
-    };
+    let col = |name: &str| column(batch, name);
     let ids = keys_of(batch);
     let tier = col(raw::TIER).as_primitive::<UInt8Type>().values();
     let route = col(raw::ROUTE_CLASS).as_primitive::<UInt8Type>().values();
@@ -647,6 +884,34 @@ fn to_batch(hour: HourPartition, rows: Vec<(Key, u32, Acc)>) -> Result<RecordBat
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The partitioned sums equal a plain sum, across the pending lists' flushes and a
+    /// merge of two tasks' sums, with every key's parts the same in both.
+    #[test]
+    fn partitioned_demand_sums_equal_a_plain_sum() {
+        let mut want: BTreeMap<(Key, u32), Demand> = BTreeMap::new();
+        let mut tasks = [DemandSums::default(), DemandSums::default()];
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        for i in 0..(3 * DEMAND_PENDING) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // 5,000 keys in 3 groups each, so most pairs come back many times.
+            let key = Key::from(x % 5_000) * 0x1_0000_0000_0000_0001;
+            let tag = packed((x >> 20) as u8 % 3, 1, 0);
+            let d = Demand {
+                requests: 1 + (x >> 40) % 3,
+                quota: (x >> 50) % 1_000,
+            };
+            want.entry((key, tag)).or_default().merge(&d);
+            tasks[i % 2].add(key, tag, d);
+        }
+        let [mut one, two] = tasks;
+        one.merge(two);
+        let got: BTreeMap<(Key, u32), Demand> = one.into_sums().collect();
+        assert_eq!(got.len(), 15_000);
+        assert_eq!(got, want);
+    }
 
     #[test]
     fn a_timestamp_in_any_time_zone_reads_as_the_event_time_and_other_types_must_match() {

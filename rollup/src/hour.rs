@@ -241,8 +241,11 @@ impl Rollup {
     ) -> Result<HourRollup, RollupError> {
         // The fold checks every raw file (one of another schema is refused by column), so
         // it runs first.
-        let (batch, events) = self.compute(hour, files).await?;
-        let demand = self.compute_demand(hour, files).await?;
+        let crate::fold::Folded {
+            denied: batch,
+            demand,
+            events,
+        } = self.compute(hour, files).await?;
         let now = chrono::Utc::now().timestamp_millis();
         let tags = [
             (TAG_RAW_VERSION, files.version.to_string()),
@@ -379,13 +382,13 @@ impl Rollup {
             .collect())
     }
 
-    /// The rollup of `files` as one batch in the `denied_hourly` schema, and the number of
-    /// raw events read: [`crate::fold`], the aggregation written for the raw layout.
+    /// The rollup and the demand histogram of `files`, and the number of raw events read:
+    /// [`crate::fold`], the aggregation written for the raw layout.
     pub async fn compute(
         &self,
         hour: HourPartition,
         files: &HourFiles,
-    ) -> Result<(RecordBatch, u64), RollupError> {
+    ) -> Result<crate::fold::Folded, RollupError> {
         let started = std::time::Instant::now();
         let out = crate::fold::rollup_files(&self.store, hour, &files.files, self.threads).await?;
         tracing::debug!(
@@ -396,8 +399,8 @@ impl Rollup {
         Ok(out)
     }
 
-    /// The same as [`Self::compute`], by DataFusion running [`ROLLUP_SQL`]: the rollup's
-    /// definition, which the tests hold the aggregation to.
+    /// The `denied_hourly` rows of [`Self::compute`], by DataFusion running [`ROLLUP_SQL`]:
+    /// the rollup's definition, which the tests hold the aggregation to.
     pub async fn compute_sql(
         &self,
         hour: HourPartition,

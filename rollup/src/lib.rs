@@ -4,14 +4,16 @@
 //!
 //! [`sources`] takes an hour's raw files from the raw Delta table's snapshot (one version,
 //! so a compaction or a flush committing meanwhile never doubles or hides a row); [`fold`]
-//! groups their rows as
-//! [`ROLLUP_SQL`] defines; [`hour`] writes and commits the rollup file, and [`demand`] the
-//! histogram of every key's demand beside it, in the `demand_hourly` table.
+//! groups their rows as [`ROLLUP_SQL`] defines, and computes the histogram of every key's
+//! demand ([`demand`], [`DEMAND_SQL`]) in the same reading; [`hour`] writes and commits the
+//! rollup file and the histogram beside it, in the `demand_hourly` table.
 
 pub mod demand;
 pub mod fold;
 pub mod hour;
 pub mod sources;
+
+pub use fold::Folded;
 
 pub use demand::{DEMAND_FILE, DEMAND_SQL};
 pub use hour::{

@@ -1,5 +1,6 @@
-//! `verdict bench rollup`: one peak hour of raw data rolled up, and in the same run the
-//! rollup's SQL over the same files in DataFusion and in DuckDB.
+//! `verdict bench rollup`: one peak hour of raw data rolled up (the denied rollup and the
+//! demand histogram), and in the same run the two tables' SQL over the same files in
+//! DataFusion and in DuckDB.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use object_store::local::LocalFileSystem;
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde::Serialize;
 use verdict_ingest::{ConsumedEvent, KafkaSource, RawTable};
-use verdict_rollup::{ROLLUP_SQL, Rollup, hour_files};
+use verdict_rollup::{DEMAND_SQL, ROLLUP_SQL, Rollup, hour_files};
 use verdict_schemas::HourPartition;
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
 
@@ -45,12 +46,18 @@ struct RollupBenchReport {
     events_per_s: f64,
     rollup_rows: usize,
     rollup_bytes: usize,
-    datafusion_sql_seconds: f64,
+    demand_rows: usize,
+    /// The fold alone (both tables' rows, nothing written).
     fold_seconds: f64,
-    demand_seconds: f64,
+    /// DataFusion running the two SQL definitions over the same files.
+    datafusion_sql_seconds: f64,
+    datafusion_rollup_sql_seconds: f64,
+    datafusion_demand_sql_seconds: f64,
     vs_datafusion_sql: f64,
+    /// DuckDB running the same two queries over the snapshot's files.
     duckdb_seconds: Option<f64>,
-    duckdb_rows: Option<usize>,
+    duckdb_rollup_seconds: Option<f64>,
+    duckdb_demand_seconds: Option<f64>,
     duckdb_version: Option<String>,
     vs_duckdb: Option<f64>,
 }
@@ -58,7 +65,8 @@ struct RollupBenchReport {
 #[derive(Debug, serde::Deserialize)]
 struct DuckDbRun {
     seconds: f64,
-    rows: usize,
+    query_seconds: Vec<f64>,
+    rows: Vec<usize>,
     duckdb: String,
 }
 
@@ -113,44 +121,58 @@ pub async fn run(args: RollupBenchArgs) -> anyhow::Result<()> {
         );
     }
 
-    // The SQL that defines the rollup, run by DataFusion over the same files: a baseline,
-    // and a check at full size that the aggregation gives the same rows.
+    // The SQL that defines each table, run by DataFusion over the same files: a baseline,
+    // and a check at full size that the fold gives the same rows.
     let sources = hour_files(&store, &hour).await?;
-    // Where a run's time goes: the fold of the denied groups and the demand histogram
-    // (writing and committing the two files is the rest).
     let t = Instant::now();
-    let (folded, _) = rollup.compute(hour, &sources).await?;
+    let folded = rollup.compute(hour, &sources).await?;
     let fold_seconds = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    rollup.compute_demand(hour, &sources).await?;
-    let demand_seconds = t.elapsed().as_secs_f64();
-    let t = Instant::now();
     let (by_sql, _) = rollup.compute_sql(hour, &sources).await?;
-    let sql_seconds = t.elapsed().as_secs_f64();
+    let rollup_sql_seconds = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let demand_by_sql = rollup.compute_demand_sql(hour, &sources).await?;
+    let demand_sql_seconds = t.elapsed().as_secs_f64();
     anyhow::ensure!(
-        folded == by_sql,
+        folded.denied == by_sql,
         "the rollup differs from DataFusion running ROLLUP_SQL ({} and {} rows)",
-        folded.num_rows(),
+        folded.denied.num_rows(),
         by_sql.num_rows()
     );
+    anyhow::ensure!(
+        folded.demand == demand_by_sql,
+        "the demand histogram differs from DataFusion running DEMAND_SQL ({} and {} rows)",
+        folded.demand.num_rows(),
+        demand_by_sql.num_rows()
+    );
 
+    // DuckDB runs both definitions, one after the other, over the snapshot's files: the
+    // work the rollup job does for an hour.
     let duck = if args.compare.no_duckdb {
         None
     } else {
         let sql = root.join("rollup.sql");
-        std::fs::write(&sql, ROLLUP_SQL)?;
-        let glob = root.join(hour.raw_prefix()).join("*.parquet");
+        std::fs::write(&sql, format!("{ROLLUP_SQL};\n{DEMAND_SQL};\n"))?;
+        let list = root.join("rollup-files.txt");
+        let paths: Vec<String> = sources
+            .files
+            .iter()
+            .map(|f| root.join(f.meta.location.as_ref()).display().to_string())
+            .collect();
+        std::fs::write(&list, paths.join("\n"))?;
+        let files_arg = format!("@{}", list.display());
         let threads = threads.to_string();
         let out = args
             .compare
-            .duckdb(&[sql.as_os_str(), glob.as_os_str(), threads.as_ref()])?;
+            .duckdb(&[sql.as_os_str(), files_arg.as_ref(), threads.as_ref()])?;
         let run: DuckDbRun = serde_json::from_str(out.trim())
             .with_context(|| format!("reading DuckDB's answer {out:?}"))?;
         anyhow::ensure!(
-            run.rows == first.rows,
-            "DuckDB found {} rollup rows, DataFusion {}",
+            run.rows == [first.rows, first.demand_rows] && run.query_seconds.len() == 2,
+            "DuckDB found {:?} rollup and histogram rows, verdict {} and {}",
             run.rows,
-            first.rows
+            first.rows,
+            first.demand_rows
         );
         Some(run)
     };
@@ -165,12 +187,15 @@ pub async fn run(args: RollupBenchArgs) -> anyhow::Result<()> {
         events_per_s: first.events as f64 / seconds,
         rollup_rows: first.rows,
         rollup_bytes: first.bytes,
-        datafusion_sql_seconds: sql_seconds,
+        demand_rows: first.demand_rows,
         fold_seconds,
-        demand_seconds,
-        vs_datafusion_sql: seconds / sql_seconds,
+        datafusion_sql_seconds: rollup_sql_seconds + demand_sql_seconds,
+        datafusion_rollup_sql_seconds: rollup_sql_seconds,
+        datafusion_demand_sql_seconds: demand_sql_seconds,
+        vs_datafusion_sql: seconds / (rollup_sql_seconds + demand_sql_seconds),
         duckdb_seconds: duck.as_ref().map(|d| d.seconds),
-        duckdb_rows: duck.as_ref().map(|d| d.rows),
+        duckdb_rollup_seconds: duck.as_ref().map(|d| d.query_seconds[0]),
+        duckdb_demand_seconds: duck.as_ref().map(|d| d.query_seconds[1]),
         duckdb_version: duck.as_ref().map(|d| d.duckdb.clone()),
         vs_duckdb: duck.as_ref().map(|d| seconds / d.seconds),
     };
