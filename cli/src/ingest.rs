@@ -11,6 +11,7 @@ use object_store::throttle::{ThrottleConfig, ThrottledStore};
 use verdict_ingest::flush::StoreCalls;
 use verdict_ingest::{IngestConfig, IngestWorker};
 
+use crate::ingest_faults::PauseAfterCommit;
 use crate::store_args::StoreArgs;
 
 /// Options of `verdict ingest`.
@@ -55,6 +56,10 @@ pub struct IngestArgs {
     /// Fault injection for tests: wait this long before every put to the store.
     #[arg(long, hide = true, default_value_t = 0)]
     pub put_delay_ms: u64,
+    /// Fault injection for tests: wait this long after each commit to the raw table's log,
+    /// before the offsets go to Kafka.
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub commit_pause_ms: u64,
 }
 
 /// Runs the worker until a signal asks it to stop.
@@ -70,6 +75,10 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<()> {
             ..ThrottleConfig::default()
         };
         store = Arc::new(ThrottledStore::new(store, slow)) as Arc<dyn ObjectStore>;
+    }
+    if args.commit_pause_ms > 0 {
+        let pause = Duration::from_millis(args.commit_pause_ms);
+        store = Arc::new(PauseAfterCommit::new(store, pause)) as Arc<dyn ObjectStore>;
     }
     let cfg = IngestConfig {
         brokers: args.brokers,

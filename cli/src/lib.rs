@@ -6,6 +6,7 @@ pub mod bench;
 pub mod demo;
 pub mod gateway;
 pub mod ingest;
+pub mod ingest_faults;
 pub mod jobs;
 pub mod local_gateway;
 pub mod policy;

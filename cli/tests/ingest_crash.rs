@@ -1,7 +1,8 @@
 //! `verdict ingest` killed with SIGKILL five times, against the real Kafka broker and S3
 //! server: once the moment a flush has written files it has not committed (the store
-//! slowed by the hidden `--put-delay-ms`), the other times at random moments while more
-//! events are produced, commits included. A last worker runs until every partition is
+//! slowed by the hidden `--put-delay-ms`), once right after a commit to the raw table's
+//! log and before its offsets reach Kafka (held there by the hidden `--commit-pause-ms`),
+//! the other times at random moments while more events are produced, commits included. A last worker runs until every partition is
 //! flushed and stops on SIGTERM with exit status 0. Every produced (partition, offset) is
 //! then in the raw table once, and the interrupted flushes' files are in no commit.
 //!
@@ -17,11 +18,9 @@ use std::time::Duration;
 
 use object_store::{ObjectStore, ObjectStoreExt};
 use rand::{Rng, SeedableRng};
-use verdict_ingest::KafkaSource;
-use verdict_lake::tables::RAW;
 use verdict_tests::ingest_check::{
     Running, all_flushed, assert_exactly_once, assert_vacuum_takes_only_uncommitted, create_topic,
-    produce, raw_objects, recent_events, uncommitted, worker_config,
+    kafka_committed, produce, progress, raw_objects, recent_events, uncommitted, worker_config,
 };
 use verdict_tests::private::spare_port;
 use verdict_tests::{
@@ -134,8 +133,34 @@ async fn killed_five_times_every_event_is_in_the_raw_table_exactly_once() {
         "the kill left an interrupted flush behind"
     );
 
-    // Kills 2–5: at random moments, with more events produced in between.
-    for round in 2..=5u64 {
+    // Kill 2: right after a commit to the raw table's log, before its offsets reach Kafka
+    // (the worker holds 30 s after each commit). The next worker must resume from the log,
+    // not from Kafka's older offset, or it writes the committed events twice.
+    let before = progress(&store, &topic, 4).await;
+    let w = worker_command(&store_url, &topic, &group, 0)
+        .args(["--commit-pause-ms", "30000"])
+        .spawn()
+        .expect("start verdict ingest");
+    eventually(Duration::from_secs(90), "a commit to the log", || async {
+        progress(&store, &topic, 4).await != before
+    })
+    .await;
+    kill_9(w);
+    let after = progress(&store, &topic, 4).await;
+    let (p, last) = after
+        .iter()
+        .find(|(p, v)| before[*p] != **v)
+        .map(|(p, v)| (*p, v.expect("a committed partition has progress")))
+        .unwrap();
+    let kafka = kafka_committed(&group, &topic, p);
+    println!("partition {p}: the log holds up to offset {last}, Kafka's group is at {kafka:?}");
+    assert!(
+        kafka.is_none_or(|next| next <= last),
+        "Kafka has the offsets of the commit the kill interrupted: {kafka:?} after {last}"
+    );
+
+    // Kills 3–5: at random moments, with more events produced in between.
+    for round in 3..=5u64 {
         let w = spawn_worker(&store_url, &topic, &group, 20);
         produced.extend(produce(&topic, recent_events(1_500, 10 + round)).await);
         tokio::time::sleep(Duration::from_millis(rng.random_range(300..2_500))).await;
@@ -251,16 +276,9 @@ async fn a_worker_paused_past_its_session_has_its_commit_refused_and_deletes_not
     create_topic(&topic, 1).await;
     let group = unique_name("zombie-group");
     let produced = produce(&topic, recent_events(3_000, 41)).await;
-    let source = KafkaSource::new("main", &topic, 0);
     let progress = |store: Arc<dyn ObjectStore>| {
-        let app = source.app_id();
-        async move {
-            RAW.table(store)
-                .snapshot_if_any()
-                .await
-                .unwrap()
-                .and_then(|s| s.txn_version(&app))
-        }
+        let topic = topic.clone();
+        async move { progress(&store, &topic, 1).await[&0] }
     };
 
     let paused = Paused::start(&store_url, &topic, &group);

@@ -253,6 +253,49 @@ pub async fn all_flushed(
     })
 }
 
+/// Each partition's progress in the raw table's log for `topic` (of cluster `main`), for
+/// partitions `0..partitions`: the last offset committed, if any.
+pub async fn progress(
+    store: &Arc<dyn ObjectStore>,
+    topic: &str,
+    partitions: i32,
+) -> BTreeMap<i32, Option<i64>> {
+    let snapshot = RAW
+        .table(Arc::clone(store))
+        .snapshot_if_any()
+        .await
+        .unwrap();
+    (0..partitions)
+        .map(|p| {
+            let app = KafkaSource::new("main", topic, p).app_id();
+            (p, snapshot.as_ref().and_then(|s| s.txn_version(&app)))
+        })
+        .collect()
+}
+
+/// The offset consumer group `group` has committed to Kafka for `topic`'s `partition`
+/// (the next one it would read), if any.
+pub fn kafka_committed(group: &str, topic: &str, partition: i32) -> Option<i64> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .set("group.id", group)
+        .create()
+        .unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition(topic, partition);
+    let committed = consumer
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .unwrap();
+    match committed
+        .find_partition(topic, partition)
+        .map(|e| e.offset())
+    {
+        Some(rdkafka::Offset::Offset(o)) => Some(o),
+        _ => None,
+    }
+}
+
 /// `n` good events spread over the last few hours.
 pub fn recent_events(n: usize, seed: u64) -> Vec<Vec<u8>> {
     let now = chrono::Utc::now().timestamp_millis();
