@@ -1,5 +1,7 @@
 //! The reverse proxy: key → tier, path → route class, the limiter's decision, then either
-//! the upstream's answer with the rate-limit fields added, or the gateway's own 429.
+//! the upstream's answer with the rate-limit fields added, or the gateway's own 429. It is
+//! [`verdict_limiter::RateLimitLayer`] around a forwarding service, the layer's closure
+//! being the key directory and the route table.
 //!
 //! | what happens | status | who answers |
 //! | --- | --- | --- |
@@ -13,6 +15,7 @@
 //! `/metrics` (the limiter's metrics and the gateway's) and `/healthz` are the gateway's own
 //! paths and never go upstream.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,13 +24,14 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderName, HeaderValue, Request, Response, StatusCode, Uri, header};
+use axum::routing::any;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use prometheus::{
     Encoder as _, Histogram, HistogramOpts, IntCounterVec, Opts, Registry, TextEncoder,
 };
-use verdict_limiter::{CounterStore, Limiter, PROBLEM_JSON, Request as LimitRequest, http_answer};
+use verdict_limiter::{CounterStore, Identity, Limiter, PROBLEM_JSON, RateLimitLayer, Refusal};
 use verdict_schemas::TierId;
 
 use crate::keys::KeyDirectory;
@@ -125,7 +129,7 @@ impl GatewayMetrics {
 
 /// Everything a request needs.
 pub struct Gateway<S> {
-    limiter: Limiter<S>,
+    limiter: Arc<Limiter<S>>,
     keys: KeyDirectory,
     routes: Routes,
     client: Client<HttpConnector, Body>,
@@ -149,7 +153,7 @@ impl<S: CounterStore> Gateway<S> {
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
         Self {
-            limiter,
+            limiter: Arc::new(limiter),
             keys,
             routes: Routes::default(),
             client,
@@ -168,87 +172,78 @@ impl<S: CounterStore> Gateway<S> {
         &self.metrics
     }
 
-    /// The router: every path, every method.
+    /// The router: `/metrics` and `/healthz`, and every other path and method through the
+    /// limiter's layer to the upstream.
     pub fn router(self: Arc<Self>) -> Router {
-        Router::new().fallback(handle::<S>).with_state(self)
+        let (gw, hooked) = (Arc::clone(&self), Arc::clone(&self));
+        let layer = RateLimitLayer::new(Arc::clone(&self.limiter), move |req: &Request<Body>| {
+            gw.identify(req)
+        })
+        .on_decision(move |decision, took| {
+            hooked.metrics.decision_seconds.observe(took.as_secs_f64());
+            if !decision.is_allowed() {
+                hooked.count("limited");
+            }
+        });
+        let gw = Arc::clone(&self);
+        let forward = tower::service_fn(move |req: Request<Body>| {
+            let gw = Arc::clone(&gw);
+            async move { Ok::<_, Infallible>(gw.forward(req).await) }
+        });
+        Router::new()
+            .route("/metrics", any(metrics::<S>))
+            .route(
+                "/healthz",
+                any(|| async { plain(StatusCode::OK, "text/plain", "ok\n".into()) }),
+            )
+            .fallback_service(tower::Layer::layer(&layer, forward))
+            .with_state(self)
     }
 
     fn count(&self, outcome: &str) {
         self.metrics.requests.with_label_values(&[outcome]).inc();
     }
 
-    async fn serve(&self, peer: SocketAddr, req: Request<Body>) -> Response<Body> {
-        match req.uri().path() {
-            "/metrics" => {
-                let text = format!(
-                    "{}{}",
-                    self.limiter.metrics().render(),
-                    self.metrics.render()
-                );
-                return plain(StatusCode::OK, "text/plain; version=0.0.4", text);
-            }
-            "/healthz" => return plain(StatusCode::OK, "text/plain", "ok\n".into()),
-            _ => {}
-        }
-        let started = Instant::now();
+    /// Who is asking: the key directory's entry for the API key, the route class of the
+    /// path, and the peer's address (which places a split key's caller on a sub-key). No
+    /// key or an unknown one is 401, a path no route class covers 404: the limiter never
+    /// runs for them.
+    fn identify(&self, req: &Request<Body>) -> Result<Identity, Refusal> {
         let Some(api_key) = req
             .headers()
             .get(&self.cfg.key_header)
             .and_then(|v| v.to_str().ok())
         else {
             self.count("unauthorized");
-            return problem(
-                StatusCode::UNAUTHORIZED,
-                &format!("no API key: send it in the {} header", self.cfg.key_header),
-            );
+            return Err(Refusal::unauthorized(format!(
+                "no API key: send it in the {} header",
+                self.cfg.key_header
+            )));
         };
         let Some(entry) = self.keys.get(api_key) else {
             self.count("unauthorized");
-            return problem(StatusCode::UNAUTHORIZED, "unknown API key");
+            return Err(Refusal::unauthorized("unknown API key"));
         };
         let policy = self.limiter.policy().load();
         let Some(route_class) = self.routes.route(&policy, req.uri().path()) else {
             self.count("no_route");
-            return problem(
-                StatusCode::NOT_FOUND,
-                &format!("no route class covers {}", req.uri().path()),
-            );
+            return Err(Refusal::not_found(format!(
+                "no route class covers {}",
+                req.uri().path()
+            )));
         };
         // A tier the policy does not know is the limiter's to report (allowed, counted as
         // unconfigured), not a reason to refuse a known key.
         let tier = policy.tier_id(&entry.tier).unwrap_or(TierId(u8::MAX));
-        drop(policy);
-        let ip = peer.ip().to_string();
-        let decision = self
-            .limiter
-            .check(&LimitRequest {
-                key_id: entry.key_id,
-                route_class,
-                tier,
-                caller: ip.as_bytes(),
-            })
-            .await;
-        self.metrics
-            .decision_seconds
-            .observe(started.elapsed().as_secs_f64());
-        let answer = http_answer(&decision);
-        if let Some(status) = answer.status {
-            self.count("limited");
-            let mut resp = Response::new(Body::from(answer.body.unwrap_or_default()));
-            *resp.status_mut() =
-                StatusCode::from_u16(status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
-            resp.headers_mut()
-                .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-            add_headers(&mut resp, &answer.headers);
-            return resp;
-        }
-
-        let mut resp = self.forward(peer, req).await;
-        add_headers(&mut resp, &answer.headers);
-        resp
+        let identity = Identity::new(entry.key_id, route_class, tier);
+        Ok(match peer(req) {
+            Some(peer) => identity.with_caller(peer.ip().to_string()),
+            None => identity,
+        })
     }
 
-    async fn forward(&self, peer: SocketAddr, req: Request<Body>) -> Response<Body> {
+    async fn forward(&self, req: Request<Body>) -> Response<Body> {
+        let peer = peer(&req);
         let (mut parts, body) = req.into_parts();
         let uri = match upstream_uri(&self.cfg.upstream, &parts.uri) {
             Ok(u) => u,
@@ -260,16 +255,18 @@ impl<S: CounterStore> Gateway<S> {
         parts.uri = uri;
         strip_hop_by_hop(&mut parts.headers);
         parts.headers.remove(header::HOST);
-        let forwarded = match parts
-            .headers
-            .get("x-forwarded-for")
-            .and_then(|v| v.to_str().ok())
-        {
-            Some(prior) => format!("{prior}, {}", peer.ip()),
-            None => peer.ip().to_string(),
-        };
-        if let Ok(v) = HeaderValue::from_str(&forwarded) {
-            parts.headers.insert("x-forwarded-for", v);
+        if let Some(peer) = peer {
+            let forwarded = match parts
+                .headers
+                .get("x-forwarded-for")
+                .and_then(|v| v.to_str().ok())
+            {
+                Some(prior) => format!("{prior}, {}", peer.ip()),
+                None => peer.ip().to_string(),
+            };
+            if let Ok(v) = HeaderValue::from_str(&forwarded) {
+                parts.headers.insert("x-forwarded-for", v);
+            }
         }
         let sent = Instant::now();
         let result = tokio::time::timeout(
@@ -309,12 +306,16 @@ impl<S: CounterStore> Gateway<S> {
     }
 }
 
-async fn handle<S: CounterStore>(
-    State(gw): State<Arc<Gateway<S>>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    req: Request<Body>,
-) -> Response<Body> {
-    gw.serve(peer, req).await
+/// The peer's address, which the server puts in each request's extensions.
+fn peer<B>(req: &Request<B>) -> Option<SocketAddr> {
+    req.extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(peer)| *peer)
+}
+
+async fn metrics<S: CounterStore>(State(gw): State<Arc<Gateway<S>>>) -> Response<Body> {
+    let text = format!("{}{}", gw.limiter.metrics().render(), gw.metrics.render());
+    plain(StatusCode::OK, "text/plain; version=0.0.4", text)
 }
 
 /// Serves `gateway` on `listener` until `stop` resolves.
@@ -378,14 +379,6 @@ fn strip_hop_by_hop(h: &mut axum::http::HeaderMap) {
     }
 }
 
-fn add_headers(resp: &mut Response<Body>, fields: &[(&'static str, String)]) {
-    for (name, value) in fields {
-        if let Ok(v) = HeaderValue::from_str(value) {
-            resp.headers_mut().insert(*name, v);
-        }
-    }
-}
-
 fn plain(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
     let mut resp = Response::new(Body::from(body));
     *resp.status_mut() = status;
@@ -396,13 +389,9 @@ fn plain(status: StatusCode, content_type: &'static str, body: String) -> Respon
 
 /// An RFC 9457 problem answered by the gateway itself.
 fn problem(status: StatusCode, detail: &str) -> Response<Body> {
-    let body = serde_json::json!({
-        "type": "about:blank",
-        "title": status.canonical_reason().unwrap_or(""),
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    plain(status, PROBLEM_JSON, body.to_string())
+    let title = status.canonical_reason().unwrap_or("");
+    let body = verdict_limiter::http::problem_body(status.as_u16(), title, detail);
+    plain(status, PROBLEM_JSON, body)
 }
 
 #[cfg(test)]

@@ -45,6 +45,18 @@ struct Remaining {
     hourly: u32,
 }
 
+/// An RFC 9457 problem document of no particular type (`about:blank`): for the answers a
+/// gateway gives itself besides 429 (401, 404, 502, …).
+pub fn problem_body(status: u16, title: &str, detail: &str) -> String {
+    serde_json::json!({
+        "type": "about:blank",
+        "title": title,
+        "status": status,
+        "detail": detail,
+    })
+    .to_string()
+}
+
 /// ⌈a / b⌉ for a ≥ 0, b > 0.
 fn ceil_div(a: i64, b: i64) -> i64 {
     (a + b - 1) / b

@@ -14,6 +14,7 @@
 //!   the reconcile job computes, and the near-limit reports it computes them from.
 //! - [`edits`]: the operator's changes to the PostgreSQL policy, validated before written.
 //! - [`http`]: a decision as 429, `Retry-After` and the rate-limit fields.
+//! - [`layer`]: the limiter as a tower layer in front of any HTTP service.
 //! - [`metrics`]: the Prometheus metrics.
 //! - [`clock`]: time through a trait, so tests move a fake clock.
 
@@ -26,6 +27,7 @@ pub mod edits;
 pub mod events;
 pub mod http;
 pub mod key;
+pub mod layer;
 pub mod limiter;
 pub mod memory;
 pub mod metrics;
@@ -43,6 +45,7 @@ pub use events::{
 };
 pub use http::{HttpAnswer, PROBLEM_JSON, http_answer};
 pub use key::LimitKey;
+pub use layer::{Identity, RateLimit, RateLimitLayer, Refusal};
 pub use limiter::{Decision, Limiter, LimiterConfig, Regional, RegionalTimings, Request};
 pub use memory::MemoryStore;
 pub use metrics::LimiterMetrics;

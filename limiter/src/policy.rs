@@ -643,7 +643,7 @@ impl PolicyHandle {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) const EXAMPLE: &str = r#"
