@@ -31,7 +31,7 @@ use hyper_util::rt::TokioExecutor;
 use prometheus::{
     Encoder as _, Histogram, HistogramOpts, IntCounterVec, Opts, Registry, TextEncoder,
 };
-use verdict_limiter::{CounterStore, Identity, Limiter, PROBLEM_JSON, RateLimitLayer, Refusal};
+use verdict_limiter::{CounterStore, Identity, Limiter, RateLimitLayer, Refusal};
 use verdict_schemas::TierId;
 
 use crate::keys::KeyDirectory;
@@ -389,9 +389,7 @@ fn plain(status: StatusCode, content_type: &'static str, body: String) -> Respon
 
 /// An RFC 9457 problem answered by the gateway itself.
 fn problem(status: StatusCode, detail: &str) -> Response<Body> {
-    let title = status.canonical_reason().unwrap_or("");
-    let body = verdict_limiter::http::problem_body(status.as_u16(), title, detail);
-    plain(status, PROBLEM_JSON, body)
+    Refusal::new(status, detail).response()
 }
 
 #[cfg(test)]

@@ -121,7 +121,9 @@ impl Refusal {
         Self::new(StatusCode::NOT_FOUND, detail)
     }
 
-    fn response<B: From<String>>(&self) -> Response<B> {
+    /// The problem response: this status, `application/problem+json`, and an
+    /// `about:blank` problem body carrying the detail.
+    pub fn response<B: From<String>>(&self) -> Response<B> {
         let title = self.status.canonical_reason().unwrap_or("Refused");
         let body = problem_body(self.status.as_u16(), title, &self.detail);
         let mut resp = Response::new(B::from(body));
@@ -254,10 +256,9 @@ where
             if let Some(hook) = hook {
                 hook(&decision, arrived.elapsed());
             }
-            let answer = http_answer(&decision);
+            let mut answer = http_answer(&decision);
             if let Some(status) = answer.status {
-                let mut resp =
-                    Response::new(ResBody::from(answer.body.clone().unwrap_or_default()));
+                let mut resp = Response::new(ResBody::from(answer.body.take().unwrap_or_default()));
                 *resp.status_mut() =
                     StatusCode::from_u16(status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
                 resp.headers_mut()
