@@ -231,7 +231,15 @@ group.initial.rebalance.delay.ms=0
 log.flush.interval.messages=9223372036854775807
 EOF
   if [ ! -f "$dir/data/meta.properties" ]; then
-    local id; id=$(python3 -c 'import base64,uuid;print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')
+    # A cluster id as Kafka's own `random-uuid` makes it: never starting with '-', which
+    # the storage tool would read as an option.
+    local id; id=$(python3 -c '
+import base64, uuid
+while True:
+    id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    if not id.startswith("-"):
+        print(id)
+        break')
     "${KAFKA_JVM[@]}" kafka.tools.StorageTool format -t "$id" -c "$dir/server.properties" >"$dir/format.log" 2>&1 \
       || { tail -20 "$dir/format.log" >&2; die "$name storage format failed"; }
   fi

@@ -265,7 +265,7 @@ pub async fn demo(args: &DemoArgs) -> anyhow::Result<DemoReport> {
 
     // The gateway, as `verdict gateway` builds it, on the demo's clock and memory counters.
     let clock: Arc<dyn Clock> = Arc::new(ScaledClock::starting_at(start_ms, f64::from(args.speed)));
-    let source = PolicySource::File(FileSource::new(&policy_path));
+    let source: Arc<dyn PolicySource> = Arc::new(FileSource::new(&policy_path));
     let snapshot = source.load().await.context("loading the demo's policy")?;
     let metrics = Arc::new(LimiterMetrics::new());
     let (queue, events) = event_queue(65_536, Arc::clone(&metrics));

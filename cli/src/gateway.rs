@@ -7,14 +7,15 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use verdict_counters_redis::{RedisStore, RedisStoreConfig};
+use verdict_events_kafka::{KafkaSink, KafkaSinkConfig};
 use verdict_gateway::{Gateway, GatewayConfig, GatewayStore, KeyDirectory, spawn_key_refresher};
 use verdict_limiter::moving::MovingStore;
-use verdict_limiter::regions::PgShares;
 use verdict_limiter::{
-    EventSink, KafkaSink, KafkaSinkConfig, Limiter, LimiterConfig, LimiterMetrics, MemoryStore,
-    PolicyHandle, PolicySource, RedisStore, RedisStoreConfig, Regional, RegionalTimings,
+    Limiter, LimiterConfig, LimiterMetrics, MemoryStore, PolicyHandle, RegionalTimings,
     SystemClock, event_queue, spawn_drain, spawn_refresher,
 };
+use verdict_policy_store::PgShares;
 use verdict_schemas::RegionId;
 
 use crate::policy_args::PolicyArgs;
@@ -114,11 +115,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
                 },
                 Arc::clone(&metrics),
             )?;
-            Some(spawn_drain(
-                events,
-                EventSink::Kafka(sink),
-                Arc::clone(&metrics),
-            ))
+            Some(spawn_drain(events, sink, Arc::clone(&metrics)))
         }
         None => {
             tracing::warn!(
@@ -171,11 +168,11 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let mut limiter = Limiter::new(store, handle.clone(), queue, Arc::clone(&metrics), cfg);
     // Several regions in a PostgreSQL policy: this region's shares, and the near-limit
     // reports the reconcile job computes them from.
-    if let (Some(redis), PolicySource::Postgres(pg)) = (&redis, &source)
+    if let (Some(redis), Some(pg)) = (&redis, &args.policy.policy_postgres)
         && handle.load().is_multi_region()
     {
-        let regional = Regional::start(
-            PgShares::new(pg.url()),
+        let regional = verdict_gateway::regional::start(
+            PgShares::new(pg.clone()),
             RegionId(args.region),
             redis.client().clone(),
             Arc::clone(&metrics),

@@ -2,6 +2,7 @@
 //! for cron).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
@@ -73,8 +74,10 @@ fn parse_region(s: &str) -> Result<(String, String), String> {
 
 async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
     use verdict_jobs::reconcile::{ReconcileConfig, Reconciler, RegionEndpoint};
-    use verdict_limiter::regions::{PgShares, RegionCounters};
-    use verdict_limiter::{PgSource, PolicySource};
+    use verdict_jobs::region_counters::RegionCounters;
+    use verdict_jobs::share_rounds::ShareRounds;
+    use verdict_limiter::PolicySource;
+    use verdict_policy_store::PgSource;
 
     anyhow::ensure!(
         (0.0..=1.0).contains(&args.floor),
@@ -83,7 +86,7 @@ async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
     );
     let source = PgSource::new(&args.policy_postgres);
     source.migrate().await?;
-    let policy = PolicySource::Postgres(source);
+    let policy: Arc<dyn PolicySource> = Arc::new(source);
     let snapshot = policy.load().await?;
     let known: Vec<&str> = snapshot
         .document()
@@ -125,7 +128,12 @@ async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
         missing.is_empty(),
         "the policy's regions {missing:?} were not given with --region: every region's Redis is needed (a region left out would keep its static weight on top of the shares the others get)"
     );
-    let mut job = Reconciler::new(endpoints, policy, PgShares::new(&args.policy_postgres), cfg);
+    let mut job = Reconciler::new(
+        endpoints,
+        policy,
+        ShareRounds::new(&args.policy_postgres),
+        cfg,
+    );
     if args.once {
         let o = job.run_once(chrono::Utc::now().timestamp_millis()).await?;
         println!(

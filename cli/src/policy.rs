@@ -4,9 +4,9 @@
 //! the kill switch that hard-allows everything, or one tier (`kill-switch`).
 
 use clap::{Args, Subcommand, ValueEnum};
-use verdict_limiter::edits::{Edit, LimitChange};
 use verdict_limiter::policy::ALL_ROUTES;
-use verdict_limiter::{Mode, PgSource, PolicyDocument, PolicySource};
+use verdict_limiter::{Mode, PolicyDocument};
+use verdict_policy_store::{Edit, LimitChange, PgSource};
 use verdict_schemas::KeyId;
 
 use crate::policy_args::PolicyArgs;
@@ -238,7 +238,7 @@ fn describe(edit: &Edit) -> String {
 }
 
 async fn show(args: ShowArgs) -> anyhow::Result<()> {
-    let source: PolicySource = args.policy.source().ok_or_else(|| {
+    let source = args.policy.source().ok_or_else(|| {
         anyhow::anyhow!("which policy? --policy-file policy.toml or --policy-postgres URL")
     })?;
     let snapshot = source.load().await?;

@@ -1,9 +1,11 @@
 //! Where the policy comes from, for every command that reads it.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::Args;
-use verdict_limiter::{FileSource, PgSource, PolicySource};
+use verdict_limiter::{FileSource, PolicySource};
+use verdict_policy_store::PgSource;
 
 /// `--policy-file` or `--policy-postgres`.
 #[derive(Debug, Clone, Args)]
@@ -19,10 +21,10 @@ pub struct PolicyArgs {
 
 impl PolicyArgs {
     /// The source named, if any.
-    pub fn source(&self) -> Option<PolicySource> {
+    pub fn source(&self) -> Option<Arc<dyn PolicySource>> {
         match (&self.policy_file, &self.policy_postgres) {
-            (Some(f), _) => Some(PolicySource::File(FileSource::new(f))),
-            (None, Some(url)) => Some(PolicySource::Postgres(PgSource::new(url.clone()))),
+            (Some(f), _) => Some(Arc::new(FileSource::new(f))),
+            (None, Some(url)) => Some(Arc::new(PgSource::new(url.clone()))),
             (None, None) => None,
         }
     }

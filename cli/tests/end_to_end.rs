@@ -206,7 +206,7 @@ async fn the_whole_flow_on_the_real_services() {
     std::fs::write(&keys_file, csv).unwrap();
     let name = |i: usize| keys[i].0.as_str();
 
-    let pg_source = verdict_limiter::PgSource::new(&pg);
+    let pg_source = verdict_policy_store::PgSource::new(&pg);
     pg_source.migrate().await.unwrap();
     let (client, conn) = tokio_postgres::connect(&pg, tokio_postgres::NoTls)
         .await

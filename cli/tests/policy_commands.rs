@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use verdict_limiter::{
-    Limiter, LimiterConfig, LimiterMetrics, MemoryStore, PgSource, PolicyHandle, PolicySource,
-    Request, SystemClock, event_queue, spawn_refresher,
+    Limiter, LimiterConfig, LimiterMetrics, MemoryStore, PolicyHandle, PolicySource, Request,
+    SystemClock, event_queue, spawn_refresher,
 };
+use verdict_policy_store::PgSource;
 use verdict_schemas::{DecisionSource, KeyId, RouteClassId, TierId, Verdict};
 use verdict_tests::{eventually, fresh_database};
 
@@ -34,7 +35,7 @@ fn verdict(args: &[&str]) -> (bool, String, String) {
 }
 
 async fn gateway(url: &str) -> Limiter<MemoryStore> {
-    let source = PolicySource::Postgres(PgSource::new(url));
+    let source: Arc<dyn PolicySource> = Arc::new(PgSource::new(url));
     let handle = PolicyHandle::new(source.load().await.unwrap(), 0);
     let metrics = Arc::new(LimiterMetrics::new());
     spawn_refresher(

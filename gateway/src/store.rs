@@ -3,10 +3,9 @@
 
 use std::sync::Arc;
 
+use verdict_counters_redis::RedisStore;
 use verdict_limiter::moving::MovingStore;
-use verdict_limiter::{
-    CounterStore, LimitKey, Limits, MemoryStore, Outcome, RedisStore, StoreError,
-};
+use verdict_limiter::{CounterStore, LimitKey, Limits, MemoryStore, Outcome, StoreError};
 
 /// The store, chosen at start.
 #[derive(Debug, Clone)]

@@ -19,8 +19,10 @@ pub mod metrics;
 pub mod overage;
 pub mod partitions;
 pub mod reconcile;
+pub mod region_counters;
 pub mod retention;
 pub mod scheduler;
+pub mod share_rounds;
 pub mod windows;
 
 pub use scheduler::{Job, JobError, JobOutcome, Jobs, JobsConfig};

@@ -7,7 +7,7 @@
 //!
 //! 1. **Which keys.** Each region's gateways report the requests of keys near their
 //!    regional limit into quarter-second buckets in the region's own Redis (`rl:near:<bucket>`,
-//!    see `verdict_limiter::regions`). The round reads the buckets of the last interval from
+//!    see `verdict_counters_redis::near_limit`). The round reads the buckets of the last interval from
 //!    every region: only those keys, never a scan of the key space, and each region's
 //!    *demand* for them (requests seen while near the limit).
 //! 2. **Usage.** For each such key, each region's sliding-window count (`HGET` of its
@@ -16,7 +16,7 @@
 //!    (10 % of it by default) so an idle region can start. Bucket share = weight. Window
 //!    share = (own usage + weight × what is left of the global quota) / quota, so the shares
 //!    of the quota sum to the whole and no region is handed what another already used.
-//! 4. **Write** ([`PgShares::write_round`]): one transaction; every region gets a row for
+//! 4. **Write** ([`ShareRounds::write_round`]): one transaction; every region gets a row for
 //!    every key of the round (a region without a row would enforce its static weight and
 //!    the sum could exceed the whole). A share that grows takes effect `increase_delay`
 //!    later, a shrinking one at the gateways' next poll, so the sum in force never exceeds
@@ -31,11 +31,16 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use verdict_limiter::regions::{PgShares, RegionCounters, Share, ShareEntry, ShareKey, ShareRow};
+use std::sync::Arc;
+
+use verdict_limiter::regions::{Share, ShareEntry, ShareKey, ShareRow};
 use verdict_limiter::{PolicySnapshot, PolicySource, Resolution};
+use verdict_policy_store::PolicyStoreError;
 use verdict_schemas::RegionId;
 
 use crate::metrics::JobMetrics;
+use crate::region_counters::RegionCounters;
+use crate::share_rounds::ShareRounds;
 
 const PPM: u32 = verdict_limiter::algo::PPM;
 
@@ -202,15 +207,15 @@ pub enum ReconcileError {
     UnknownRegions(Vec<u16>),
     /// The shares could not be read or written.
     #[error("policy store (shares): {0}")]
-    Shares(verdict_limiter::SourceError),
+    Shares(PolicyStoreError),
 }
 
 /// The reconcile job.
 #[derive(Debug)]
 pub struct Reconciler {
     regions: Vec<RegionEndpoint>,
-    policy: PolicySource,
-    shares: PgShares,
+    policy: Arc<dyn PolicySource>,
+    shares: ShareRounds,
     cfg: ReconcileConfig,
     last_policy: Option<PolicySnapshot>,
     metrics: JobMetrics,
@@ -221,8 +226,8 @@ impl Reconciler {
     /// `policy` and writing the shares to `shares`.
     pub fn new(
         regions: Vec<RegionEndpoint>,
-        policy: PolicySource,
-        shares: PgShares,
+        policy: Arc<dyn PolicySource>,
+        shares: ShareRounds,
         cfg: ReconcileConfig,
     ) -> Self {
         Self {

@@ -13,8 +13,9 @@
 //! the layer, with `Retry-After`, the `RateLimit-Policy` and `RateLimit` fields and a
 //! problem body; allowed answers carry the two fields too. A request without a key is 401 and never reaches the limiter.
 //!
-//! The counters here are in memory; in production they are `RedisStore`'s, and the
-//! decision events go to Kafka (`KafkaSink`, `spawn_drain`).
+//! The counters here are in memory; in production they are in Redis
+//! (`verdict_counters_redis::RedisStore`), and the decision events go to Kafka
+//! (`verdict_events_kafka::KafkaSink`, drained by `spawn_drain`).
 
 use std::sync::Arc;
 

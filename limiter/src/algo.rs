@@ -112,21 +112,6 @@ pub struct CounterState {
 }
 
 impl CounterState {
-    /// The 24 bytes the Redis script stores (`struct.pack('<ddII', …)`): tokens and time as
-    /// little-endian doubles, then the two counts as little-endian u32. None if the length
-    /// is not 24.
-    pub fn from_packed(b: &[u8]) -> Option<Self> {
-        let b: &[u8; 24] = b.try_into().ok()?;
-        let f = |i: usize| f64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
-        let u = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or([0; 4]));
-        Some(Self {
-            tokens: f(0) as i64,
-            last_ms: f(8) as i64,
-            cur: u(16),
-            prev: u(20),
-        })
-    }
-
     /// Requests in view of the sliding window at `now_ms` (the count the quota is checked
     /// against): the current window's count plus the previous window's in proportion to how
     /// much of it is still in view.
@@ -306,18 +291,13 @@ mod tests {
     }
 
     #[test]
-    fn the_stored_state_reads_back_and_gives_the_count_in_view() {
-        let mut b = Vec::new();
-        b.extend_from_slice(&2_500_000f64.to_le_bytes());
-        b.extend_from_slice(&(7_200_000.0 + 1_800_000.0f64).to_le_bytes());
-        b.extend_from_slice(&30u32.to_le_bytes());
-        b.extend_from_slice(&100u32.to_le_bytes());
-        let s = CounterState::from_packed(&b).unwrap();
-        assert_eq!(
-            (s.tokens, s.last_ms, s.cur, s.prev),
-            (2_500_000, 9_000_000, 30, 100)
-        );
-        assert!(CounterState::from_packed(&b[..23]).is_none());
+    fn the_count_in_view_weighs_the_previous_window_by_what_is_left_of_it() {
+        let s = CounterState {
+            tokens: 2_500_000,
+            last_ms: 9_000_000,
+            cur: 30,
+            prev: 100,
+        };
         // Half-way through the window: all of this one, half of the one before.
         assert_eq!(s.window_used(9_000_000, HOUR_MS), 30.0 + 50.0);
         // A quarter into the next: three quarters of what is now the previous one.

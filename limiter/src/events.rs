@@ -1,15 +1,11 @@
 //! One `DecisionEvent` per decision, on a bounded queue that never blocks the decision: when
 //! it is full the event is dropped and counted (telemetry is the one thing allowed to be
-//! lossy). A background task drains the queue into a sink: Kafka (idempotent, lz4, lingering
-//! a few ms, keyed by key id) or an in-process channel for the embedded default.
+//! lossy). A background task drains the queue into an [`EventSink`]: Kafka
+//! (`verdict_events_kafka::KafkaSink`: idempotent, lz4, lingering a few ms, keyed by key id)
+//! or an in-process channel for the embedded default ([`ChannelSink`]).
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use rdkafka::ClientConfig;
-use rdkafka::client::ClientContext;
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use tokio::sync::mpsc;
 use verdict_schemas::DecisionEvent;
 
@@ -57,136 +53,67 @@ impl EventQueue {
     }
 }
 
+/// What became of one event handed to a sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handoff {
+    /// Delivered (the drain counts it sent).
+    Sent,
+    /// On its way: the sink counts it sent or failed when it knows (Kafka's
+    /// acknowledgement).
+    Pending,
+    /// Lost (the drain counts it failed).
+    Lost,
+}
+
 /// Where drained events go.
-pub enum EventSink {
-    /// Kafka.
-    Kafka(KafkaSink),
-    /// An in-process consumer (the embedded default's ingest writer). The drain task waits
-    /// for room here, so the bounded queue in front is where drops happen.
-    Channel(mpsc::Sender<DecisionEvent>),
-}
+#[async_trait::async_trait]
+pub trait EventSink: Send + Sync + 'static {
+    /// Hands one event on. May wait (off the decision path): the bounded queue in front is
+    /// where drops happen.
+    async fn send(&self, event: DecisionEvent) -> Handoff;
 
-impl std::fmt::Debug for EventSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Kafka(k) => write!(f, "EventSink::Kafka({})", k.topic),
-            Self::Channel(_) => f.write_str("EventSink::Channel"),
-        }
+    /// At shutdown: waits for the pending events to be delivered, and returns how many
+    /// were not (the drain counts them failed; the sink no longer counts them).
+    async fn close(&self) -> u64 {
+        0
     }
 }
 
-/// How to produce to Kafka.
+/// An in-process consumer (the embedded default's ingest writer). The drain task waits for
+/// room here, so the bounded queue in front is where drops happen.
 #[derive(Debug, Clone)]
-pub struct KafkaSinkConfig {
-    /// `host:port,…`
-    pub brokers: String,
-    /// The decisions topic.
-    pub topic: String,
-    /// How long the producer lingers to batch, ms.
-    pub linger_ms: u32,
-}
+pub struct ChannelSink(pub mpsc::Sender<DecisionEvent>);
 
-impl Default for KafkaSinkConfig {
-    fn default() -> Self {
-        Self {
-            brokers: "127.0.0.1:9092".into(),
-            topic: "verdict.decisions.v1".into(),
-            linger_ms: 5,
+#[async_trait::async_trait]
+impl EventSink for ChannelSink {
+    async fn send(&self, event: DecisionEvent) -> Handoff {
+        match self.0.send(event).await {
+            Ok(()) => Handoff::Sent,
+            Err(_) => Handoff::Lost,
         }
     }
 }
 
-/// Counts deliveries Kafka refused after the producer's own retries.
-struct DeliveryCounter(Arc<LimiterMetrics>);
-
-impl ClientContext for DeliveryCounter {}
-
-impl ProducerContext for DeliveryCounter {
-    type DeliveryOpaque = ();
-
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        if result.is_err() {
-            self.0.events_failed.inc();
-        }
-    }
-}
-
-/// An idempotent, compressed Kafka producer keyed by key id.
-pub struct KafkaSink {
-    producer: ThreadedProducer<DeliveryCounter>,
-    topic: String,
-}
-
-impl KafkaSink {
-    /// Creates the producer (it connects in the background).
-    ///
-    /// # Errors
-    /// When librdkafka refuses the configuration.
-    pub fn new(cfg: &KafkaSinkConfig, metrics: Arc<LimiterMetrics>) -> Result<Self, KafkaError> {
-        let producer = ClientConfig::new()
-            .set("bootstrap.servers", &cfg.brokers)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("compression.type", "lz4")
-            .set("linger.ms", cfg.linger_ms.to_string())
-            .set("queue.buffering.max.messages", "1000000")
-            .set("message.timeout.ms", "120000")
-            .create_with_context(DeliveryCounter(metrics))?;
-        Ok(Self {
-            producer,
-            topic: cfg.topic.clone(),
-        })
-    }
-
-    async fn send(&self, e: &DecisionEvent) {
-        let payload = e.encode();
-        loop {
-            let record = BaseRecord::to(&self.topic)
-                .key(e.key_id.as_bytes().as_slice())
-                .payload(payload.as_slice());
-            match self.producer.send(record) {
-                Ok(()) => return,
-                // librdkafka's own queue is full: wait here (off the decision path), so the
-                // bounded queue in front fills and drops instead.
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-                Err((e, _)) => {
-                    tracing::warn!(error = %e, "producing a decision event failed");
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Waits until every produced event is acknowledged (at shutdown).
-    pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
-        self.producer.flush(timeout)
-    }
-}
-
-/// Drains `rx` into `sink` until every queue handle is dropped, then flushes.
+/// Drains `rx` into `sink` until every queue handle is dropped, then closes the sink. Every
+/// event taken off the queue is counted once: sent, or failed (the sink lost it, or it was
+/// still undelivered when the sink closed).
 pub fn spawn_drain(
     mut rx: EventReceiver,
-    sink: EventSink,
+    sink: impl EventSink,
     metrics: Arc<LimiterMetrics>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         while let Some(e) = rx.recv().await {
-            match &sink {
-                EventSink::Kafka(k) => k.send(&e).await,
-                EventSink::Channel(tx) => {
-                    if tx.send(e).await.is_err() {
-                        metrics.events_failed.inc();
-                    }
-                }
+            match sink.send(e).await {
+                Handoff::Sent => metrics.events_sent.inc(),
+                Handoff::Pending => {}
+                Handoff::Lost => metrics.events_failed.inc(),
             }
-            metrics.events_sent.inc();
         }
-        if let EventSink::Kafka(k) = &sink
-            && let Err(e) = k.flush(Duration::from_secs(10))
-        {
-            tracing::warn!(error = %e, "flushing decision events at shutdown");
+        let lost = sink.close().await;
+        if lost > 0 {
+            metrics.events_failed.inc_by(lost);
+            tracing::warn!(lost, "decision events not delivered at shutdown");
         }
     })
 }

@@ -3,27 +3,28 @@
 //! - [`algo`]: the decision as a pure function: token bucket + sliding window, both must
 //!   pass, a denial consumes nothing.
 //! - [`key`]: the limit key and its names in Redis.
-//! - [`store`]: the counter-store trait; [`memory`] and [`redis_store`] implement it, the
-//!   latter with one Lua script per decision on the store's clock.
+//! - [`store`]: the counter-store trait; [`memory`] implements it here, and
+//!   `verdict-counters-redis` in Redis, with one Lua script per call on the store's clock.
 //! - [`moving`]: moving the counters to a new store (dual-write, then cut over).
 //! - [`policy`]: tiers × route classes, overrides, hot keys, kill switches; validated
-//!   snapshots swapped atomically, kept fresh from a file or PostgreSQL ([`sources`]).
+//!   snapshots swapped atomically, kept fresh from a source ([`sources`]: a file here,
+//!   PostgreSQL in `verdict-policy-store`).
 //! - [`limiter`]: `Limiter::check`, where the modes, the breaker ([`breaker`]) and the
-//!   local fallback meet, and one event per decision goes onto the queue ([`events`]).
+//!   local fallback meet, and one event per decision goes onto the queue ([`events`]; to
+//!   Kafka with `verdict-events-kafka`).
 //! - [`regions`]: several regions, each enforcing its share of a global limit; the shares
-//!   the reconcile job computes, and the near-limit reports it computes them from.
-//! - [`edits`]: the operator's changes to the PostgreSQL policy, validated before written.
+//!   the reconcile job computes, and the near-limit notes it computes them from.
 //! - [`http`]: a decision as 429, `Retry-After` and the rate-limit fields.
 //! - [`layer`]: the limiter as a tower layer in front of any HTTP service.
 //! - [`metrics`]: the Prometheus metrics.
 //! - [`clock`]: time through a trait, so tests move a fake clock.
+//! - [`periodic`]: the background tasks' ticker (refreshers, reports).
 
 pub mod algo;
 pub mod breaker;
 pub mod clock;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
-pub mod edits;
 pub mod events;
 pub mod http;
 pub mod key;
@@ -32,8 +33,8 @@ pub mod limiter;
 pub mod memory;
 pub mod metrics;
 pub mod moving;
+pub mod periodic;
 pub mod policy;
-pub mod redis_store;
 pub mod regions;
 pub mod sources;
 pub mod store;
@@ -41,7 +42,7 @@ pub mod store;
 pub use algo::{CounterState, Limits, Outcome, decide};
 pub use clock::{Clock, FakeClock, ScaledClock, SystemClock};
 pub use events::{
-    EventQueue, EventReceiver, EventSink, KafkaSink, KafkaSinkConfig, event_queue, spawn_drain,
+    ChannelSink, EventQueue, EventReceiver, EventSink, Handoff, event_queue, spawn_drain,
 };
 pub use http::{HttpAnswer, PROBLEM_JSON, http_answer};
 pub use key::LimitKey;
@@ -50,10 +51,6 @@ pub use limiter::{Decision, Limiter, LimiterConfig, Regional, RegionalTimings, R
 pub use memory::MemoryStore;
 pub use metrics::LimiterMetrics;
 pub use policy::{Mode, PolicyDocument, PolicyHandle, PolicySnapshot, RegionRow, Resolution};
-pub use redis_store::{RedisStore, RedisStoreConfig};
-pub use regions::{
-    NearLimit, PgShares, RegionCounters, Share, ShareEntry, ShareHandle, ShareKey, ShareRow,
-    ShareSnapshot, spawn_near_limit_reporter, spawn_share_refresher,
-};
-pub use sources::{FileSource, PgSource, PolicySource, SourceError, spawn_refresher};
-pub use store::{CounterStore, StoreError};
+pub use regions::{NearLimit, Share, ShareEntry, ShareHandle, ShareKey, ShareRow, ShareSnapshot};
+pub use sources::{FileSource, PolicySource, SourceError, spawn_refresher};
+pub use store::{CounterStore, StoreError, StoreProblem};

@@ -19,10 +19,7 @@ use crate::key::LimitKey;
 use crate::memory::MemoryStore;
 use crate::metrics::LimiterMetrics;
 use crate::policy::{Mode, PolicyHandle, Resolution};
-use crate::regions::{
-    DEFAULT_SHARE_TTL, NearLimit, PgShares, Share, ShareHandle, is_near_limit,
-    spawn_near_limit_reporter, spawn_share_refresher,
-};
+use crate::regions::{DEFAULT_SHARE_TTL, NearLimit, Share, ShareHandle, is_near_limit};
 use crate::store::CounterStore;
 
 /// Where this limiter runs.
@@ -57,9 +54,9 @@ impl Default for LimiterConfig {
 /// under a policy that lists regions enforces its region's static weight.
 #[derive(Debug, Clone)]
 pub struct Regional {
-    /// The shares in force (kept fresh by `spawn_share_refresher`).
+    /// The shares in force (kept fresh by `verdict_policy_store::spawn_share_refresher`).
     pub shares: ShareHandle,
-    /// Near-limit notes (reported by `spawn_near_limit_reporter`).
+    /// Near-limit notes (reported by `verdict_counters_redis::spawn_near_limit_reporter`).
     pub near: Arc<NearLimit>,
 }
 
@@ -85,35 +82,13 @@ impl Default for RegionalTimings {
 }
 
 impl Regional {
-    /// `region`'s shares and near-limit notes, with the two tasks that keep them: the
-    /// shares polled from `shares`, the notes reported to the region's Redis `redis`.
-    pub fn start(
-        shares: PgShares,
-        region: RegionId,
-        redis: fred::prelude::Client,
-        metrics: Arc<LimiterMetrics>,
-        clock: Arc<dyn Clock>,
-        timings: RegionalTimings,
-    ) -> Self {
-        let handle = ShareHandle::new(timings.share_ttl);
-        let near = Arc::new(NearLimit::default());
-        spawn_share_refresher(
-            shares,
-            region,
-            handle.clone(),
-            Arc::clone(&metrics),
-            timings.share_poll,
-        );
-        spawn_near_limit_reporter(
-            Arc::clone(&near),
-            redis,
-            metrics,
-            clock,
-            timings.report_every,
-        );
+    /// No shares yet (the static weights are in force) and no notes; the tasks that keep
+    /// them are started by the caller (`verdict_gateway::regional::start`: the shares
+    /// polled from the policy store, the notes reported to the region's Redis).
+    pub fn new(share_ttl: Duration) -> Self {
         Self {
-            shares: handle,
-            near,
+            shares: ShareHandle::new(share_ttl),
+            near: Arc::new(NearLimit::default()),
         }
     }
 }
@@ -366,6 +341,7 @@ impl<S: CounterStore> Limiter<S> {
                         .store_errors
                         .with_label_values(&[e.kind()])
                         .inc();
+                    tracing::debug!(error = %e, cause = ?std::error::Error::source(&e), "the counter store did not decide; the local fallback does");
                 }
             }
         }

@@ -27,9 +27,11 @@ pub struct LimiterMetrics {
     pub unconfigured: IntCounter,
     /// `verdict_events_dropped_total`: events dropped because the queue was full.
     pub events_dropped: IntCounter,
-    /// `verdict_events_sent_total`: events handed to the sink.
+    /// `verdict_events_sent_total`: events delivered (acknowledged by Kafka, or taken by
+    /// the in-process consumer).
     pub events_sent: IntCounter,
-    /// `verdict_events_failed_total`: events the sink refused.
+    /// `verdict_events_failed_total`: events lost after the queue: refused by the sink,
+    /// refused by Kafka after its retries, or undelivered at shutdown.
     pub events_failed: IntCounter,
     /// `verdict_policy_version`: version of the policy in force.
     pub policy_version: IntGauge,
@@ -122,11 +124,11 @@ impl LimiterMetrics {
             ),
             events_sent: counter(
                 "verdict_events_sent_total",
-                "Decision events handed to the sink.",
+                "Decision events delivered (acknowledged by Kafka or taken in-process).",
             ),
             events_failed: counter(
                 "verdict_events_failed_total",
-                "Decision events the sink refused.",
+                "Decision events lost after the queue (refused, failed after retries, or undelivered at shutdown).",
             ),
             policy_version: gauge("verdict_policy_version", "Version of the policy in force."),
             policy_age_seconds: gauge(

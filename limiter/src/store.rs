@@ -1,24 +1,35 @@
 //! Where counters live. A [`CounterStore`] answers one decision per call, atomically: it
 //! reads the limit key's state, runs the decision, and writes the new state, all as one
 //! step. The Redis store does it in one Lua script on the server; the memory store under
-//! one shard lock. The same conformance suite (`tests/conformance.rs`) runs against both.
+//! one shard lock. The same conformance suite (`conformance.rs`) runs against both.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
 
 use crate::algo::{Limits, Outcome};
 use crate::key::LimitKey;
 
-/// Why a store could not decide. What the limiter does then (fallback) is decided in one
-/// place, `Limiter::check`.
+/// Why a store could not decide, and the limit key it was deciding (when the failure was
+/// one decision's, not the connection's at start). What the limiter does then (fallback)
+/// is decided in one place, `Limiter::check`. Cloned cheaply: the cause is shared.
+#[derive(Debug, Clone)]
+pub struct StoreError {
+    problem: StoreProblem,
+    key: Option<LimitKey>,
+}
+
+/// What went wrong in the store.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
-pub enum StoreError {
+pub enum StoreProblem {
     /// The store did not answer within the deadline.
     #[error("counter store timed out after {0:?}")]
-    Timeout(std::time::Duration),
-    /// The store answered with an error, or the connection failed.
-    #[error("counter store failed: {0}")]
-    Backend(String),
+    Timeout(Duration),
+    /// The store answered with an error, or the connection failed: the client's error is
+    /// the [`std::error::Error::source`].
+    #[error("counter store failed")]
+    Backend(#[source] Arc<dyn std::error::Error + Send + Sync>),
     /// The store answered something that is not a decision.
     #[error("counter store answered {0}")]
     BadReply(String),
@@ -29,17 +40,84 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    /// Every [`StoreError::kind`], in the order of the variants.
+    /// Every [`StoreError::kind`], in the order of [`StoreProblem`]'s variants.
     pub const KINDS: [&'static str; 4] = ["timeout", "backend", "bad_reply", "busy"];
+
+    /// No answer within `deadline`.
+    pub fn timeout(deadline: Duration) -> Self {
+        StoreProblem::Timeout(deadline).into()
+    }
+
+    /// The store's client failed with `source`.
+    pub fn backend(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        StoreProblem::Backend(Arc::from(source.into())).into()
+    }
+
+    /// The store answered `what`, which is not a decision.
+    pub fn bad_reply(what: impl Into<String>) -> Self {
+        StoreProblem::BadReply(what.into()).into()
+    }
+
+    /// `waiting` requests already wait on the connection.
+    pub fn busy(waiting: usize) -> Self {
+        StoreProblem::Busy(waiting).into()
+    }
+
+    /// The same error, while deciding `key`.
+    #[must_use]
+    pub fn deciding(mut self, key: &LimitKey) -> Self {
+        self.key = Some(*key);
+        self
+    }
+
+    /// What went wrong.
+    pub fn problem(&self) -> &StoreProblem {
+        &self.problem
+    }
+
+    /// The limit key the store was deciding, if the failure was one decision's.
+    pub fn key(&self) -> Option<&LimitKey> {
+        self.key.as_ref()
+    }
 
     /// The error's kind, as the label `kind` of `verdict_store_errors_total`.
     pub fn kind(&self) -> &'static str {
-        match self {
-            StoreError::Timeout(_) => Self::KINDS[0],
-            StoreError::Backend(_) => Self::KINDS[1],
-            StoreError::BadReply(_) => Self::KINDS[2],
-            StoreError::Busy(_) => Self::KINDS[3],
+        match self.problem {
+            StoreProblem::Timeout(_) => Self::KINDS[0],
+            StoreProblem::Backend(_) => Self::KINDS[1],
+            StoreProblem::BadReply(_) => Self::KINDS[2],
+            StoreProblem::Busy(_) => Self::KINDS[3],
         }
+    }
+}
+
+impl From<StoreProblem> for StoreError {
+    fn from(problem: StoreProblem) -> Self {
+        Self { problem, key: None }
+    }
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.problem.fmt(f)?;
+        if let Some(k) = &self.key {
+            write!(
+                f,
+                " (deciding key {} on route class {}, tier {}",
+                k.key_id, k.route_class.0, k.tier.0
+            )?;
+            if k.sub_keys > 1 {
+                write!(f, ", sub-key {} of {}", k.sub_key, k.sub_keys)?;
+            }
+            f.write_str(")")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.problem)
     }
 }
 
@@ -51,4 +129,37 @@ pub trait CounterStore: Send + Sync + 'static {
         key: &LimitKey,
         limits: &Limits,
     ) -> impl Future<Output = Result<Outcome, StoreError>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use verdict_schemas::{KeyId, RouteClassId, TierId};
+
+    use super::*;
+
+    #[test]
+    fn an_error_names_the_key_it_was_deciding_and_keeps_its_cause() {
+        let cause = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset");
+        let key = LimitKey::new(KeyId([0xab; 16]), RouteClassId(2), TierId(1)).split(4, b"ip");
+        let e = StoreError::backend(cause).deciding(&key);
+        assert_eq!(e.kind(), "backend");
+        assert_eq!(e.key(), Some(&key));
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "counter store failed (deciding key {} on route class 2, tier 1, sub-key {} of 4)",
+                KeyId([0xab; 16]),
+                key.sub_key
+            )
+        );
+        assert_eq!(e.source().unwrap().to_string(), "connection reset");
+        // Cloned, the cause is shared, not lost.
+        assert_eq!(e.clone().source().unwrap().to_string(), "connection reset");
+        assert_eq!(
+            StoreError::timeout(Duration::from_millis(5)).to_string(),
+            "counter store timed out after 5ms"
+        );
+    }
 }

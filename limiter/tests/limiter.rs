@@ -359,7 +359,7 @@ struct Flaky {
 impl CounterStore for Flaky {
     async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<Outcome, StoreError> {
         if self.failing.load(Ordering::SeqCst) {
-            Err(StoreError::Timeout(Duration::from_millis(5)))
+            Err(StoreError::timeout(Duration::from_millis(5)))
         } else {
             Ok(self.inner.decide(key, limits))
         }

@@ -11,7 +11,6 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
@@ -31,179 +30,13 @@ use object_store::ObjectStore;
 use tokio::time::Instant;
 
 use crate::budget::Budget;
+use crate::error::QueryError;
 use crate::indicator::CountIndicators;
+use crate::limits::Limits;
 use crate::pack::PackGroupKeys;
 use crate::pruning::RawScanPruning;
 use crate::tables::{LAKE_URL, PoliciesTable, register};
 use crate::view::{AsOf, ReaderView};
-
-/// What one query may use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Memory for the query's operators (hash tables, sorts), bytes.
-    pub memory_bytes: usize,
-    /// Wall time from the request to the last row.
-    pub timeout: Duration,
-    /// Rows a JSON answer may carry (CSV, Arrow and Parquet are streamed, unbounded).
-    pub json_rows: usize,
-    /// Bytes of Arrow data a JSON answer may be built from (its JSON is about as large):
-    /// a few rows of huge strings are bounded too, not only many rows.
-    pub json_bytes: usize,
-    /// Memory all running queries may use together (see [`crate::budget`]): at most
-    /// `budget_bytes / memory_bytes` queries run at once.
-    pub budget_bytes: usize,
-    /// How long a query waits for a place before it is refused as busy.
-    pub queue_timeout: Duration,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            memory_bytes: 1 << 30,
-            timeout: Duration::from_secs(60),
-            json_rows: 100_000,
-            json_bytes: 64 << 20,
-            budget_bytes: 4 << 30,
-            queue_timeout: Duration::from_secs(10),
-        }
-    }
-}
-
-/// Why a query did not run or did not finish. Messages never carry paths or stack traces.
-#[derive(Debug, thiserror::Error)]
-pub enum QueryError {
-    /// The statement is not a query (DDL, DML, COPY, …) or is several statements.
-    #[error("{0}")]
-    Refused(String),
-    /// The SQL does not parse or plan, or a parameter is wrong.
-    #[error("{0}")]
-    Invalid(String),
-    /// A named report or table that does not exist.
-    #[error("{0}")]
-    NotFound(String),
-    /// The query needed more memory than its pool.
-    #[error(
-        "the query needs more than its memory limit of {limit_mib} MiB: narrow the time range, \
-         filter on date/hour, or aggregate before sorting"
-    )]
-    MemoryLimit {
-        /// The limit.
-        limit_mib: usize,
-    },
-    /// The query ran past its deadline and was cancelled.
-    #[error(
-        "the query ran past its time limit of {seconds} s and was cancelled: narrow the time range or filter on date/hour"
-    )]
-    TimeLimit {
-        /// The limit.
-        seconds: u64,
-    },
-    /// The statement is larger than the service takes (bytes, tokens or set-operation
-    /// branches); the message names the limit.
-    #[error("{0}")]
-    TooLarge(String),
-    /// A function would make a value larger than the service allows (see
-    /// [`crate::bounded_fns`]); the message names the function and the limit.
-    #[error("{0}")]
-    ValueTooLarge(String),
-    /// A JSON answer would carry more rows than allowed.
-    #[error(
-        "the answer has more than {limit} rows, the limit for JSON: add a LIMIT, aggregate, or \
-         ask for format=csv, arrow or parquet, which are streamed"
-    )]
-    RowLimit {
-        /// The limit.
-        limit: usize,
-    },
-    /// A JSON answer would be larger than allowed.
-    #[error(
-        "the answer is larger than {limit_mib} MiB, the limit for JSON: select fewer or \
-         shorter columns, or ask for format=csv, arrow or parquet, which are streamed"
-    )]
-    AnswerTooLarge {
-        /// The limit.
-        limit_mib: usize,
-    },
-    /// Every place for a query is taken, or the shared memory budget is: try again later.
-    #[error(
-        "the query service is busy (every place for a query, or its shared memory budget, is \
-         in use): retry in {retry_after_s} s"
-    )]
-    Busy {
-        /// When to try again, seconds.
-        retry_after_s: u64,
-    },
-    /// Reading the lake or executing failed; the detail is in the service's log.
-    #[error("the query failed while reading the data; the service log has the detail")]
-    Internal,
-}
-
-impl QueryError {
-    /// A short machine-readable name.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Refused(_) => "refused",
-            Self::Invalid(_) => "invalid_query",
-            Self::TooLarge(_) => "query_too_large",
-            Self::ValueTooLarge(_) => "value_too_large",
-            Self::NotFound(_) => "not_found",
-            Self::MemoryLimit { .. } => "memory_limit",
-            Self::TimeLimit { .. } => "time_limit",
-            Self::RowLimit { .. } => "row_limit",
-            Self::AnswerTooLarge { .. } => "answer_too_large",
-            Self::Busy { .. } => "busy",
-            Self::Internal => "internal",
-        }
-    }
-
-    /// The error for a DataFusion error met while planning or running under `limits`.
-    pub fn from_datafusion(e: DataFusionError, limits: &Limits) -> Self {
-        let root = e.find_root();
-        match root {
-            DataFusionError::ResourcesExhausted(m)
-                if m.contains(crate::budget::BUDGET_EXHAUSTED) =>
-            {
-                Self::Busy { retry_after_s: 5 }
-            }
-            DataFusionError::ResourcesExhausted(_) => Self::MemoryLimit {
-                limit_mib: limits.memory_bytes >> 20,
-            },
-            DataFusionError::SQL(..)
-            | DataFusionError::Plan(_)
-            | DataFusionError::SchemaError(..)
-            | DataFusionError::NotImplemented(_)
-            | DataFusionError::Configuration(_) => Self::Invalid(root.message().to_string()),
-            DataFusionError::Execution(m) if m.contains(crate::bounded_fns::REFUSED) => {
-                Self::ValueTooLarge(m.clone())
-            }
-            DataFusionError::Execution(m) if is_user_error(m) => Self::Invalid(m.clone()),
-            DataFusionError::ArrowError(a, _) if is_arrow_user_error(a) => {
-                Self::Invalid(a.to_string())
-            }
-            _ => {
-                tracing::warn!(error = %e, "query failed");
-                Self::Internal
-            }
-        }
-    }
-}
-
-fn is_user_error(message: &str) -> bool {
-    // Errors of the query's own making (a bad cast, a division by zero), not of the store.
-    !(message.contains('/') || message.contains("Object") || message.contains("object"))
-}
-
-fn is_arrow_user_error(e: &arrow::error::ArrowError) -> bool {
-    use arrow::error::ArrowError::*;
-    matches!(
-        e,
-        CastError(_)
-            | DivideByZero
-            | ArithmeticOverflow(_)
-            | ComputeError(_)
-            | InvalidArgumentError(_)
-    )
-}
 
 /// The query engine: the catalog over the lake, and the limits every query runs under.
 #[derive(Clone)]

@@ -33,7 +33,8 @@ use prometheus::{
 };
 use serde_json::json;
 
-use crate::engine::{Engine, QueryError, QueryStream};
+use crate::engine::{Engine, QueryStream};
+use crate::error::QueryError;
 use crate::format::{Encoder, Format, json};
 use crate::reports::catalog;
 use crate::view::AsOf;

@@ -5,9 +5,11 @@
 pub mod bounded_fns;
 pub mod budget;
 pub mod engine;
+pub mod error;
 pub mod format;
 pub mod http;
 pub mod indicator;
+pub mod limits;
 pub mod pack;
 pub mod pg;
 pub mod pruning;
@@ -18,6 +20,8 @@ pub mod view;
 pub mod whatif;
 pub mod yielding;
 
-pub use engine::{Engine, Limits, QueryError, QueryStream};
+pub use engine::{Engine, QueryStream};
+pub use error::QueryError;
+pub use limits::Limits;
 pub use tables::PoliciesTable;
 pub use view::{AsOf, ReaderView};

@@ -19,7 +19,8 @@ use verdict_limiter::PolicySnapshot;
 use verdict_limiter::policy::{ALL_ROUTES, LimitRow, OverrideRow, PolicyDocument};
 use verdict_schemas::KeyId;
 
-use crate::engine::{Engine, QueryError};
+use crate::engine::Engine;
+use crate::error::QueryError;
 use crate::reports::Range;
 use crate::whatif::{self, WhatIf};
 

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Datelike, Duration, NaiveDate, NaiveDateTime, TimeZone, Timelike, Utc};
 use serde::Serialize;
 
-use crate::engine::QueryError;
+use crate::error::QueryError;
 
 mod review;
 

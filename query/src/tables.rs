@@ -117,13 +117,13 @@ pub const POLICY_REFRESH: Duration = Duration::from_secs(10);
 /// warning), as in the limiter.
 #[derive(Debug)]
 pub struct PoliciesTable {
-    source: Option<PolicySource>,
+    source: Option<Arc<dyn PolicySource>>,
     cached: Mutex<Option<(Instant, Arc<PolicySnapshot>)>>,
 }
 
 impl PoliciesTable {
     /// The table over `source`; `None` gives an empty table (no policy configured).
-    pub fn new(source: Option<PolicySource>) -> Self {
+    pub fn new(source: Option<Arc<dyn PolicySource>>) -> Self {
         Self {
             source,
             cached: Mutex::new(None),

@@ -25,7 +25,8 @@ use serde::Serialize;
 use verdict_limiter::{CounterState, Mode, PolicySnapshot, Resolution, decide};
 use verdict_schemas::{KeyId, RegionId, RouteClassId, TierId};
 
-use crate::engine::{Engine, QueryError};
+use crate::engine::Engine;
+use crate::error::QueryError;
 use crate::reports::Range;
 
 /// What every answer says about recorded demand.

@@ -136,8 +136,8 @@ pub fn drain_to_kafka(
     topic: &str,
     metrics: &Arc<verdict_limiter::LimiterMetrics>,
 ) -> tokio::task::JoinHandle<()> {
-    let sink = verdict_limiter::KafkaSink::new(
-        &verdict_limiter::KafkaSinkConfig {
+    let sink = verdict_events_kafka::KafkaSink::new(
+        &verdict_events_kafka::KafkaSinkConfig {
             brokers: kafka_brokers(),
             topic: topic.to_owned(),
             linger_ms: 5,
@@ -145,11 +145,7 @@ pub fn drain_to_kafka(
         Arc::clone(metrics),
     )
     .expect("Kafka producer");
-    verdict_limiter::spawn_drain(
-        events,
-        verdict_limiter::EventSink::Kafka(sink),
-        Arc::clone(metrics),
-    )
+    verdict_limiter::spawn_drain(events, sink, Arc::clone(metrics))
 }
 
 /// A consumer of `topic` from its beginning, in a group of its own, committing nothing.

@@ -316,6 +316,30 @@ pub async fn write_known_lake(store: &Arc<dyn ObjectStore>, dir: &std::path::Pat
     path
 }
 
+/// The known lake in a local folder (no services), and an engine over it with `limits`;
+/// the temporary folder holds the lake (under `lake/`) and the policy file.
+pub async fn known_local_engine(
+    limits: verdict_query::Limits,
+) -> (verdict_query::Engine, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let root = dir.path().join("lake");
+    std::fs::create_dir_all(&root).expect("the lake's folder");
+    let store: Arc<dyn ObjectStore> = Arc::new(
+        object_store::local::LocalFileSystem::new_with_prefix(&root).expect("a local store"),
+    );
+    let policy = write_known_lake(&store, dir.path()).await;
+    let source: Arc<dyn verdict_limiter::PolicySource> =
+        Arc::new(verdict_limiter::FileSource::new(policy));
+    let engine = verdict_query::Engine::new(
+        store,
+        verdict_query::PoliciesTable::new(Some(source)),
+        2,
+        limits,
+    )
+    .expect("an engine");
+    (engine, dir)
+}
+
 /// The known lake on the S3 server under a prefix of its own, and an engine over it with
 /// `limits`; the temporary folder holds the policy file.
 pub async fn known_engine(
@@ -333,7 +357,8 @@ pub async fn known_engine(
     ));
     let dir = tempfile::tempdir().expect("a temporary folder");
     let policy = write_known_lake(&store, dir.path()).await;
-    let source = verdict_limiter::PolicySource::File(verdict_limiter::FileSource::new(policy));
+    let source: Arc<dyn verdict_limiter::PolicySource> =
+        Arc::new(verdict_limiter::FileSource::new(policy));
     let engine = verdict_query::Engine::new(
         Arc::clone(&store),
         verdict_query::PoliciesTable::new(Some(source)),

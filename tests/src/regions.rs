@@ -14,12 +14,16 @@ use std::time::{Duration, Instant};
 
 use fred::interfaces::ClientLike as _;
 use rdkafka::message::Message;
+use verdict_counters_redis::{RedisStore, RedisStoreConfig};
 use verdict_jobs::reconcile::{ReconcileConfig, Reconciler, RegionEndpoint, RoundOutcome};
-use verdict_limiter::regions::{PgShares, RegionCounters, Share, ShareHandle};
+use verdict_jobs::region_counters::RegionCounters;
+use verdict_jobs::share_rounds::ShareRounds;
+use verdict_limiter::regions::{Share, ShareHandle};
 use verdict_limiter::{
-    Decision, Limiter, LimiterConfig, LimiterMetrics, PgSource, PolicyHandle, PolicySource,
-    RedisStore, RedisStoreConfig, Regional, RegionalTimings, Request, SystemClock, event_queue,
+    Decision, Limiter, LimiterConfig, LimiterMetrics, PolicyHandle, PolicySource, RegionalTimings,
+    Request, SystemClock, event_queue,
 };
+use verdict_policy_store::{PgShares, PgSource};
 use verdict_schemas::{DecisionEvent, KeyId, RegionId, RouteClassId, TierId};
 
 use crate::{
@@ -125,7 +129,7 @@ impl World {
             ))
             .await
             .expect("seed the policy");
-        let policy = PolicySource::Postgres(source);
+        let policy: Arc<dyn PolicySource> = Arc::new(source);
         let snapshot = policy.load().await.expect("load the policy");
 
         let urls = region_redis_urls();
@@ -150,7 +154,7 @@ impl World {
             let (queue, events) = event_queue(1 << 20, Arc::clone(&metrics));
             let drain = drain_to_kafka(events, &topic, &metrics);
             let region = RegionId(i as u16);
-            let regional = Regional::start(
+            let regional = verdict_gateway::regional::start(
                 PgShares::new(&pg_url),
                 region,
                 store.client().clone(),
@@ -192,7 +196,7 @@ impl World {
         let mut job = Reconciler::new(
             endpoints,
             policy,
-            PgShares::new(&pg_url),
+            ShareRounds::new(&pg_url),
             reconcile_config(),
         );
         let log = Arc::clone(&rounds);

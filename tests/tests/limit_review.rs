@@ -32,7 +32,8 @@ async fn lake(events: &[DecisionEvent]) -> (Engine, tempfile::TempDir) {
         let hour = HourPartition::from_event_time_ms(START_MS + h * 3_600_000).unwrap();
         rollup.run_hour(hour).await.expect("the rollup of an hour");
     }
-    let source = verdict_limiter::PolicySource::File(verdict_limiter::FileSource::new(policy));
+    let source: std::sync::Arc<dyn verdict_limiter::PolicySource> =
+        std::sync::Arc::new(verdict_limiter::FileSource::new(policy));
     let engine = Engine::new(
         Arc::clone(&store),
         PoliciesTable::new(Some(source)),

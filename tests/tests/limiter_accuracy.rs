@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use verdict_counters_redis::{RedisStore, RedisStoreConfig};
 use verdict_limiter::policy::parse_toml;
 use verdict_limiter::{
-    Limiter, LimiterConfig, LimiterMetrics, PolicyHandle, PolicySnapshot, RedisStore,
-    RedisStoreConfig, Request, event_queue,
+    Limiter, LimiterConfig, LimiterMetrics, PolicyHandle, PolicySnapshot, Request, event_queue,
 };
 use verdict_schemas::{DecisionSource, KeyId, RouteClassId, TierId};
 use verdict_tests::{Service, redis_url, require, unique_name};

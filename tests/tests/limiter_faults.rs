@@ -6,11 +6,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use verdict_counters_redis::{RedisStore, RedisStoreConfig};
 use verdict_limiter::breaker::{BreakerConfig, BreakerState};
 use verdict_limiter::policy::parse_toml;
 use verdict_limiter::{
-    Limiter, LimiterConfig, LimiterMetrics, PolicyHandle, PolicySnapshot, RedisStore,
-    RedisStoreConfig, Request, event_queue,
+    Limiter, LimiterConfig, LimiterMetrics, PolicyHandle, PolicySnapshot, Request, event_queue,
 };
 use verdict_schemas::{DecisionSource, KeyId, RouteClassId, TierId, Verdict};
 use verdict_tests::eventually;

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use verdict_limiter::{
-    Clock, LimiterMetrics, PgSource, PolicyHandle, PolicySource, SystemClock, spawn_refresher,
+    Clock, LimiterMetrics, PolicyHandle, PolicySource, SystemClock, spawn_refresher,
 };
+use verdict_policy_store::PgSource;
 use verdict_tests::private::PrivatePostgres;
 use verdict_tests::{eventually, fresh_database};
 
@@ -66,7 +67,7 @@ async fn every_change_raises_the_version_and_the_rows_load_as_a_policy() {
     let v3 = version(&client).await;
     assert!(v0 < v1 && v1 < v2 && v2 < v3, "{v0} {v1} {v2} {v3}");
 
-    let snapshot = PolicySource::Postgres(source).load().await.expect("load");
+    let snapshot = source.load().await.expect("load");
     assert_eq!(snapshot.version(), v3 as u64);
     assert!(snapshot.kill_switch());
     let doc = snapshot.document();
@@ -94,7 +95,7 @@ async fn every_change_raises_the_version_and_the_rows_load_as_a_policy() {
 async fn a_change_is_in_force_within_30_s_and_a_bad_row_keeps_the_last_policy() {
     let url = fresh_database("policy_refresh").await;
     let (source, client) = seeded(&url).await;
-    let source = PolicySource::Postgres(source);
+    let source: Arc<dyn PolicySource> = Arc::new(source);
     let handle = PolicyHandle::new(source.load().await.unwrap(), 0);
     let metrics = Arc::new(LimiterMetrics::new());
     let task = spawn_refresher(
@@ -151,11 +152,7 @@ async fn invalid_rows_are_named_with_their_field() {
         )
         .await
         .unwrap();
-    let e = PolicySource::Postgres(source.clone())
-        .load()
-        .await
-        .unwrap_err()
-        .to_string();
+    let e = source.load().await.unwrap_err().to_string();
     assert_eq!(
         e,
         "policy limits row (tier=pro, route_class=*): mode: unknown mode \"enforced\" (expected enforce, shadow or off)"
@@ -167,21 +164,13 @@ async fn invalid_rows_are_named_with_their_field() {
         )
         .await
         .unwrap();
-    let e = PolicySource::Postgres(source.clone())
-        .load()
-        .await
-        .unwrap_err()
-        .to_string();
+    let e = source.load().await.unwrap_err().to_string();
     assert!(
         e.starts_with("policy limits[1] (tier=pro, route_class=*): refill_per_s:"),
         "{e}"
     );
     client.batch_execute("update verdict_policy.limits set refill_per_s = 1; update verdict_policy.overrides set key_id = 'xyz'").await.unwrap();
-    let e = PolicySource::Postgres(source)
-        .load()
-        .await
-        .unwrap_err()
-        .to_string();
+    let e = source.load().await.unwrap_err().to_string();
     assert!(
         e.contains("overrides row (key_id=xyz, route_class=write): key_id"),
         "{e}"
@@ -192,7 +181,7 @@ async fn invalid_rows_are_named_with_their_field() {
 async fn a_stopped_database_leaves_the_last_policy_in_force_and_ages_it() {
     let mut pg = PrivatePostgres::start();
     let (source, _client) = seeded(&pg.url()).await;
-    let source = PolicySource::Postgres(source);
+    let source: Arc<dyn PolicySource> = Arc::new(source);
     let handle = PolicyHandle::new(source.load().await.unwrap(), SystemClock.now_ms());
     let version = handle.load().version();
     let metrics = Arc::new(LimiterMetrics::new());

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use fred::prelude::*;
 use proptest::prelude::*;
+use verdict_counters_redis::{RedisStore, RedisStoreConfig};
 use verdict_limiter::conformance::{self, fresh_key};
-use verdict_limiter::{CounterState, Limits, RedisStore, RedisStoreConfig, decide};
+use verdict_limiter::{CounterState, Limits, decide};
 use verdict_tests::{Service, redis_url, require};
 
 async fn store() -> RedisStore {

@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
+use verdict_counters_redis::{RedisStore, RedisStoreConfig};
+use verdict_jobs::region_counters::RegionCounters;
 use verdict_limiter::moving::{MovingStore, Phase};
-use verdict_limiter::regions::RegionCounters;
-use verdict_limiter::{CounterStore, LimitKey, Limits, RedisStore, RedisStoreConfig};
+use verdict_limiter::{CounterStore, LimitKey, Limits};
 use verdict_schemas::{KeyId, RouteClassId, TierId};
 use verdict_tests::private::PrivateRedis;
 

@@ -7,7 +7,8 @@
 use std::time::Duration;
 
 use verdict_limiter::algo::PPM;
-use verdict_limiter::regions::{PgShares, Share};
+use verdict_limiter::regions::Share;
+use verdict_policy_store::PgShares;
 use verdict_schemas::RegionId;
 use verdict_tests::regions::{INTERVAL, World, reconcile_config};
 use verdict_tests::{eventually, services_script};

@@ -18,12 +18,12 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use clap::Args;
 use serde::Serialize;
+use verdict_counters_redis::{RedisStore, RedisStoreConfig};
 use verdict_gateway::load::{self, LoadReport, LoadSpec, MakeRequest};
 use verdict_gateway::{GatewayStore, KeyDirectory, KeyEntry};
 use verdict_limiter::policy::parse_toml;
 use verdict_limiter::{
-    Limiter, LimiterConfig, LimiterMetrics, MemoryStore, PolicyHandle, PolicySnapshot, RedisStore,
-    RedisStoreConfig, event_queue,
+    Limiter, LimiterConfig, LimiterMetrics, MemoryStore, PolicyHandle, PolicySnapshot, event_queue,
 };
 use verdict_schemas::KeyId;
 

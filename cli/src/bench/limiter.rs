@@ -16,10 +16,11 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 use serde::Serialize;
+use verdict_counters_redis::{RedisStore, RedisStoreConfig};
 use verdict_limiter::policy::parse_toml;
 use verdict_limiter::{
-    Limiter, LimiterConfig, LimiterMetrics, PolicyHandle, PolicySnapshot, RedisStore,
-    RedisStoreConfig, Request, StoreError, event_queue,
+    Limiter, LimiterConfig, LimiterMetrics, PolicyHandle, PolicySnapshot, Request, StoreError,
+    event_queue,
 };
 use verdict_schemas::{DecisionSource, KeyId, RouteClassId, TierId};
 

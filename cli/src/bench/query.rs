@@ -281,7 +281,7 @@ pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
     let set = write_data_set(&store, &root, &args, threads).await?;
     println!("{}", serde_json::to_string(&set)?);
 
-    let source = PolicySource::File(FileSource::new(root.join("policy.toml")));
+    let source: Arc<dyn PolicySource> = Arc::new(FileSource::new(root.join("policy.toml")));
     let engine = Engine::new(
         LocalFileSystem::new_with_prefix(&root)?,
         PoliciesTable::new(Some(source)),

@@ -36,7 +36,8 @@ use datafusion_postgres::{DfSessionService, Parser};
 use futures::{Sink, Stream, StreamExt};
 use tokio::sync::{OwnedSemaphorePermit, watch};
 
-use crate::engine::{Engine, QueryError, check_size};
+use crate::engine::{Engine, check_size};
+use crate::error::QueryError;
 
 /// A PostgreSQL error with `code` (SQLSTATE) and `message`.
 pub(super) fn pg_error(code: &str, message: String) -> PgWireError {

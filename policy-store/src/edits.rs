@@ -9,11 +9,13 @@
 //! overwritten); the version triggers raise the version, and every gateway has it at its
 //! next poll.
 
-use crate::policy::{
+use verdict_limiter::policy::{
     ALL_ROUTES, LimitRow, Mode, OverrideRow, PolicyDocument, PolicyError, PolicySnapshot,
 };
-use crate::sources::{PgSource, SourceError, closed};
 use verdict_schemas::KeyId;
+
+use crate::error::{PolicyStoreError, closed};
+use crate::pg::PgSource;
 
 /// New values for a limit; a field left `None` keeps its value.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -300,7 +302,7 @@ impl PgSource {
     ///
     /// # Errors
     /// An invalid change (nothing written), a concurrent change, or the store failing.
-    pub async fn apply(&self, edit: &Edit) -> Result<Applied, SourceError> {
+    pub async fn apply(&self, edit: &Edit) -> Result<Applied, PolicyStoreError> {
         let mut doc = self.read().await?;
         let from_version = doc.version;
         apply(&mut doc, edit)?;
@@ -312,7 +314,7 @@ impl PgSource {
             .await?
             .get(0);
         if now as u64 != from_version {
-            return Err(SourceError::Invalid(refused(
+            return Err(PolicyStoreError::Invalid(refused(
                 "meta".into(),
                 "version",
                 format!(
@@ -417,7 +419,7 @@ async fn upsert_limit(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::parse_toml;
+    use verdict_limiter::policy::parse_toml;
 
     const DOC: &str = r#"
 version = 4

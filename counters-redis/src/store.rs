@@ -18,9 +18,7 @@ use fred::prelude::*;
 use fred::types::scripts::Script;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::algo::{Limits, Outcome};
-use crate::key::LimitKey;
-use crate::store::{CounterStore, StoreError};
+use verdict_limiter::{CounterStore, LimitKey, Limits, Outcome, StoreError};
 
 /// The decision script (see the file for its arguments and reply).
 pub const DECISION_SCRIPT: &str = include_str!("redis.lua");
@@ -102,12 +100,12 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-fn backend(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(e.to_string())
+fn backend(e: Error) -> StoreError {
+    StoreError::backend(e)
 }
 
 fn lane_stopped() -> StoreError {
-    StoreError::Backend("the store's lane has stopped".into())
+    StoreError::backend("the store's lane has stopped")
 }
 
 impl RedisStore {
@@ -137,7 +135,7 @@ impl RedisStore {
         let script = Script::from_lua(DECISION_SCRIPT);
         let load = tokio::time::timeout(Duration::from_secs(1), script.load(pool.next()));
         load.await
-            .map_err(|_| StoreError::Timeout(Duration::from_secs(1)))?
+            .map_err(|_| StoreError::timeout(Duration::from_secs(1)))?
             .map_err(backend)?;
         let caller = Caller {
             script,
@@ -188,7 +186,7 @@ impl RedisStore {
         let mut answers = self.check_many_at(&[(*key, *limits)], now_ms).await?;
         answers
             .pop()
-            .ok_or_else(|| StoreError::BadReply("no answer".into()))
+            .ok_or_else(|| StoreError::bad_reply("no answer"))
     }
 
     /// Decides several requests in one script call at a given time, in order (the test hook
@@ -262,8 +260,8 @@ impl Caller {
 
     fn error(&self, e: &Error) -> StoreError {
         match e.kind() {
-            ErrorKind::Timeout => StoreError::Timeout(self.timeout),
-            _ => backend(e),
+            ErrorKind::Timeout => StoreError::timeout(self.timeout),
+            _ => backend(e.clone()),
         }
     }
 }
@@ -318,14 +316,14 @@ async fn answer(caller: &Caller, client: &Client, group: &mut Vec<Pending>) {
 /// remaining window, retry, now}`.
 fn outcomes_from_reply(r: &[i64], wanted: usize) -> Result<Vec<Outcome>, StoreError> {
     if r.len() != 6 * wanted {
-        return Err(StoreError::BadReply(format!(
+        return Err(StoreError::bad_reply(format!(
             "{} integers for {wanted} requests, not {}",
             r.len(),
             6 * wanted
         )));
     }
     let u32_of = |v: i64, what: &str| {
-        u32::try_from(v).map_err(|_| StoreError::BadReply(format!("{what} = {v}")))
+        u32::try_from(v).map_err(|_| StoreError::bad_reply(format!("{what} = {v}")))
     };
     r.chunks_exact(6)
         .map(|a| {
@@ -366,14 +364,16 @@ impl CounterStore for RedisStore {
         };
         match inner.lanes[lane].try_send(pending) {
             Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(_)) => return Err(StoreError::Busy(LANE_QUEUE)),
-            Err(mpsc::error::TrySendError::Closed(_)) => return Err(lane_stopped()),
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                return Err(StoreError::busy(LANE_QUEUE).deciding(key));
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(lane_stopped().deciding(key)),
         }
         let timeout = inner.caller.timeout;
         match tokio::time::timeout(timeout, answer).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(lane_stopped()),
-            Err(_) => Err(StoreError::Timeout(timeout)),
+            Ok(Ok(result)) => result.map_err(|e| e.deciding(key)),
+            Ok(Err(_)) => Err(lane_stopped().deciding(key)),
+            Err(_) => Err(StoreError::timeout(timeout).deciding(key)),
         }
     }
 }

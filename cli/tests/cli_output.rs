@@ -1,0 +1,82 @@
+//! What a user reads from `verdict`, as snapshots (insta): the top-level `--help`, and
+//! `verdict sql`'s tables over the known-answer lake in a local folder (a query and a named
+//! report). A change to any of them shows as a diff to review (`cargo insta review`, or
+//! `INSTA_UPDATE=always`), not as a silent change.
+
+use std::process::{Command, Output};
+
+fn verdict(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_verdict"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        // clap wraps help at the terminal's width: fix it, so the snapshot is the same
+        // everywhere.
+        .env("COLUMNS", "100")
+        .env_remove("VERDICT_STORE")
+        .env_remove("VERDICT_POLICY_FILE")
+        .env_remove("VERDICT_POLICY_POSTGRES")
+        .output()
+        .expect("run verdict")
+}
+
+fn stdout(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "verdict failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout.clone()).expect("UTF-8 output")
+}
+
+#[test]
+fn the_top_level_help_lists_every_command() {
+    insta::assert_snapshot!(stdout(&verdict(&["--help"])));
+}
+
+/// The known-answer lake (`verdict_tests::query_fixture`) in a temporary folder, and its
+/// policy file.
+fn known_lake() -> (tempfile::TempDir, String, String) {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let lake = dir.path().join("lake");
+    std::fs::create_dir_all(&lake).unwrap();
+    let store: std::sync::Arc<dyn object_store::ObjectStore> =
+        std::sync::Arc::new(object_store::local::LocalFileSystem::new_with_prefix(&lake).unwrap());
+    let policy = tokio::runtime::Runtime::new().unwrap().block_on(
+        verdict_tests::query_fixture::write_known_lake(&store, dir.path()),
+    );
+    (
+        dir,
+        lake.to_str().unwrap().to_owned(),
+        policy.to_str().unwrap().to_owned(),
+    )
+}
+
+#[test]
+fn sql_prints_a_query_and_a_report_as_tables() {
+    let (_dir, lake, policy) = known_lake();
+    let common = ["--store", &lake, "--policy-file", &policy, "--threads", "2"];
+    let query = [
+        &["sql"][..],
+        &common,
+        &["SELECT tier, verdict, COUNT(*) AS n FROM decisions GROUP BY tier, verdict ORDER BY tier, verdict"],
+    ]
+    .concat();
+    insta::assert_snapshot!("sql_query_table", stdout(&verdict(&query)));
+
+    let report = [
+        &["sql"][..],
+        &common,
+        &[
+            "--report",
+            "wrong-limits",
+            "-p",
+            "from=2026-11-30T00:00:00Z",
+            "-p",
+            "to=2026-12-01T00:00:00Z",
+            "-p",
+            "min_keys=5",
+        ],
+    ]
+    .concat();
+    insta::assert_snapshot!("sql_report_wrong_limits_table", stdout(&verdict(&report)));
+}

@@ -1,0 +1,14 @@
+//! The limiter's counters in Redis (or Redis Cluster).
+//!
+//! - [`store`]: [`RedisStore`], the shared [`verdict_limiter::CounterStore`]: both
+//!   algorithms in one Lua script (`redis.lua`) per call, on the store's clock, batched per
+//!   connection.
+//! - [`packed`]: a limit key's stored state, for readers other than the script.
+//! - [`near_limit`]: the gateway's near-limit notes, reported to the region's Redis.
+
+pub mod near_limit;
+pub mod packed;
+pub mod store;
+
+pub use near_limit::spawn_near_limit_reporter;
+pub use store::{DECISION_SCRIPT, RedisStore, RedisStoreConfig};

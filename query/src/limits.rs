@@ -1,0 +1,35 @@
+//! What one query may use, and all the running queries together.
+
+use std::time::Duration;
+
+/// What one query may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Memory for the query's operators (hash tables, sorts), bytes.
+    pub memory_bytes: usize,
+    /// Wall time from the request to the last row.
+    pub timeout: Duration,
+    /// Rows a JSON answer may carry (CSV, Arrow and Parquet are streamed, unbounded).
+    pub json_rows: usize,
+    /// Bytes of Arrow data a JSON answer may be built from (its JSON is about as large):
+    /// a few rows of huge strings are bounded too, not only many rows.
+    pub json_bytes: usize,
+    /// Memory all running queries may use together (see [`crate::budget`]): at most
+    /// `budget_bytes / memory_bytes` queries run at once.
+    pub budget_bytes: usize,
+    /// How long a query waits for a place before it is refused as busy.
+    pub queue_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            memory_bytes: 1 << 30,
+            timeout: Duration::from_secs(60),
+            json_rows: 100_000,
+            json_bytes: 64 << 20,
+            budget_bytes: 4 << 30,
+            queue_timeout: Duration::from_secs(10),
+        }
+    }
+}
