@@ -17,7 +17,9 @@ use object_store::path::Path;
 use verdict_schemas::layout::HourPartition;
 use verdict_schemas::tables::{demand_hourly_schema, raw_schema};
 
-use crate::hour::{Rollup, RollupError, conform};
+use crate::error::RollupError;
+use crate::hour::Rollup;
+use crate::output::conform;
 use crate::sources::HourFiles;
 
 /// The histogram of the table `raw` (one hour). Plain SQL; a split key's quota is the
@@ -73,7 +75,7 @@ mod tests {
     use verdict_schemas::tables::{DEMAND_MAX_BUCKET, DEMAND_MIN_BUCKET};
 
     use super::*;
-    use crate::hour::encode_parquet;
+    use crate::output::encode_parquet;
 
     /// The histogram's size at the design's scale: its rows do not grow with the keys, only
     /// with tiers × route classes × regions × buckets. The design has 4 tiers, 5 route

@@ -53,7 +53,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use verdict_schemas::layout::HourPartition;
 use verdict_schemas::tables::{demand_bucket, demand_hourly_schema, denied_hourly_schema, raw};
 
-use crate::hour::RollupError;
+use crate::error::RollupError;
 use crate::sources::RawFile;
 
 /// A raw key id, its 16 bytes read big-endian (so the integers order as the bytes do).

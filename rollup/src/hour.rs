@@ -16,19 +16,13 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, RecordBatch, TimestampMillisecondArray};
-use arrow::compute::{cast, concat_batches};
+use arrow::array::{RecordBatch, TimestampMillisecondArray};
 use arrow::datatypes::SchemaRef;
-use bytes::Bytes;
 use datafusion::datasource::file_format::options::ParquetReadOptions;
-use datafusion::error::DataFusionError;
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use parquet::arrow::ArrowWriter;
-use parquet::basic::{Compression, ZstdLevel};
-use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use verdict_lake::log::data_path;
 use verdict_lake::stats::file_stats;
 use verdict_lake::tables::{DEMAND_HOURLY, DENIED_HOURLY, date_partition};
@@ -37,6 +31,8 @@ use verdict_schemas::layout::HourPartition;
 use verdict_schemas::tables::{denied_hourly_schema, raw_schema};
 
 use crate::demand::DEMAND_FILE;
+use crate::error::RollupError;
+use crate::output::{conform, encode_parquet};
 use crate::sources::{HourFiles, hour_files};
 
 /// The rollup of the table `raw`, one row per (key, tier, route class, region) with at
@@ -86,38 +82,6 @@ pub const TAG_RAW_VERSION: &str = "verdict.rawVersion";
 pub const TAG_SOURCE_FILES: &str = "verdict.sourceFiles";
 /// `add` tag: how many raw events it summarises.
 pub const TAG_EVENTS: &str = "verdict.events";
-
-/// Why a rollup failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum RollupError {
-    /// Listing, reading or writing the store failed.
-    #[error("object store: {0}")]
-    Store(#[from] object_store::Error),
-    /// The raw table's log could not be read.
-    #[error(transparent)]
-    Lake(#[from] verdict_lake::LakeError),
-    /// The query failed (an unreadable raw file, for example).
-    #[error("query: {0}")]
-    Query(#[from] DataFusionError),
-    /// The result did not fit the rollup schema.
-    #[error("arrow: {0}")]
-    Arrow(#[from] arrow::error::ArrowError),
-    /// Encoding a rollup file failed.
-    #[error("parquet: {0}")]
-    Parquet(#[from] parquet::errors::ParquetError),
-    /// A raw file could not be read, or lacks a column of the raw table.
-    #[error("raw file {path}: {reason}")]
-    RawFile {
-        /// The object path.
-        path: String,
-        /// What was wrong.
-        reason: String,
-    },
-    /// A task reading raw files panicked or was cancelled.
-    #[error("rollup task: {0}")]
-    Task(String),
-}
 
 /// What rolling up one hour did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -516,40 +480,4 @@ pub async fn replace(
         commit = commit.with_txn(app_id, expected, version, now_ms);
     }
     Ok(handle.commit(&mut snapshot, commit).await?)
-}
-
-/// The writer settings of rollup files: zstd, statistics per page, rows sorted by key.
-pub fn writer_properties() -> WriterProperties {
-    WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).unwrap_or_default()))
-        .set_statistics_enabled(EnabledStatistics::Page)
-        .build()
-}
-
-/// One Parquet file holding `batch`, written with [`writer_properties`].
-pub fn encode_parquet(batch: &RecordBatch) -> Result<Bytes, RollupError> {
-    let mut out = Vec::new();
-    let mut writer = ArrowWriter::try_new(&mut out, batch.schema(), Some(writer_properties()))?;
-    writer.write(batch)?;
-    writer.close()?;
-    Ok(Bytes::from(out))
-}
-
-/// The result of a query as one batch of `schema`: its first column made by `lead` (a
-/// constant, given the row count), the others the query's columns in order, cast to the
-/// schema's types.
-pub fn conform(
-    schema: &SchemaRef,
-    batches: &[RecordBatch],
-    lead: impl FnOnce(usize) -> ArrayRef,
-) -> Result<RecordBatch, RollupError> {
-    let Some(first) = batches.first() else {
-        return Ok(RecordBatch::new_empty(Arc::clone(schema)));
-    };
-    let grouped = concat_batches(&first.schema(), batches)?;
-    let mut columns = vec![lead(grouped.num_rows())];
-    for (field, column) in schema.fields().iter().skip(1).zip(grouped.columns()) {
-        columns.push(cast(column, field.data_type())?);
-    }
-    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
 }

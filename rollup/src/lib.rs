@@ -6,18 +6,23 @@
 //! so a compaction or a flush committing meanwhile never doubles or hides a row); [`fold`]
 //! groups their rows as [`ROLLUP_SQL`] defines, and computes the histogram of every key's
 //! demand ([`demand`], [`DEMAND_SQL`]) in the same reading; [`hour`] writes and commits the
-//! rollup file and the histogram beside it, in the `demand_hourly` table.
+//! rollup file and the histogram beside it, in the `demand_hourly` table, as [`output`]
+//! encodes them; [`error`] says why a rollup failed.
 
 pub mod demand;
+pub mod error;
 pub mod fold;
 pub mod hour;
+pub mod output;
 pub mod sources;
 
 pub use fold::Folded;
 
 pub use demand::{DEMAND_FILE, DEMAND_SQL};
+pub use error::RollupError;
 pub use hour::{
-    HourRollup, Progress, ROLLUP_APP_ID, ROLLUP_FILE, ROLLUP_SQL, Rollup, RollupError,
-    RollupReport, RollupState, conform, encode_parquet, hour_dir, replace, state_in,
+    HourRollup, Progress, ROLLUP_APP_ID, ROLLUP_FILE, ROLLUP_SQL, Rollup, RollupReport,
+    RollupState, hour_dir, replace, state_in,
 };
+pub use output::{conform, encode_parquet, writer_properties};
 pub use sources::{HourFiles, RawFile, hour_files, hour_files_in, hour_of, hours_in, raw_object};
