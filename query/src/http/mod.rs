@@ -1,0 +1,494 @@
+//! The HTTP API (axum).
+//!
+//! | route | what |
+//! | --- | --- |
+//! | `POST /v1/sql` | body: one SQL query (text, or JSON `{"sql": "…"}`) |
+//! | `GET /v1/reports` | the named reports with their parameters |
+//! | `GET /v1/reports/{name}?…` | one report's rows |
+//! | `GET /v1/tables` | the tables and their columns |
+//! | `GET /v1/openapi.json` | the OpenAPI 3.1 document |
+//! | `GET /healthz`, `GET /metrics` | liveness, Prometheus metrics (no token needed) |
+//!
+//! Answers are JSON unless `?format=csv|arrow|parquet` or the `Accept` header asks
+//! otherwise; JSON is bounded by the row limit, the others stream. With tokens configured,
+//! every `/v1` route wants `Authorization: Bearer <token>`; with none, [`serve`] listens only
+//! on loopback.
+//!
+//! Here: the router, the handlers, the server and its metrics. Beside it: `auth.rs` (tokens,
+//! loopback only without them), `errors.rs` (every refusal in the documented JSON, the
+//! request head's limits, a panicking handler), `formats.rs` (the answer in the format
+//! asked for, bounded or streamed) and `openapi.rs` (the OpenAPI document).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use prometheus::{
+    HistogramVec, IntCounterVec, Registry, TextEncoder, register_histogram_vec_with_registry,
+    register_int_counter_vec_with_registry,
+};
+use serde_json::json;
+
+use crate::engine::Engine;
+use crate::error::QueryError;
+use crate::reports::catalog;
+use crate::view::AsOf;
+
+mod auth;
+mod errors;
+mod formats;
+mod openapi;
+
+use auth::auth;
+pub use auth::{check_exposure, constant_time_eq, load_tokens};
+use errors::{ApiError, catch_panics, error_response, head_limits, json_errors};
+pub use errors::{MAX_HEADER_BYTES, MAX_HEADERS, MAX_URI_BYTES};
+use formats::{answer, answer_error};
+use openapi::openapi;
+pub use openapi::openapi_document;
+
+/// The service's own metrics.
+#[derive(Debug, Clone)]
+pub struct QueryMetrics {
+    /// The registry holding them.
+    pub registry: Registry,
+    /// `verdict_query_requests_total{endpoint, outcome}`: outcome is `ok` or an error kind.
+    pub requests: IntCounterVec,
+    /// `verdict_query_seconds{endpoint}`: time to the answer's first byte.
+    pub seconds: HistogramVec,
+    /// `verdict_query_rows_total{endpoint}`: rows answered.
+    pub rows: IntCounterVec,
+}
+
+impl QueryMetrics {
+    /// A fresh registry.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let requests = register_int_counter_vec_with_registry!(
+            "verdict_query_requests_total",
+            "Queries answered, by endpoint and outcome (ok or the error kind)",
+            &["endpoint", "outcome"],
+            registry
+        )
+        .expect("a valid, unique metric");
+        let seconds = register_histogram_vec_with_registry!(
+            "verdict_query_seconds",
+            "Time from the request to the answer's first byte",
+            &["endpoint"],
+            vec![
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0
+            ],
+            registry
+        )
+        .expect("a valid, unique metric");
+        let rows = register_int_counter_vec_with_registry!(
+            "verdict_query_rows_total",
+            "Rows answered, by endpoint",
+            &["endpoint"],
+            registry
+        )
+        .expect("a valid, unique metric");
+        Self {
+            registry,
+            requests,
+            seconds,
+            rows,
+        }
+    }
+
+    /// The metrics in Prometheus's text format.
+    pub fn render(&self) -> String {
+        TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_default()
+    }
+}
+
+impl Default for QueryMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// What the handlers share.
+#[derive(Debug)]
+pub struct AppState {
+    /// The engine.
+    pub engine: Engine,
+    /// Accepted bearer tokens; empty: no authentication (loopback only).
+    pub tokens: Vec<String>,
+    /// Metrics.
+    pub metrics: QueryMetrics,
+}
+
+/// The router over `state`.
+pub fn router(state: Arc<AppState>) -> Router {
+    let v1 = Router::new()
+        .route("/v1/sql", post(sql))
+        .route("/v1/reports", get(list_reports))
+        .route("/v1/reports/{name}", get(report))
+        .route("/v1/what-if", post(what_if))
+        .route("/v1/tables", get(tables))
+        .route("/v1/openapi.json", get(openapi))
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/metrics", get(metrics))
+        .merge(v1)
+        .fallback(|| async {
+            error_response(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such route; GET /v1/openapi.json lists them",
+            )
+        })
+        .layer(middleware::from_fn(head_limits))
+        .layer(middleware::from_fn(catch_panics))
+        .layer(middleware::map_response(json_errors))
+        .with_state(state)
+}
+
+/// What hyper itself reads before it answers 414 or 431 without a body: well past the
+/// service's own limits, so that below these every refusal is the documented JSON.
+const HYPER_MAX_HEADERS: usize = 1_024;
+const HYPER_BUFFER_BYTES: usize = 1 << 20;
+
+/// Binds `addr` and serves until `shutdown` resolves, then lets the requests in flight
+/// finish. Without tokens, only a loopback address is accepted.
+pub async fn serve(
+    state: Arc<AppState>,
+    addr: SocketAddr,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let listener = bind(&state, addr).await?;
+    tracing::info!(addr = %listener.local_addr()?, auth = !state.tokens.is_empty(), "query service listening");
+    accept_loop(listener, router(state), shutdown).await;
+    Ok(())
+}
+
+/// Binds `addr` and serves in the background; returns the bound address (port 0 picks one).
+pub async fn spawn(
+    state: Arc<AppState>,
+    addr: SocketAddr,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = bind(&state, addr).await?;
+    let bound = listener.local_addr()?;
+    let task = tokio::spawn(accept_loop(listener, router(state), std::future::pending()));
+    Ok((bound, task))
+}
+
+/// Serves HTTP/1.1 connections from `listener` until `shutdown`, then waits for the open
+/// ones to finish their requests. hyper reads more of a request's head than the service
+/// takes ([`MAX_URI_BYTES`], [`MAX_HEADERS`]), so that the service, not hyper, refuses it,
+/// in JSON.
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut connections = tokio::task::JoinSet::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting an HTTP connection failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let mut stop = stop_rx.clone();
+        connections.spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .max_headers(HYPER_MAX_HEADERS)
+                .max_buf_size(HYPER_BUFFER_BYTES);
+            let connection =
+                builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let mut connection = std::pin::pin!(connection);
+            let ended = tokio::select! {
+                ended = connection.as_mut() => ended,
+                () = async {
+                    let _ = stop.wait_for(|stop| *stop).await;
+                } => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(e) = ended {
+                tracing::debug!(%peer, error = %e, "HTTP connection ended with an error");
+            }
+        });
+        // Finished connections leave the set as they go.
+        while connections.try_join_next().is_some() {}
+    }
+    stop_tx.send_replace(true);
+    while connections.join_next().await.is_some() {}
+}
+
+/// Binds `addr`, refusing a non-loopback address when no token is configured.
+pub async fn bind(state: &AppState, addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    check_exposure(&state.tokens, addr)?;
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("binding the query service to {addr}: {e}"),
+        )
+    })
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn sql(
+    State(state): State<Arc<AppState>>,
+    Query(params): Query<BTreeMap<String, String>>,
+    headers: HeaderMap,
+    body: String,
+) -> Response {
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    let text = if is_json {
+        match serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v.get("sql").and_then(|s| s.as_str()).map(str::to_string))
+        {
+            Some(s) => s,
+            None => {
+                return answer_error(
+                    &state,
+                    "sql",
+                    QueryError::Invalid(
+                        "a JSON body must be an object with a string field \"sql\"".into(),
+                    ),
+                );
+            }
+        }
+    } else {
+        body
+    };
+    if text.trim().is_empty() {
+        return answer_error(
+            &state,
+            "sql",
+            QueryError::Invalid("the body holds no SQL".into()),
+        );
+    }
+    let at = match as_of(&params) {
+        Ok(at) => at,
+        Err(e) => return answer_error(&state, "sql", e),
+    };
+    answer(&state, "sql", &text, &params, &headers, at).await
+}
+
+/// The time travel `/v1/sql` asks for: `?version=N` (a version of the raw table's log) or
+/// `?as_of=2026-11-30T12:00:00Z` (the newest version committed by then); neither is now.
+pub fn as_of(params: &BTreeMap<String, String>) -> Result<Option<AsOf>, QueryError> {
+    match (params.get("version"), params.get("as_of")) {
+        (Some(_), Some(_)) => Err(QueryError::Invalid(
+            "give version or as_of, not both".into(),
+        )),
+        (Some(v), None) => v
+            .trim()
+            .parse::<i64>()
+            .ok()
+            .filter(|v| *v >= 0)
+            .map(|v| Some(AsOf::Version(v)))
+            .ok_or_else(|| {
+                QueryError::Invalid(format!(
+                    "parameter version: {v:?} is not a version of the raw table (a whole number from 0)"
+                ))
+            }),
+        (None, Some(t)) => chrono::DateTime::parse_from_rfc3339(t.trim())
+            .map(|t| Some(AsOf::Time(t.with_timezone(&chrono::Utc))))
+            .map_err(|e| {
+                QueryError::Invalid(format!(
+                    "parameter as_of: {t:?} is not an RFC 3339 time such as 2026-11-30T12:00:00Z ({e})"
+                ))
+            }),
+        (None, None) => Ok(None),
+    }
+}
+
+async fn report(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    Query(params): Query<BTreeMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let sql = match state.engine.report_sql(&name, &params).await {
+        Ok(sql) => sql,
+        Err(e) => return answer_error(&state, "report", e),
+    };
+    tracing::debug!(report = %name, %sql, "report");
+    answer(&state, "report", &sql, &params, &headers, None).await
+}
+
+/// `POST /v1/what-if?from=…&to=…&keys=N`, the candidate policy (TOML) in the body.
+async fn what_if(
+    State(state): State<Arc<AppState>>,
+    Query(params): Query<BTreeMap<String, String>>,
+    body: String,
+) -> Response {
+    let answer = async {
+        for name in params.keys() {
+            if !["from", "to", "keys"].contains(&name.as_str()) {
+                return Err(QueryError::Invalid(format!(
+                    "what-if has no parameter {name:?}; it takes: from, to, keys"
+                )));
+            }
+        }
+        let keys = match params.get("keys") {
+            Some(k) => k
+                .parse::<usize>()
+                .ok()
+                .filter(|k| *k <= 10_000)
+                .ok_or_else(|| {
+                    QueryError::Invalid("parameter keys: a whole number from 0 to 10000".into())
+                })?,
+            None => 10,
+        };
+        let range = crate::reports::Range::parse(
+            params.get("from").map(String::as_str),
+            params.get("to").map(String::as_str),
+            chrono::Utc::now(),
+            7,
+        )?;
+        let candidate = crate::whatif::candidate(&body)?;
+        crate::whatif::what_if(&state.engine, candidate, range, keys).await
+    }
+    .await;
+    match answer {
+        Ok(w) => {
+            state
+                .metrics
+                .requests
+                .with_label_values(&["what_if", "ok"])
+                .inc();
+            (
+                [(header::CONTENT_TYPE, "application/json")],
+                serde_json::to_string(&w).unwrap_or_default(),
+            )
+                .into_response()
+        }
+        Err(e) => answer_error(&state, "what_if", e),
+    }
+}
+
+async fn list_reports() -> Response {
+    axum::Json(json!({"reports": catalog()})).into_response()
+}
+
+async fn tables(State(state): State<Arc<AppState>>) -> Response {
+    match state.engine.table_schemas().await {
+        Ok(tables) => {
+            let tables: Vec<serde_json::Value> = tables
+                .iter()
+                .map(|(name, schema)| {
+                    let columns: Vec<serde_json::Value> = schema
+                        .fields()
+                        .iter()
+                        .map(|f| json!({"name": f.name(), "type": f.data_type().to_string(), "nullable": f.is_nullable()}))
+                        .collect();
+                    json!({"name": name, "columns": columns})
+                })
+                .collect();
+            axum::Json(json!({"tables": tables})).into_response()
+        }
+        Err(e) => ApiError(e).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_travel_parameters_parse_or_say_what_is_wrong() {
+        let p = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect::<BTreeMap<_, _>>()
+        };
+        assert_eq!(as_of(&p(&[])).unwrap(), None);
+        assert_eq!(
+            as_of(&p(&[("version", "12")])).unwrap(),
+            Some(AsOf::Version(12))
+        );
+        assert_eq!(
+            as_of(&p(&[("as_of", "2026-11-30T12:00:00+01:00")])).unwrap(),
+            Some(AsOf::Time(
+                "2026-11-30T11:00:00Z"
+                    .parse::<chrono::DateTime<chrono::Utc>>()
+                    .unwrap()
+            ))
+        );
+        for (params, says) in [
+            (p(&[("version", "-1")]), "parameter version"),
+            (p(&[("version", "latest")]), "parameter version"),
+            (p(&[("as_of", "yesterday")]), "parameter as_of"),
+            (
+                p(&[("version", "1"), ("as_of", "2026-11-30T12:00:00Z")]),
+                "not both",
+            ),
+        ] {
+            let e = as_of(&params).unwrap_err();
+            assert!(e.to_string().contains(says), "{params:?}: {e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panicking_handler_fails_its_request_alone_in_json() {
+        let router: Router = Router::new()
+            .route(
+                "/boom",
+                get(|| async {
+                    if std::hint::black_box(true) {
+                        panic!("boom");
+                    }
+                    "unreachable"
+                }),
+            )
+            .route("/fine", get(|| async { "fine" }))
+            .layer(middleware::from_fn(catch_panics))
+            .layer(middleware::map_response(json_errors));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(accept_loop(listener, router, std::future::pending()));
+        let client = reqwest::Client::new();
+        let r = client
+            .get(format!("http://{addr}/boom"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["kind"], "internal", "{v}");
+        // The same connection and the service carry on.
+        let r = client
+            .get(format!("http://{addr}/fine"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.text().await.unwrap(), "fine");
+    }
+}
