@@ -2,9 +2,9 @@
 # Builds the `verdict` binary a user installs: the `dist` profile (release with fat LTO and
 # one codegen unit; the SQL parser optimised for size), then its debug information split
 # into `verdict.debug` beside it, linked by a `.gnu_debuglink` section. The binary keeps no
-# debug sections of its own; a backtrace still names our functions, files and lines when
-# `verdict.debug` is next to the binary (or in /usr/lib/debug), and function names without
-# it.
+# debug sections or symbols of its own; a backtrace (and `addr2line -e verdict`) names the
+# functions, files and lines when `verdict.debug` is installed next to the binary or under
+# /usr/lib/debug; without it, only addresses. Ship the two together.
 #
 # Usage: scripts/dist.sh [output folder, default target/dist-out]
 #   A cold build takes about 30 minutes on two cores (fat LTO links in one thread).
