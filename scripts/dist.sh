@@ -7,7 +7,7 @@
 # /usr/lib/debug; without it, only addresses. Ship the two together.
 #
 # Usage: scripts/dist.sh [output folder, default target/dist-out]
-#   A cold build takes about 30 minutes on two cores (fat LTO links in one thread).
+#   A build takes 29 to 41 minutes on two cores (the fat LTO link runs in one thread).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
