@@ -253,6 +253,173 @@ struct Rows<'a> {
     routes: HashMap<&'a str, RouteClassId>,
 }
 
+/// Step one of [`PolicySnapshot::build`]: the tiers' and route classes' names and ids, each
+/// unique, at least one of each; and which tiers have their own kill switch on.
+fn names(doc: &PolicyDocument) -> Result<(Rows<'_>, [bool; 256]), PolicyError> {
+    let mut rows = Rows {
+        tiers: HashMap::new(),
+        routes: HashMap::new(),
+    };
+    let mut tier_killed = [false; 256];
+    let mut seen_ids = [false; 256];
+    for (i, t) in doc.tiers.iter().enumerate() {
+        let row = format!("tiers[{i}] (name={})", t.name);
+        if t.name.trim().is_empty() {
+            return Err(err(row, "name", "must not be empty"));
+        }
+        if std::mem::replace(&mut seen_ids[usize::from(t.id)], true) {
+            return Err(err(row, "id", format!("tier id {} is used twice", t.id)));
+        }
+        if rows.tiers.insert(&t.name, TierId(t.id)).is_some() {
+            return Err(err(row, "name", "tier name is used twice"));
+        }
+        tier_killed[usize::from(t.id)] = t.kill_switch;
+    }
+    let mut seen_ids = [false; 256];
+    for (i, r) in doc.route_classes.iter().enumerate() {
+        let row = format!("route_classes[{i}] (name={})", r.name);
+        if r.name.trim().is_empty() || r.name == ALL_ROUTES {
+            return Err(err(row, "name", "must not be empty or \"*\""));
+        }
+        if std::mem::replace(&mut seen_ids[usize::from(r.id)], true) {
+            return Err(err(
+                row,
+                "id",
+                format!("route class id {} is used twice", r.id),
+            ));
+        }
+        if rows.routes.insert(&r.name, RouteClassId(r.id)).is_some() {
+            return Err(err(row, "name", "route class name is used twice"));
+        }
+    }
+    if rows.tiers.is_empty() {
+        return Err(err("tiers".into(), "tiers", "at least one tier is needed"));
+    }
+    if rows.routes.is_empty() {
+        return Err(err(
+            "route_classes".into(),
+            "route_classes",
+            "at least one route class is needed",
+        ));
+    }
+    Ok((rows, tier_killed))
+}
+
+/// Step two: every tier × route class's limits, exact rows first and a tier's `"*"` row
+/// filling the rest; a pair left without limits is refused.
+fn rules(
+    doc: &PolicyDocument,
+    rows: &Rows<'_>,
+) -> Result<HashMap<(TierId, RouteClassId), Rule>, PolicyError> {
+    // Exact rows first, then wildcards fill what is left.
+    let mut rules = HashMap::new();
+    let mut wildcards = Vec::new();
+    for (i, l) in doc.limits.iter().enumerate() {
+        let row = format!(
+            "limits[{i}] (tier={}, route_class={})",
+            l.tier, l.route_class
+        );
+        let tier = *rows
+            .tiers
+            .get(l.tier.as_str())
+            .ok_or_else(|| err(row.clone(), "tier", "no such tier"))?;
+        let rule = Rule {
+            limits: limits_of(&row, l.capacity, l.refill_per_s, l.hourly_quota)?,
+            mode: l.mode,
+        };
+        if l.route_class == ALL_ROUTES {
+            if wildcards.iter().any(|(t, _)| *t == tier) {
+                return Err(err(row, "route_class", "a second \"*\" row for this tier"));
+            }
+            wildcards.push((tier, rule));
+            continue;
+        }
+        let route = *rows
+            .routes
+            .get(l.route_class.as_str())
+            .ok_or_else(|| err(row.clone(), "route_class", "no such route class"))?;
+        if rules.insert((tier, route), rule).is_some() {
+            return Err(err(
+                row,
+                "route_class",
+                "a second row for this tier and route class",
+            ));
+        }
+    }
+    for (tier, rule) in wildcards {
+        for route in rows.routes.values() {
+            rules.entry((tier, *route)).or_insert(rule);
+        }
+    }
+    for t in &doc.tiers {
+        for r in &doc.route_classes {
+            if !rules.contains_key(&(TierId(t.id), RouteClassId(r.id))) {
+                return Err(err(
+                    format!("tiers (name={})", t.name),
+                    "limits",
+                    format!(
+                        "no limits for route class {} (add a row, or one with route_class = \"*\")",
+                        r.name
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(rules)
+}
+
+/// Step three: the per-key entries, overrides (per route class or `"*"`) and hot-key
+/// splits, each key and route class at most once.
+fn keys(doc: &PolicyDocument, rows: &Rows<'_>) -> Result<HashMap<KeyId, KeyEntry>, PolicyError> {
+    let mut keys: HashMap<KeyId, KeyEntry> = HashMap::new();
+    for (i, o) in doc.overrides.iter().enumerate() {
+        let row = format!(
+            "overrides[{i}] (key_id={}, route_class={})",
+            o.key_id, o.route_class
+        );
+        let limits = limits_of(&row, o.capacity, o.refill_per_s, o.hourly_quota)?;
+        let entry = keys.entry(o.key_id).or_default();
+        if o.route_class == ALL_ROUTES {
+            if entry.all_routes.replace((limits, o.mode)).is_some() {
+                return Err(err(
+                    row,
+                    "route_class",
+                    "a second \"*\" override for this key",
+                ));
+            }
+        } else {
+            let route = *rows
+                .routes
+                .get(o.route_class.as_str())
+                .ok_or_else(|| err(row.clone(), "route_class", "no such route class"))?;
+            if entry.by_route.iter().any(|(r, ..)| *r == route) {
+                return Err(err(
+                    row,
+                    "route_class",
+                    "a second override for this key and route class",
+                ));
+            }
+            entry.by_route.push((route, limits, o.mode));
+        }
+    }
+    for (i, h) in doc.hot_keys.iter().enumerate() {
+        let row = format!("hot_keys[{i}] (key_id={})", h.key_id);
+        if !(2..=255).contains(&h.sub_keys) {
+            return Err(err(
+                row,
+                "sub_keys",
+                format!("must be 2 to 255, got {}", h.sub_keys),
+            ));
+        }
+        let entry = keys.entry(h.key_id).or_default();
+        if entry.sub_keys != 0 {
+            return Err(err(row, "key_id", "this key is listed twice"));
+        }
+        entry.sub_keys = h.sub_keys as u8;
+    }
+    Ok(keys)
+}
+
 fn err(row: String, field: &'static str, problem: impl fmt::Display) -> PolicyError {
     PolicyError {
         row,
@@ -299,157 +466,10 @@ fn limits_of(
 impl PolicySnapshot {
     /// Validates a document. Every problem names its row and field.
     pub fn build(doc: PolicyDocument) -> Result<Self, PolicyError> {
-        let mut rows = Rows {
-            tiers: HashMap::new(),
-            routes: HashMap::new(),
-        };
-        let mut tier_killed = [false; 256];
-        let mut seen_ids = [false; 256];
-        for (i, t) in doc.tiers.iter().enumerate() {
-            let row = format!("tiers[{i}] (name={})", t.name);
-            if t.name.trim().is_empty() {
-                return Err(err(row, "name", "must not be empty"));
-            }
-            if std::mem::replace(&mut seen_ids[usize::from(t.id)], true) {
-                return Err(err(row, "id", format!("tier id {} is used twice", t.id)));
-            }
-            if rows.tiers.insert(&t.name, TierId(t.id)).is_some() {
-                return Err(err(row, "name", "tier name is used twice"));
-            }
-            tier_killed[usize::from(t.id)] = t.kill_switch;
-        }
-        let mut seen_ids = [false; 256];
-        for (i, r) in doc.route_classes.iter().enumerate() {
-            let row = format!("route_classes[{i}] (name={})", r.name);
-            if r.name.trim().is_empty() || r.name == ALL_ROUTES {
-                return Err(err(row, "name", "must not be empty or \"*\""));
-            }
-            if std::mem::replace(&mut seen_ids[usize::from(r.id)], true) {
-                return Err(err(
-                    row,
-                    "id",
-                    format!("route class id {} is used twice", r.id),
-                ));
-            }
-            if rows.routes.insert(&r.name, RouteClassId(r.id)).is_some() {
-                return Err(err(row, "name", "route class name is used twice"));
-            }
-        }
-        if rows.tiers.is_empty() {
-            return Err(err("tiers".into(), "tiers", "at least one tier is needed"));
-        }
-        if rows.routes.is_empty() {
-            return Err(err(
-                "route_classes".into(),
-                "route_classes",
-                "at least one route class is needed",
-            ));
-        }
-
-        // Exact rows first, then wildcards fill what is left.
-        let mut rules = HashMap::new();
-        let mut wildcards = Vec::new();
-        for (i, l) in doc.limits.iter().enumerate() {
-            let row = format!(
-                "limits[{i}] (tier={}, route_class={})",
-                l.tier, l.route_class
-            );
-            let tier = *rows
-                .tiers
-                .get(l.tier.as_str())
-                .ok_or_else(|| err(row.clone(), "tier", "no such tier"))?;
-            let rule = Rule {
-                limits: limits_of(&row, l.capacity, l.refill_per_s, l.hourly_quota)?,
-                mode: l.mode,
-            };
-            if l.route_class == ALL_ROUTES {
-                if wildcards.iter().any(|(t, _)| *t == tier) {
-                    return Err(err(row, "route_class", "a second \"*\" row for this tier"));
-                }
-                wildcards.push((tier, rule));
-                continue;
-            }
-            let route = *rows
-                .routes
-                .get(l.route_class.as_str())
-                .ok_or_else(|| err(row.clone(), "route_class", "no such route class"))?;
-            if rules.insert((tier, route), rule).is_some() {
-                return Err(err(
-                    row,
-                    "route_class",
-                    "a second row for this tier and route class",
-                ));
-            }
-        }
-        for (tier, rule) in wildcards {
-            for route in rows.routes.values() {
-                rules.entry((tier, *route)).or_insert(rule);
-            }
-        }
-        for t in &doc.tiers {
-            for r in &doc.route_classes {
-                if !rules.contains_key(&(TierId(t.id), RouteClassId(r.id))) {
-                    return Err(err(
-                        format!("tiers (name={})", t.name),
-                        "limits",
-                        format!(
-                            "no limits for route class {} (add a row, or one with route_class = \"*\")",
-                            r.name
-                        ),
-                    ));
-                }
-            }
-        }
-
-        let mut keys: HashMap<KeyId, KeyEntry> = HashMap::new();
-        for (i, o) in doc.overrides.iter().enumerate() {
-            let row = format!(
-                "overrides[{i}] (key_id={}, route_class={})",
-                o.key_id, o.route_class
-            );
-            let limits = limits_of(&row, o.capacity, o.refill_per_s, o.hourly_quota)?;
-            let entry = keys.entry(o.key_id).or_default();
-            if o.route_class == ALL_ROUTES {
-                if entry.all_routes.replace((limits, o.mode)).is_some() {
-                    return Err(err(
-                        row,
-                        "route_class",
-                        "a second \"*\" override for this key",
-                    ));
-                }
-            } else {
-                let route = *rows
-                    .routes
-                    .get(o.route_class.as_str())
-                    .ok_or_else(|| err(row.clone(), "route_class", "no such route class"))?;
-                if entry.by_route.iter().any(|(r, ..)| *r == route) {
-                    return Err(err(
-                        row,
-                        "route_class",
-                        "a second override for this key and route class",
-                    ));
-                }
-                entry.by_route.push((route, limits, o.mode));
-            }
-        }
-        for (i, h) in doc.hot_keys.iter().enumerate() {
-            let row = format!("hot_keys[{i}] (key_id={})", h.key_id);
-            if !(2..=255).contains(&h.sub_keys) {
-                return Err(err(
-                    row,
-                    "sub_keys",
-                    format!("must be 2 to 255, got {}", h.sub_keys),
-                ));
-            }
-            let entry = keys.entry(h.key_id).or_default();
-            if entry.sub_keys != 0 {
-                return Err(err(row, "key_id", "this key is listed twice"));
-            }
-            entry.sub_keys = h.sub_keys as u8;
-        }
-
+        let (rows, tier_killed) = names(&doc)?;
+        let rules = rules(&doc, &rows)?;
+        let keys = keys(&doc, &rows)?;
         let region_ppm = region_weights(&doc.regions)?;
-
         Ok(Self {
             version: doc.version,
             kill_switch: doc.kill_switch,
