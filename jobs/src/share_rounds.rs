@@ -33,7 +33,7 @@ impl ShareRounds {
         keys: &[ShareKey],
     ) -> Result<(Vec<ShareRow>, HashMap<RegionId, i64>), PolicyStoreError> {
         let guard = self.conn.get().await?;
-        let client = guard.as_ref().ok_or(PolicyStoreError::Closed)?;
+        let client = &*guard;
         let ids: Vec<String> = keys.iter().map(|k| k.0.to_string()).collect();
         let mut rows = Vec::new();
         for row in client
@@ -80,7 +80,7 @@ impl ShareRounds {
         ttl: Duration,
     ) -> Result<(), PolicyStoreError> {
         let mut guard = self.conn.get().await?;
-        let client = guard.as_mut().ok_or(PolicyStoreError::Closed)?;
+        let client = &mut *guard;
         let tx = client.transaction().await?;
         let upsert = tx
             .prepare(

@@ -14,7 +14,7 @@ use verdict_limiter::policy::{
 };
 use verdict_schemas::KeyId;
 
-use crate::error::{PolicyStoreError, closed};
+use crate::error::PolicyStoreError;
 use crate::pg::PgSource;
 
 /// New values for a limit; a field left `None` keeps its value.
@@ -307,7 +307,7 @@ impl PgSource {
         let from_version = doc.version;
         apply(&mut doc, edit)?;
         let mut guard = self.client().await?;
-        let client = guard.as_mut().ok_or_else(closed)?;
+        let client = &mut *guard;
         let tx = client.transaction().await?;
         let now: i64 = tx
             .query_one("select version from verdict_policy.meta for update", &[])

@@ -10,9 +10,6 @@ pub enum PolicyStoreError {
     /// PostgreSQL could not be reached or refused a query.
     #[error("policy store (PostgreSQL): {0}")]
     Postgres(#[from] tokio_postgres::Error),
-    /// The connection was not open when it was needed.
-    #[error("policy store (PostgreSQL): not connected")]
-    Closed,
     /// A row, or the document after a change, is invalid (nothing was written).
     #[error(transparent)]
     Invalid(#[from] PolicyError),
@@ -28,8 +25,4 @@ impl From<PolicyStoreError> for SourceError {
             },
         }
     }
-}
-
-pub(crate) fn closed() -> PolicyStoreError {
-    PolicyStoreError::Closed
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tokio::sync::Mutex;
+use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
 use tokio_postgres::{Client, NoTls};
 use verdict_limiter::policy::{
     HotKeyRow, LimitRow, OverrideRow, PolicyDocument, PolicyError, PolicyHandle, PolicySnapshot,
@@ -12,7 +12,7 @@ use verdict_limiter::policy::{
 use verdict_limiter::sources::{PolicySource, SourceError, versioned};
 use verdict_schemas::KeyId;
 
-use crate::error::{PolicyStoreError, closed};
+use crate::error::PolicyStoreError;
 
 /// The schema of the PostgreSQL policy store.
 pub const MIGRATION_0001: &str = include_str!("../migrations/0001_policy.sql");
@@ -35,10 +35,8 @@ impl PgConn {
         }
     }
 
-    /// The connection, opened if it is not.
-    pub async fn get(
-        &self,
-    ) -> Result<tokio::sync::MutexGuard<'_, Option<Client>>, PolicyStoreError> {
+    /// The connection, opened if it is not (or no longer is).
+    pub async fn get(&self) -> Result<MappedMutexGuard<'_, Client>, PolicyStoreError> {
         let mut guard = self.client.lock().await;
         if guard.as_ref().is_none_or(Client::is_closed) {
             let (client, connection) = tokio_postgres::connect(&self.url, NoTls).await?;
@@ -49,7 +47,9 @@ impl PgConn {
             });
             *guard = Some(client);
         }
-        Ok(guard)
+        Ok(MutexGuard::map(guard, |slot| {
+            slot.as_mut().expect("the connection was opened above")
+        }))
     }
 }
 
@@ -84,9 +84,7 @@ impl PgSource {
         }
     }
 
-    pub(crate) async fn client(
-        &self,
-    ) -> Result<tokio::sync::MutexGuard<'_, Option<Client>>, PolicyStoreError> {
+    pub(crate) async fn client(&self) -> Result<MappedMutexGuard<'_, Client>, PolicyStoreError> {
         self.conn.get().await
     }
 
@@ -99,7 +97,7 @@ impl PgSource {
     /// their shares.
     pub async fn migrate(&self) -> Result<(), PolicyStoreError> {
         let guard = self.client().await?;
-        let client = guard.as_ref().ok_or_else(closed)?;
+        let client = &*guard;
         client
             .batch_execute("select pg_advisory_lock(7316)")
             .await?;
@@ -116,7 +114,7 @@ impl PgSource {
     /// The version in the store (one row).
     pub async fn version(&self) -> Result<u64, PolicyStoreError> {
         let guard = self.client().await?;
-        let client = guard.as_ref().ok_or_else(closed)?;
+        let client = &*guard;
         let row = client
             .query_one("select version from verdict_policy.meta", &[])
             .await?;
@@ -126,7 +124,7 @@ impl PgSource {
     /// Reads the whole policy in one consistent snapshot of the database.
     pub async fn read(&self) -> Result<PolicyDocument, PolicyStoreError> {
         let mut guard = self.client().await?;
-        let client = guard.as_mut().ok_or_else(closed)?;
+        let client = &mut *guard;
         let tx = snapshot(client).await?;
         let meta = tx
             .query_one("select version, kill_switch from verdict_policy.meta", &[])

@@ -11,7 +11,7 @@ use verdict_limiter::periodic::spawn_every;
 use verdict_limiter::regions::{Share, ShareEntry, ShareHandle, ShareRow, ShareSnapshot};
 use verdict_schemas::{RegionId, RouteClassId, TierId};
 
-use crate::error::{PolicyStoreError, closed};
+use crate::error::PolicyStoreError;
 use crate::pg::{PgConn, snapshot};
 
 /// The shares in the policy store.
@@ -35,14 +35,14 @@ impl PgShares {
     /// The version of `region`'s shares (0: none written yet).
     pub async fn version(&self, region: RegionId) -> Result<u64, PolicyStoreError> {
         let guard = self.conn.get().await?;
-        let client = guard.as_ref().ok_or_else(closed)?;
+        let client = &*guard;
         Ok(round_version(client, region).await?)
     }
 
     /// `region`'s shares, in one consistent read.
     pub async fn read(&self, region: RegionId) -> Result<ShareSnapshot, PolicyStoreError> {
         let mut guard = self.conn.get().await?;
-        let client = guard.as_mut().ok_or_else(closed)?;
+        let client = &mut *guard;
         let tx = snapshot(client).await?;
         let version = round_version(&tx, region).await?;
         let r = i32::from(region.0);
