@@ -1,6 +1,5 @@
 //! The `verdict` command line: one binary whose subcommands run each part of the system.
-//! Each subcommand's options are a clap struct here; the work lives in the crates (and, for
-//! the demo, in [`demo`]).
+//! Each subcommand's options are a clap struct here; the work lives in the crates.
 
 pub mod bench;
 pub mod demo;
@@ -8,7 +7,6 @@ pub mod gateway;
 pub mod ingest;
 pub mod ingest_faults;
 pub mod jobs;
-pub mod local_gateway;
 pub mod policy;
 pub mod policy_args;
 pub mod query;
@@ -16,7 +14,6 @@ pub mod rollup;
 pub mod serve;
 pub mod signals;
 pub mod store_args;
-pub mod synth_policy;
 
 use clap::{Parser, Subcommand};
 

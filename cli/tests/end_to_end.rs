@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use verdict_gateway::load::{self, LoadReport, LoadSpec, MakeRequest};
+use verdict_load::{self as load, LoadReport, LoadSpec, MakeRequest};
 use verdict_schemas::KeyId;
 use verdict_tests::private::spare_port;
 use verdict_tests::{
@@ -239,10 +239,7 @@ async fn the_whole_flow_on_the_real_services() {
     ])]);
     let base = format!("http://127.0.0.1:{query_port}");
 
-    let up = verdict::local_gateway::spawn_upstream()
-        .await
-        .unwrap()
-        .port();
+    let up = verdict_demo::spawn_upstream().await.unwrap().port();
     let ports: Vec<u16> = (0..3).map(|_| spare_port()).collect();
     let mut gateways = Children(Vec::new());
     for (i, port) in ports.iter().enumerate() {

@@ -6,10 +6,8 @@
 //!   for the upstream's failures), `/metrics` and `/healthz`.
 //! - [`store`]: Redis or memory counters, chosen at start.
 //! - [`regional`]: a region's shares and near-limit reports under a multi-region policy.
-//! - [`load`]: an HTTP load generator (the demo's traffic, the bench's load).
 
 pub mod keys;
-pub mod load;
 pub mod proxy;
 pub mod regional;
 pub mod routes;

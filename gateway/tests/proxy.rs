@@ -244,7 +244,7 @@ async fn an_upstream_that_is_down_is_a_502_not_a_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_load_generator_counts_what_the_gateway_answers() {
-    use verdict_gateway::load::{self, LoadProgress, LoadSpec};
+    use verdict_load::{self as load, LoadProgress, LoadSpec};
     let up = upstream().await;
     let (gw, _seen) = gateway(up).await;
     // 40 requests of one free key, 8 at a time: its bucket of 3 lets 3 through whatever

@@ -8,6 +8,7 @@
 //! removes. Store calls are retried with capped backoff until `give_up_after`: a store
 //! outage stops the flush, never loses or doubles a row.
 
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use serde::{Deserialize, Serialize};
 use verdict_lake::{Action, Commit, LakeError};
-use verdict_schemas::DecodeError;
+use verdict_schemas::{DecisionEvent, DecodeError};
 
 use crate::raw_file::{ConsumedEvent, RawFileError, build_hour_file};
 use crate::store::{KafkaSource, RawTable, raw_add, split_by_hour};
@@ -95,6 +96,32 @@ impl PartitionBuffer {
             self.since = Some(Instant::now());
         }
         self.last = offset;
+    }
+
+    /// Takes the record at `offset` of `partition` (after [`Self::consumed`]): an event whose
+    /// event time is within `accept` (UTC ms, inclusive) into the events, one outside it or a
+    /// value that does not decode into the bad records, with the reason.
+    pub fn take(&mut self, partition: i32, offset: i64, value: &[u8], accept: RangeInclusive<i64>) {
+        match DecisionEvent::decode(value) {
+            Ok(event) if accept.contains(&event.event_time_ms) => self.events.push(ConsumedEvent {
+                event,
+                partition,
+                offset,
+            }),
+            Ok(event) => {
+                let reason = format!(
+                    "event time {} ms is outside the raw table's window [{}, {}]",
+                    event.event_time_ms,
+                    accept.start(),
+                    accept.end()
+                );
+                self.bad
+                    .push(BadRecord::out_of_range(partition, offset, value, reason));
+            }
+            Err(e) => self
+                .bad
+                .push(BadRecord::undecodable(partition, offset, value, &e)),
+        }
     }
 
     /// Records in the buffer, good and bad.

@@ -23,14 +23,12 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::statistics::Statistics;
 use rdkafka::{Offset, TopicPartitionList};
-use verdict_schemas::DecisionEvent;
 
 use crate::flush::{
-    BadRecord, FlushError, FlushReport, PartitionBuffer, StoreCalls, drop_uncommitted_quarantine,
+    FlushError, FlushReport, PartitionBuffer, StoreCalls, drop_uncommitted_quarantine,
     flush_partition, resume_point,
 };
 use crate::metrics::IngestMetrics;
-use crate::raw_file::ConsumedEvent;
 use crate::store::{KafkaSource, RawTable};
 
 /// How the worker runs.
@@ -448,26 +446,8 @@ impl IngestWorker {
         o.next = Some(offset + 1);
         o.buf.consumed(offset);
         self.metrics.records_consumed.inc();
-        let value = payload.unwrap_or_default();
-        match DecisionEvent::decode(value) {
-            Ok(event) if (oldest..=newest).contains(&event.event_time_ms) => {
-                o.buf.events.push(ConsumedEvent {
-                    event,
-                    partition: p,
-                    offset,
-                })
-            }
-            Ok(event) => {
-                let reason = format!(
-                    "event time {} ms is outside [{oldest}, {newest}] (now − {:?}, now + {:?})",
-                    event.event_time_ms, self.cfg.max_event_age, self.cfg.max_event_lead
-                );
-                o.buf
-                    .bad
-                    .push(BadRecord::out_of_range(p, offset, value, reason));
-            }
-            Err(e) => o.buf.bad.push(BadRecord::undecodable(p, offset, value, &e)),
-        }
+        o.buf
+            .take(p, offset, payload.unwrap_or_default(), oldest..=newest);
         if o.buf.records() >= self.cfg.flush_max_records {
             self.flush(p).await?;
         }

@@ -19,15 +19,15 @@ use axum::http::{Request, StatusCode};
 use clap::Args;
 use serde::Serialize;
 use verdict_counters_redis::{RedisStore, RedisStoreConfig};
-use verdict_gateway::load::{self, LoadReport, LoadSpec, MakeRequest};
 use verdict_gateway::{GatewayStore, KeyDirectory, KeyEntry};
 use verdict_limiter::policy::parse_toml;
 use verdict_limiter::{
     Limiter, LimiterConfig, LimiterMetrics, MemoryStore, PolicyHandle, PolicySnapshot, event_queue,
 };
+use verdict_load::{self as load, LoadReport, LoadSpec, MakeRequest};
 use verdict_schemas::KeyId;
 
-use crate::local_gateway::{LocalGateway, spawn_upstream};
+use verdict_demo::{LocalGateway, spawn_upstream};
 
 /// Options of `verdict bench gateway`.
 #[derive(Debug, Clone, Args)]

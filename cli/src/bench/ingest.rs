@@ -21,7 +21,7 @@ use verdict_ingest::{
 };
 use verdict_schemas::DecisionEvent;
 
-use crate::demo::partition_of;
+use verdict_demo::partition_of;
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
 
 /// Options of `verdict bench ingest`.

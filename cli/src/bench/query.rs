@@ -21,7 +21,7 @@ use verdict_schemas::layout::HourPartition;
 use verdict_schemas::synth::SynthConfig;
 
 use super::rollup::write_synth_hour;
-use crate::synth_policy::policy_toml;
+use verdict_demo::policy::policy_toml;
 
 /// Options of `verdict bench query`.
 #[derive(Debug, Args)]

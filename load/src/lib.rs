@@ -4,7 +4,8 @@
 //! `Retry-After`, an answer of the limiter without `RateLimit`.
 //!
 //! `verdict demo` drives its traffic with it, `verdict bench gateway` measures with it, and
-//! the end-to-end test drives the gateways with it.
+//! the end-to-end test drives the gateways with it. It is not part of the gateway a
+//! platform team deploys.
 //!
 //! Two latencies per answer: from when it was sent (the service time), and, in paced runs,
 //! from when it was due, so that a server that stalls is charged for the requests it held
