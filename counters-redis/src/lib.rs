@@ -1,6 +1,6 @@
 //! The limiter's counters in Redis (or Redis Cluster).
 //!
-//! - [`store`]: [`RedisStore`], the shared [`verdict_limiter::CounterStore`]: both
+//! - [`redis_store`]: [`RedisStore`], the shared [`verdict_limiter::CounterStore`]: both
 //!   algorithms in one Lua script (`redis.lua`) per call, on the store's clock, batched per
 //!   connection.
 //! - [`packed`]: a limit key's stored state, for readers other than the script.
@@ -8,7 +8,7 @@
 
 pub mod near_limit;
 pub mod packed;
-pub mod store;
+pub mod redis_store;
 
 pub use near_limit::spawn_near_limit_reporter;
-pub use store::{DECISION_SCRIPT, RedisStore, RedisStoreConfig};
+pub use redis_store::{DECISION_SCRIPT, RedisStore, RedisStoreConfig};

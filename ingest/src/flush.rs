@@ -20,7 +20,7 @@ use verdict_lake::{Action, Commit, LakeError};
 use verdict_schemas::{DecisionEvent, DecodeError};
 
 use crate::raw_file::{ConsumedEvent, RawFileError, build_hour_file};
-use crate::store::{KafkaSource, RawTable, raw_add, split_by_hour};
+use crate::raw_table::{KafkaSource, RawTable, raw_add, split_by_hour};
 
 /// One flush's offset range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

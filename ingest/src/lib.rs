@@ -3,7 +3,7 @@
 //! partitioned by the events' hour, rows sorted by key id then time.
 //!
 //! The pure part, how consumed records are ordered and encoded, is [`raw_file`]; splitting a
-//! chunk by hour, naming its files and committing them is [`store`]; one flush of a
+//! chunk by hour, naming its files and committing them is [`raw_table`]; one flush of a
 //! partition, committed with the partition's progress (exactly once by the Delta log), and
 //! where a partition resumes are [`flush`]; the consumer-group member is [`worker`], and
 //! what it exports to Prometheus is [`metrics`].
@@ -13,14 +13,14 @@ pub mod metrics;
 pub mod open;
 pub mod prefixed;
 pub mod raw_file;
-pub mod store;
+pub mod raw_table;
 pub mod worker;
 
 pub use metrics::IngestMetrics;
 pub use open::{OpenError, S3Options, folder_of, open_folder, open_store};
 pub use prefixed::Prefixed;
 pub use raw_file::{ConsumedEvent, RawFileError, encode_raw_parquet, raw_writer_properties};
-pub use store::{
+pub use raw_table::{
     HourSplit, KafkaSource, RawTable, WriteError, WrittenFile, raw_add, split_by_hour,
 };
 pub use worker::{IngestConfig, IngestError, IngestStats, IngestWorker};

@@ -29,7 +29,7 @@ use crate::flush::{
     flush_partition, resume_point,
 };
 use crate::metrics::IngestMetrics;
-use crate::store::{KafkaSource, RawTable};
+use crate::raw_table::{KafkaSource, RawTable};
 
 /// How the worker runs.
 #[derive(Debug, Clone)]

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use std::sync::Arc;
 
 use verdict_limiter::regions::{Share, ShareEntry, ShareKey, ShareRow};
-use verdict_limiter::{PolicySnapshot, PolicySource, Resolution};
+use verdict_limiter::{LimitLookup, PolicySnapshot, PolicySource};
 use verdict_policy_store::PolicyStoreError;
 use verdict_schemas::RegionId;
 
@@ -307,7 +307,7 @@ impl Reconciler {
         let checked: Vec<(ShareKey, u32, u8, i64)> = keys
             .iter()
             .filter_map(|key| match policy.resolve(&key.0, key.1, key.2) {
-                Resolution::Check {
+                LimitLookup::Check {
                     limits, sub_keys, ..
                 } => Some((
                     *key,

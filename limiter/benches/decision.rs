@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use verdict_limiter::algo::decide;
-use verdict_limiter::policy::{Resolution, parse_toml};
+use verdict_limiter::policy::{LimitLookup, parse_toml};
 use verdict_limiter::{FakeClock, LimitKey, MemoryStore, PolicySnapshot};
 use verdict_schemas::{
     DecisionEvent, DecisionSource, DeniedBy, KeyId, RegionId, RouteClassId, TierId, Verdict,
@@ -58,7 +58,7 @@ fn pure_path(c: &mut Criterion) {
     g.bench_function("policy_lookup+decide+event_encode", |b| {
         b.iter(|| {
             now += 1;
-            let Resolution::Check { limits, .. } = policy.resolve(black_box(&key_id), route, tier)
+            let LimitLookup::Check { limits, .. } = policy.resolve(black_box(&key_id), route, tier)
             else {
                 unreachable!("the bench policy checks this key")
             };

@@ -136,9 +136,11 @@ impl CounterState {
     }
 }
 
-/// The answer for one request.
+/// What the two counters say about one request, before the mode is applied (the limiter
+/// turns it into a [`crate::Decision`]): passed or which check refused, what is left, and
+/// when a request would pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Outcome {
+pub struct CounterCheck {
     /// Passed both checks.
     pub allowed: bool,
     /// The bucket refused.
@@ -162,7 +164,7 @@ pub fn decide(
     state: Option<CounterState>,
     now_ms: i64,
     limits: &Limits,
-) -> (Outcome, Option<CounterState>) {
+) -> (CounterCheck, Option<CounterState>) {
     let cap = limits.capacity_units();
     let rate = limits.refill_units_per_ms;
     let w = limits.window_ms.max(1);
@@ -202,7 +204,7 @@ pub fn decide(
     if bucket_ok && window_ok {
         let tokens = tokens - TOKEN_UNITS;
         let c = c + 1;
-        let outcome = Outcome {
+        let outcome = CounterCheck {
             allowed: true,
             denied_by_bucket: false,
             denied_by_window: false,
@@ -232,7 +234,7 @@ pub fn decide(
     } else {
         window_wait(p, c, e, q, w)
     };
-    let outcome = Outcome {
+    let outcome = CounterCheck {
         allowed: false,
         denied_by_bucket: !bucket_ok,
         denied_by_window: !window_ok,
@@ -325,7 +327,7 @@ mod tests {
     }
 
     /// Runs requests at the given times, threading the state; returns the outcomes.
-    fn run(l: &Limits, times: &[i64]) -> Vec<Outcome> {
+    fn run(l: &Limits, times: &[i64]) -> Vec<CounterCheck> {
         let mut state = None;
         times
             .iter()

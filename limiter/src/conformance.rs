@@ -8,8 +8,8 @@ use std::sync::Arc;
 use verdict_schemas::{KeyId, RouteClassId, TierId};
 
 use crate::algo::Limits;
+use crate::counter_store::CounterStore;
 use crate::key::LimitKey;
-use crate::store::CounterStore;
 
 /// A limit key no other run has used (the store may be shared and long-lived).
 pub fn fresh_key(tag: u8) -> LimitKey {
@@ -23,7 +23,11 @@ pub fn fresh_key(tag: u8) -> LimitKey {
     LimitKey::new(KeyId(id), RouteClassId(1), TierId(2))
 }
 
-async fn ok<S: CounterStore>(store: &S, key: &LimitKey, limits: &Limits) -> crate::algo::Outcome {
+async fn ok<S: CounterStore>(
+    store: &S,
+    key: &LimitKey,
+    limits: &Limits,
+) -> crate::algo::CounterCheck {
     store
         .check(key, limits)
         .await

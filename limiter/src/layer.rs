@@ -47,9 +47,9 @@ use tower_layer::Layer;
 use tower_service::Service;
 use verdict_schemas::{KeyId, RouteClassId, TierId};
 
+use crate::counter_store::CounterStore;
 use crate::http::{HttpAnswer, PROBLEM_JSON, http_answer, problem_body};
 use crate::limiter::{Decision, Limiter, Request};
-use crate::store::CounterStore;
 
 /// Who is asking: what the limiter decides on.
 #[derive(Debug, Clone, PartialEq, Eq)]

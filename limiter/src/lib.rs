@@ -3,7 +3,7 @@
 //! - [`algo`]: the decision as a pure function: token bucket + sliding window, both must
 //!   pass, a denial consumes nothing.
 //! - [`key`]: the limit key and its names in Redis.
-//! - [`store`]: the counter-store trait; [`memory`] implements it here, and
+//! - [`counter_store`]: the counter-store trait; [`memory`] implements it here, and
 //!   `verdict-counters-redis` in Redis, with one Lua script per call on the store's clock.
 //! - [`moving`]: moving the counters to a new store (dual-write, then cut over).
 //! - [`policy`]: tiers × route classes, overrides, hot keys, kill switches; validated
@@ -25,6 +25,7 @@ pub mod breaker;
 pub mod clock;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
+pub mod counter_store;
 pub mod events;
 pub mod http;
 pub mod key;
@@ -37,10 +38,10 @@ pub mod periodic;
 pub mod policy;
 pub mod regions;
 pub mod sources;
-pub mod store;
 
-pub use algo::{CounterState, Limits, Outcome, decide};
+pub use algo::{CounterCheck, CounterState, Limits, decide};
 pub use clock::{Clock, FakeClock, ScaledClock, SystemClock};
+pub use counter_store::{CounterStore, StoreError, StoreProblem};
 pub use events::{
     ChannelSink, EventQueue, EventReceiver, EventSink, Handoff, event_queue, spawn_drain,
 };
@@ -50,7 +51,6 @@ pub use layer::{Identity, RateLimit, RateLimitLayer, Refusal};
 pub use limiter::{Decision, Limiter, LimiterConfig, Regional, RegionalTimings, Request};
 pub use memory::MemoryStore;
 pub use metrics::LimiterMetrics;
-pub use policy::{Mode, PolicyDocument, PolicyHandle, PolicySnapshot, RegionRow, Resolution};
+pub use policy::{LimitLookup, Mode, PolicyDocument, PolicyHandle, PolicySnapshot, RegionRow};
 pub use regions::{NearLimit, Share, ShareEntry, ShareHandle, ShareKey, ShareRow, ShareSnapshot};
 pub use sources::{FileSource, PolicySource, SourceError, spawn_refresher};
-pub use store::{CounterStore, StoreError, StoreProblem};

@@ -11,16 +11,16 @@ use verdict_schemas::{
     DecisionEvent, DecisionSource, DeniedBy, KeyId, RegionId, RouteClassId, TierId, Verdict,
 };
 
-use crate::algo::{Limits, Outcome};
+use crate::algo::{CounterCheck, Limits};
 use crate::breaker::{Admit, Breaker, BreakerConfig, BreakerState};
 use crate::clock::{Clock, SystemClock};
+use crate::counter_store::CounterStore;
 use crate::events::EventQueue;
 use crate::key::LimitKey;
 use crate::memory::MemoryStore;
 use crate::metrics::LimiterMetrics;
-use crate::policy::{Mode, PolicyHandle, Resolution};
+use crate::policy::{LimitLookup, Mode, PolicyHandle};
 use crate::regions::{DEFAULT_SHARE_TTL, NearLimit, Share, ShareHandle, is_near_limit};
-use crate::store::CounterStore;
 
 /// Where this limiter runs.
 #[derive(Debug, Clone)]
@@ -224,13 +224,13 @@ impl<S: CounterStore> Limiter<S> {
         let policy = self.policy.load();
         let version = policy.version();
         let (limits, mode, key) = match policy.resolve(&req.key_id, req.route_class, req.tier) {
-            Resolution::KillSwitch => return self.pass(req, version, DecisionSource::KillSwitch),
-            Resolution::Off => return self.pass(req, version, DecisionSource::PolicyOff),
-            Resolution::Unknown => {
+            LimitLookup::KillSwitch => return self.pass(req, version, DecisionSource::KillSwitch),
+            LimitLookup::Off => return self.pass(req, version, DecisionSource::PolicyOff),
+            LimitLookup::Unknown => {
                 self.metrics.unconfigured.inc();
                 return self.pass(req, version, DecisionSource::PolicyOff);
             }
-            Resolution::Check {
+            LimitLookup::Check {
                 limits,
                 mode,
                 sub_keys,
@@ -322,7 +322,7 @@ impl<S: CounterStore> Limiter<S> {
 
     /// Asks the store, unless the breaker is open; on failure, or while open, the local
     /// fallback decides at limit / instance count.
-    async fn decide(&self, key: &LimitKey, limits: &Limits) -> (Outcome, DecisionSource) {
+    async fn decide(&self, key: &LimitKey, limits: &Limits) -> (CounterCheck, DecisionSource) {
         let now = self.clock.now_ms();
         let admit = self.breaker.admit(now);
         if admit != Admit::Fallback {

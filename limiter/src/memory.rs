@@ -6,10 +6,10 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex};
 
-use crate::algo::{CounterState, Limits, Outcome, decide};
+use crate::algo::{CounterCheck, CounterState, Limits, decide};
 use crate::clock::{Clock, SystemClock};
+use crate::counter_store::{CounterStore, StoreError};
 use crate::key::LimitKey;
-use crate::store::{CounterStore, StoreError};
 
 /// Shards of the map (a power of two).
 const SHARDS: usize = 64;
@@ -70,7 +70,7 @@ impl MemoryStore {
     }
 
     /// Decides one request now (synchronously: there is no I/O).
-    pub fn decide(&self, key: &LimitKey, limits: &Limits) -> Outcome {
+    pub fn decide(&self, key: &LimitKey, limits: &Limits) -> CounterCheck {
         let now = self.inner.clock.now_ms();
         let shard = &self.inner.shards[(self.inner.hasher.hash_one(key) as usize) & (SHARDS - 1)];
         // A poisoned shard only means another thread panicked mid-update of plain data;
@@ -103,7 +103,7 @@ fn evict(map: &mut HashMap<LimitKey, CounterState>, now: i64, idle_ms: i64) {
 }
 
 impl CounterStore for MemoryStore {
-    async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<Outcome, StoreError> {
+    async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<CounterCheck, StoreError> {
         Ok(self.decide(key, limits))
     }
 }

@@ -13,9 +13,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
-use crate::algo::{Limits, Outcome};
+use crate::algo::{CounterCheck, Limits};
+use crate::counter_store::{CounterStore, StoreError};
 use crate::key::LimitKey;
-use crate::store::{CounterStore, StoreError};
 
 /// Where a move stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +86,7 @@ impl<A: CounterStore, B: CounterStore + Clone> MovingStore<A, B> {
 }
 
 impl<A: CounterStore, B: CounterStore + Clone> CounterStore for MovingStore<A, B> {
-    async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<Outcome, StoreError> {
+    async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<CounterCheck, StoreError> {
         match self.phase() {
             Phase::Old => self.old.check(key, limits).await,
             Phase::CutOver => self.new.check(key, limits).await,

@@ -215,7 +215,7 @@ struct KeyEntry {
 
 /// What the policy says about one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Resolution {
+pub enum LimitLookup {
     /// A kill switch (global or the tier's) is on: allow, count nothing.
     KillSwitch,
     /// Mode off for this tier × route class: allow, count nothing.
@@ -510,12 +510,12 @@ impl PolicySnapshot {
     }
 
     /// What applies to a request of `key` on `route` at `tier`.
-    pub fn resolve(&self, key: &KeyId, route: RouteClassId, tier: TierId) -> Resolution {
+    pub fn resolve(&self, key: &KeyId, route: RouteClassId, tier: TierId) -> LimitLookup {
         if self.kill_switch || self.tier_killed[usize::from(tier.0)] {
-            return Resolution::KillSwitch;
+            return LimitLookup::KillSwitch;
         }
         let Some(base) = self.rules.get(&(tier, route)) else {
-            return Resolution::Unknown;
+            return LimitLookup::Unknown;
         };
         let (mut limits, mut mode, mut sub_keys, mut overridden) =
             (base.limits, base.mode, 1u8, false);
@@ -536,8 +536,8 @@ impl PolicySnapshot {
             }
         }
         match mode {
-            Mode::Off => Resolution::Off,
-            mode => Resolution::Check {
+            Mode::Off => LimitLookup::Off,
+            mode => LimitLookup::Check {
                 limits,
                 mode,
                 sub_keys,
@@ -737,7 +737,7 @@ sub_keys = 4
         let (free, pro, read, write) = (TierId(0), TierId(1), RouteClassId(0), RouteClassId(1));
         assert_eq!(
             p.resolve(&key(1), read, free),
-            Resolution::Check {
+            LimitLookup::Check {
                 limits: Limits::per_hour(10, 1.0, 100),
                 mode: Mode::Enforce,
                 sub_keys: 1,
@@ -746,18 +746,18 @@ sub_keys = 4
         );
         assert_eq!(
             p.resolve(&key(1), write, free),
-            Resolution::Check {
+            LimitLookup::Check {
                 limits: Limits::per_hour(2, 0.1, 10),
                 mode: Mode::Shadow,
                 sub_keys: 1,
                 overridden: false
             }
         );
-        assert_eq!(p.resolve(&key(1), read, pro), Resolution::Off);
+        assert_eq!(p.resolve(&key(1), read, pro), LimitLookup::Off);
         // The override replaces limits on every route and keeps the tier's mode.
         assert_eq!(
             p.resolve(&key(10), write, free),
-            Resolution::Check {
+            LimitLookup::Check {
                 limits: Limits::per_hour(50, 5.0, 500),
                 mode: Mode::Shadow,
                 sub_keys: 1,
@@ -767,7 +767,7 @@ sub_keys = 4
         // The hot key's counters each hold a quarter.
         assert_eq!(
             p.resolve(&key(11), read, free),
-            Resolution::Check {
+            LimitLookup::Check {
                 limits: Limits::per_hour(3, 0.25, 25),
                 mode: Mode::Enforce,
                 sub_keys: 4,
@@ -776,7 +776,7 @@ sub_keys = 4
         );
         assert_eq!(
             p.resolve(&key(1), RouteClassId(9), free),
-            Resolution::Unknown
+            LimitLookup::Unknown
         );
         assert_eq!(p.tier_id("pro"), Some(pro));
         assert_eq!(p.route_class_id("write"), Some(write));
@@ -789,18 +789,18 @@ sub_keys = 4
         let p = PolicySnapshot::build(doc.clone()).unwrap();
         assert_eq!(
             p.resolve(&key(1), RouteClassId(0), TierId(0)),
-            Resolution::KillSwitch
+            LimitLookup::KillSwitch
         );
         assert_eq!(
             p.resolve(&key(1), RouteClassId(0), TierId(1)),
-            Resolution::Off
+            LimitLookup::Off
         );
         doc.tiers[0].kill_switch = false;
         doc.kill_switch = true;
         let p = PolicySnapshot::build(doc).unwrap();
         assert_eq!(
             p.resolve(&key(10), RouteClassId(1), TierId(1)),
-            Resolution::KillSwitch
+            LimitLookup::KillSwitch
         );
     }
 

@@ -10,7 +10,7 @@
 
 use proptest::prelude::*;
 use verdict_limiter::algo::TOKEN_UNITS;
-use verdict_limiter::{CounterState, Limits, Outcome, decide};
+use verdict_limiter::{CounterCheck, CounterState, Limits, decide};
 
 /// The start of an hour, so windows of every length here start at a round offset.
 const T0: i64 = 1_796_047_200_000;
@@ -52,7 +52,12 @@ fn case() -> impl Strategy<Value = (Limits, Vec<i64>)> {
 /// One decision per time, threading the state as a store would.
 struct Run {
     /// Each request's outcome and the state it was decided on.
-    steps: Vec<(i64, Option<CounterState>, Outcome, Option<CounterState>)>,
+    steps: Vec<(
+        i64,
+        Option<CounterState>,
+        CounterCheck,
+        Option<CounterState>,
+    )>,
 }
 
 fn run(l: &Limits, times: &[i64]) -> Run {

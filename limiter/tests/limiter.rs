@@ -9,8 +9,8 @@ use std::time::Duration;
 use verdict_limiter::breaker::{BreakerConfig, BreakerState};
 use verdict_limiter::policy::parse_toml;
 use verdict_limiter::{
-    CounterStore, FakeClock, Limiter, LimiterConfig, LimiterMetrics, Limits, MemoryStore, Outcome,
-    PolicyHandle, PolicySnapshot, Request, StoreError, event_queue, http_answer,
+    CounterCheck, CounterStore, FakeClock, Limiter, LimiterConfig, LimiterMetrics, Limits,
+    MemoryStore, PolicyHandle, PolicySnapshot, Request, StoreError, event_queue, http_answer,
 };
 use verdict_limiter::{EventReceiver, LimitKey};
 use verdict_schemas::{DecisionSource, KeyId, RegionId, RouteClassId, TierId, Verdict};
@@ -357,7 +357,7 @@ struct Flaky {
 }
 
 impl CounterStore for Flaky {
-    async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<Outcome, StoreError> {
+    async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<CounterCheck, StoreError> {
         if self.failing.load(Ordering::SeqCst) {
             Err(StoreError::timeout(Duration::from_millis(5)))
         } else {

@@ -31,10 +31,10 @@ use tokio::time::Instant;
 
 use crate::budget::Budget;
 use crate::error::QueryError;
-use crate::indicator::CountIndicators;
+use crate::indicator::COUNT_INDICATORS;
 use crate::limits::Limits;
-use crate::pack::PackGroupKeys;
-use crate::pruning::RawScanPruning;
+use crate::pack::PACK_GROUP_KEYS;
+use crate::pruning::RAW_SCAN_PRUNING;
 use crate::tables::{LAKE_URL, PoliciesTable, register};
 use crate::view::{AsOf, ReaderView};
 
@@ -94,10 +94,10 @@ impl Engine {
             .with_config(config)
             .with_runtime_env(runtime)
             .with_default_features()
-            .with_physical_optimizer_rule(Arc::new(RawScanPruning))
+            .with_physical_optimizer_rule(Arc::new(RAW_SCAN_PRUNING))
             // Last: whatever the rules before made, every operator yields (see
             // `crate::yielding`).
-            .with_physical_optimizer_rule(Arc::new(crate::yielding::YieldEverywhere))
+            .with_physical_optimizer_rule(Arc::new(crate::yielding::YIELD_EVERYWHERE))
             .build();
         let base = SessionContext::new_with_state(state);
         // The functions that make huge values from small queries are bounded (see
@@ -106,8 +106,8 @@ impl Engine {
         // Sums of `CASE WHEN p THEN 1 ELSE 0 END` counted with a filter instead (see
         // `crate::indicator`), and group keys packed into one integer (see `crate::pack`):
         // the reports' aggregations hash and compare one column rather than three or four.
-        base.add_optimizer_rule(Arc::new(CountIndicators));
-        base.add_optimizer_rule(Arc::new(PackGroupKeys));
+        base.add_optimizer_rule(Arc::new(COUNT_INDICATORS));
+        base.add_optimizer_rule(Arc::new(PACK_GROUP_KEYS));
         let url = ObjectStoreUrl::parse(LAKE_URL)?;
         let view: Arc<ReaderView> = Arc::new(store.into());
         base.register_object_store(url.as_ref(), Arc::clone(&view) as Arc<dyn ObjectStore>);

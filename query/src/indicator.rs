@@ -14,37 +14,19 @@
 use std::sync::Arc;
 
 use arrow::datatypes::DataType;
-use datafusion::common::tree_node::Transformed;
 use datafusion::common::{DFSchema, Result, ScalarValue};
 use datafusion::functions_aggregate::count::count_udaf;
 use datafusion::logical_expr::expr::{AggregateFunction, AggregateFunctionParams, Alias, Case};
 use datafusion::logical_expr::utils::COUNT_STAR_EXPANSION;
 use datafusion::logical_expr::{Aggregate, Expr, ExprSchemable, LogicalPlan};
-use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 
-use crate::pack::rewrite_aggregate;
+use crate::rules::AggregateRule;
 
 /// The optimizer rule; see the module documentation.
-#[derive(Debug, Default)]
-pub struct CountIndicators;
-
-impl OptimizerRule for CountIndicators {
-    fn name(&self) -> &str {
-        "verdict_count_indicators"
-    }
-
-    fn apply_order(&self) -> Option<ApplyOrder> {
-        Some(ApplyOrder::BottomUp)
-    }
-
-    fn rewrite(
-        &self,
-        plan: LogicalPlan,
-        _config: &dyn OptimizerConfig,
-    ) -> Result<Transformed<LogicalPlan>> {
-        rewrite_aggregate(plan, count_indicators)
-    }
-}
+pub const COUNT_INDICATORS: AggregateRule = AggregateRule {
+    name: "verdict_count_indicators",
+    rewrite: count_indicators,
+};
 
 /// `agg` with its sums of indicators counted with a filter, if it groups and has any.
 fn count_indicators(agg: &Aggregate) -> Result<Option<LogicalPlan>> {
@@ -165,7 +147,7 @@ mod tests {
     fn session(with_rule: bool) -> SessionContext {
         let ctx = SessionContext::new();
         if with_rule {
-            ctx.add_optimizer_rule(Arc::new(CountIndicators));
+            ctx.add_optimizer_rule(Arc::new(COUNT_INDICATORS));
         }
         let schema = Arc::new(Schema::new(vec![
             Field::new("g", DataType::Int64, false),

@@ -15,6 +15,7 @@ pub mod pg;
 pub mod pruning;
 pub mod recommend;
 pub mod reports;
+pub mod rules;
 pub mod tables;
 pub mod view;
 pub mod whatif;

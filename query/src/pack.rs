@@ -6,7 +6,7 @@
 //! value with `memcmp`; a single integer column takes its fastest path instead (one hash, one
 //! comparison, one value per group).
 //!
-//! [`PackGroupKeys`] rewrites every `Aggregate` of the logical plan whose keys allow it:
+//! [`PACK_GROUP_KEYS`] rewrites every `Aggregate` of the logical plan whose keys allow it:
 //!
 //! - its non-null integer, date, time and timestamp keys, and its non-null
 //!   `FixedSizeBinary(16)` keys, are packed bit for bit into integer columns of at most 128
@@ -34,14 +34,14 @@ use arrow::datatypes::{
     DECIMAL128_MAX_PRECISION, DataType, Decimal128Type, Field, FieldRef, Int8Type, Int16Type,
     Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
 };
-use datafusion::common::tree_node::Transformed;
 use datafusion::common::{Column, DataFusionError, Result, exec_err, internal_err};
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::{
     Aggregate, ColumnarValue, Expr, ExprSchemable, LogicalPlan, Projection, ReturnFieldArgs,
     ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
-use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
+
+use crate::rules::AggregateRule;
 
 /// The widest packed column, in bits.
 const MAX_BITS: u32 = 128;
@@ -50,41 +50,10 @@ const MAX_BITS: u32 = 128;
 const PACKED: &str = "__verdict_packed_key_";
 
 /// The optimizer rule; see the module documentation.
-#[derive(Debug, Default)]
-pub struct PackGroupKeys;
-
-impl OptimizerRule for PackGroupKeys {
-    fn name(&self) -> &str {
-        "verdict_pack_group_keys"
-    }
-
-    fn apply_order(&self) -> Option<ApplyOrder> {
-        Some(ApplyOrder::BottomUp)
-    }
-
-    fn rewrite(
-        &self,
-        plan: LogicalPlan,
-        _config: &dyn OptimizerConfig,
-    ) -> Result<Transformed<LogicalPlan>> {
-        rewrite_aggregate(plan, pack)
-    }
-}
-
-/// The plan `rewrite` makes of `plan` when it is an `Aggregate` and `rewrite` changes it;
-/// else `plan` as it is. The step of each of the crate's rules on aggregations.
-pub(crate) fn rewrite_aggregate(
-    plan: LogicalPlan,
-    rewrite: impl FnOnce(&Aggregate) -> Result<Option<LogicalPlan>>,
-) -> Result<Transformed<LogicalPlan>> {
-    let LogicalPlan::Aggregate(agg) = plan else {
-        return Ok(Transformed::no(plan));
-    };
-    match rewrite(&agg)? {
-        Some(plan) => Ok(Transformed::yes(plan)),
-        None => Ok(Transformed::no(LogicalPlan::Aggregate(agg))),
-    }
-}
+pub const PACK_GROUP_KEYS: AggregateRule = AggregateRule {
+    name: "verdict_pack_group_keys",
+    rewrite: pack,
+};
 
 /// The width in bits of a key type that packs, or `None`.
 fn bits_of(t: &DataType) -> Option<u32> {
@@ -553,7 +522,7 @@ mod tests {
     fn context(packing: bool) -> SessionContext {
         let ctx = SessionContext::new();
         if packing {
-            ctx.add_optimizer_rule(Arc::new(PackGroupKeys));
+            ctx.add_optimizer_rule(Arc::new(PACK_GROUP_KEYS));
         }
         let batch = table();
         let mem = MemTable::try_new(batch.schema(), vec![vec![batch]]).unwrap();

@@ -189,6 +189,19 @@ pub fn refusal(statement: &Statement) -> Option<String> {
     })
 }
 
+/// What the hooks answer for `statement`: a client setting is acknowledged with `set()`'s
+/// answer; `SET statement_timeout` and the queries the service runs pass on (`None`) to the
+/// hooks after this one; anything else is refused as a write.
+fn screen<T>(statement: &Statement, set: impl FnOnce() -> T) -> Option<PgWireResult<T>> {
+    if is_client_setting(statement) {
+        return Some(Ok(set()));
+    }
+    if is_statement_timeout(statement) {
+        return None;
+    }
+    refusal(statement).map(|m| Err(refused(m)))
+}
+
 fn refused(message: String) -> PgWireError {
     // read_only_sql_transaction
     bounds::pg_error("25006", message)
@@ -202,13 +215,7 @@ impl QueryHook for ReadOnlyHook {
         _: &SessionContext,
         _: &mut dyn HookClient,
     ) -> Option<PgWireResult<Response>> {
-        if is_client_setting(statement) {
-            return Some(Ok(Response::Execution(Tag::new("SET"))));
-        }
-        if is_statement_timeout(statement) {
-            return None;
-        }
-        refusal(statement).map(|m| Err(refused(m)))
+        screen(statement, || Response::Execution(Tag::new("SET")))
     }
 
     async fn handle_extended_parse_query(
@@ -217,16 +224,12 @@ impl QueryHook for ReadOnlyHook {
         _: &SessionContext,
         _: &(dyn ClientInfo + Send + Sync),
     ) -> Option<PgWireResult<LogicalPlan>> {
-        if is_client_setting(statement) {
-            return Some(Ok(LogicalPlan::EmptyRelation(EmptyRelation {
+        screen(statement, || {
+            LogicalPlan::EmptyRelation(EmptyRelation {
                 produce_one_row: false,
                 schema: Arc::new(DFSchema::empty()),
-            })));
-        }
-        if is_statement_timeout(statement) {
-            return None;
-        }
-        refusal(statement).map(|m| Err(refused(m)))
+            })
+        })
     }
 
     async fn handle_extended_query(
@@ -237,13 +240,7 @@ impl QueryHook for ReadOnlyHook {
         _: &SessionContext,
         _: &mut dyn HookClient,
     ) -> Option<PgWireResult<Response>> {
-        if is_client_setting(statement) {
-            return Some(Ok(Response::Execution(Tag::new("SET"))));
-        }
-        if is_statement_timeout(statement) {
-            return None;
-        }
-        refusal(statement).map(|m| Err(refused(m)))
+        screen(statement, || Response::Execution(Tag::new("SET")))
     }
 }
 

@@ -21,17 +21,14 @@
 
 use std::sync::Arc;
 
-use datafusion::common::Result;
-use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::datasource::physical_plan::{FileScanConfig, FileSource, ParquetSource};
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::physical_expr::expressions::lit;
 use datafusion::physical_expr::utils::{collect_columns, conjunction_opt, split_conjunction};
-use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::{ExecutionPlan, PhysicalExpr};
 use verdict_schemas::tables::raw;
 
+use crate::rules::NodeRule;
 use crate::view::in_raw;
 
 /// The raw table's columns whose per-file statistics can exclude a file (see the module
@@ -48,32 +45,10 @@ pub const RAW_PRUNING_COLUMNS: [&str; 8] = [
 ];
 
 /// The physical optimizer rule; see the module documentation.
-#[derive(Debug, Default)]
-pub struct RawScanPruning;
-
-impl PhysicalOptimizerRule for RawScanPruning {
-    fn optimize(
-        &self,
-        plan: Arc<dyn ExecutionPlan>,
-        _config: &ConfigOptions,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        plan.transform_up(|node| {
-            Ok(match narrowed(node.as_ref()) {
-                Some(scan) => Transformed::yes(scan),
-                None => Transformed::no(node),
-            })
-        })
-        .map(|t| t.data)
-    }
-
-    fn name(&self) -> &str {
-        "verdict_raw_scan_pruning"
-    }
-
-    fn schema_check(&self) -> bool {
-        true
-    }
-}
+pub const RAW_SCAN_PRUNING: NodeRule = NodeRule {
+    name: "verdict_raw_scan_pruning",
+    replace: |node| narrowed(node.as_ref()),
+};
 
 /// `node` with a narrower predicate, if it is a scan of raw files whose predicate has
 /// conjuncts that cannot prune.

@@ -46,6 +46,38 @@ pub struct ParamSpec {
     pub doc: &'static str,
 }
 
+impl ParamSpec {
+    /// A filter or range bound with no default (`null`: no filter).
+    const fn filter(name: &'static str, kind: ParamKind, doc: &'static str) -> Self {
+        Self {
+            name,
+            kind,
+            default: None,
+            doc,
+        }
+    }
+
+    /// A number with its default.
+    const fn number(name: &'static str, default: &'static str, doc: &'static str) -> Self {
+        Self {
+            name,
+            kind: ParamKind::Number,
+            default: Some(default),
+            doc,
+        }
+    }
+
+    /// A whole number with its default.
+    const fn integer(name: &'static str, default: &'static str, doc: &'static str) -> Self {
+        Self {
+            name,
+            kind: ParamKind::Integer,
+            default: Some(default),
+            doc,
+        }
+    }
+}
+
 /// Builds a report's SQL from its checked parameters and the time now (for default ranges).
 type SqlBuilder = fn(&Args<'_>, DateTime<Utc>) -> Result<String, QueryError>;
 
@@ -102,36 +134,27 @@ impl Report {
     }
 }
 
-const FROM: ParamSpec = ParamSpec {
-    name: "from",
-    kind: ParamKind::Time,
-    default: None,
-    doc: "start of the time range, inclusive (default: `to` minus 7 days)",
-};
-const TO: ParamSpec = ParamSpec {
-    name: "to",
-    kind: ParamKind::Time,
-    default: None,
-    doc: "end of the time range, exclusive (default: now, rounded up to the hour)",
-};
-const TIER: ParamSpec = ParamSpec {
-    name: "tier",
-    kind: ParamKind::Tier,
-    default: None,
-    doc: "only this tier (a name from the policy)",
-};
-const ROUTE: ParamSpec = ParamSpec {
-    name: "route_class",
-    kind: ParamKind::RouteClass,
-    default: None,
-    doc: "only this route class (a name from the policy)",
-};
-const KEY: ParamSpec = ParamSpec {
-    name: "key",
-    kind: ParamKind::Key,
-    default: None,
-    doc: "only this key id (32 hex digits)",
-};
+const FROM: ParamSpec = ParamSpec::filter(
+    "from",
+    ParamKind::Time,
+    "start of the time range, inclusive (default: `to` minus 7 days)",
+);
+const TO: ParamSpec = ParamSpec::filter(
+    "to",
+    ParamKind::Time,
+    "end of the time range, exclusive (default: now, rounded up to the hour)",
+);
+const TIER: ParamSpec = ParamSpec::filter(
+    "tier",
+    ParamKind::Tier,
+    "only this tier (a name from the policy)",
+);
+const ROUTE: ParamSpec = ParamSpec::filter(
+    "route_class",
+    ParamKind::RouteClass,
+    "only this route class (a name from the policy)",
+);
+const KEY: ParamSpec = ParamSpec::filter("key", ParamKind::Key, "only this key id (32 hex digits)");
 
 /// Every report, in the order `GET /v1/reports` lists them.
 pub fn catalog() -> Vec<Report> {
@@ -174,48 +197,41 @@ pub fn catalog() -> Vec<Report> {
                 TO,
                 TIER,
                 ROUTE,
-                ParamSpec {
-                    name: "percentile",
-                    kind: ParamKind::Number,
-                    default: Some("0.9"),
-                    doc: "which engaged key is the typical one: its demand above 1.0 makes the limit too low",
-                },
-                ParamSpec {
-                    name: "too_low_share",
-                    kind: ParamKind::Number,
-                    default: Some("0.1"),
-                    doc: "share of the keys constrained at or above which a limit whose typical engaged key needs more than it is too low",
-                },
-                ParamSpec {
-                    name: "too_high_use",
-                    kind: ParamKind::Number,
-                    default: Some("0.5"),
-                    doc: "demand and burst under which the p99 key makes the limit too high (with no key constrained)",
-                },
-                ParamSpec {
-                    name: "constrained_share",
-                    kind: ParamKind::Number,
-                    default: Some("0.01"),
-                    doc: "share of its requests refused at or above which a key is constrained",
-                },
-                ParamSpec {
-                    name: "engaged_use",
-                    kind: ParamKind::Number,
-                    default: Some("0.2"),
-                    doc: "demand or burst at or above which a key is engaged",
-                },
-                ParamSpec {
-                    name: "min_keys",
-                    kind: ParamKind::Integer,
-                    default: Some("10"),
-                    doc: "active keys a tier × route class needs to be judged",
-                },
-                ParamSpec {
-                    name: "headroom",
-                    kind: ParamKind::Number,
-                    default: Some("1.1"),
-                    doc: "factor on the p99 engaged key's demand in the recommendation",
-                },
+                ParamSpec::number(
+                    "percentile",
+                    "0.9",
+                    "which engaged key is the typical one: its demand above 1.0 makes the limit too low",
+                ),
+                ParamSpec::number(
+                    "too_low_share",
+                    "0.1",
+                    "share of the keys constrained at or above which a limit whose typical engaged key needs more than it is too low",
+                ),
+                ParamSpec::number(
+                    "too_high_use",
+                    "0.5",
+                    "demand and burst under which the p99 key makes the limit too high (with no key constrained)",
+                ),
+                ParamSpec::number(
+                    "constrained_share",
+                    "0.01",
+                    "share of its requests refused at or above which a key is constrained",
+                ),
+                ParamSpec::number(
+                    "engaged_use",
+                    "0.2",
+                    "demand or burst at or above which a key is engaged",
+                ),
+                ParamSpec::integer(
+                    "min_keys",
+                    "10",
+                    "active keys a tier × route class needs to be judged",
+                ),
+                ParamSpec::number(
+                    "headroom",
+                    "1.1",
+                    "factor on the p99 engaged key's demand in the recommendation",
+                ),
             ],
         },
         Report {
@@ -249,18 +265,16 @@ pub fn catalog() -> Vec<Report> {
                 TO,
                 TIER,
                 ROUTE,
-                ParamSpec {
-                    name: "too_high_use",
-                    kind: ParamKind::Number,
-                    default: Some("0.5"),
-                    doc: "demand under which the p99 key-hour makes the limit too high",
-                },
-                ParamSpec {
-                    name: "min_key_hours",
-                    kind: ParamKind::Integer,
-                    default: Some("100"),
-                    doc: "key-hours a limit needs to be judged",
-                },
+                ParamSpec::number(
+                    "too_high_use",
+                    "0.5",
+                    "demand under which the p99 key-hour makes the limit too high",
+                ),
+                ParamSpec::integer(
+                    "min_key_hours",
+                    "100",
+                    "key-hours a limit needs to be judged",
+                ),
             ],
         },
         Report {
@@ -284,12 +298,7 @@ pub fn catalog() -> Vec<Report> {
                 TIER,
                 ROUTE,
                 KEY,
-                ParamSpec {
-                    name: "limit",
-                    kind: ParamKind::Integer,
-                    default: Some("20"),
-                    doc: "how many keys",
-                },
+                ParamSpec::integer("limit", "20", "how many keys"),
             ],
         },
         Report {
@@ -325,18 +334,12 @@ pub fn catalog() -> Vec<Report> {
                 TO,
                 TIER,
                 ROUTE,
-                ParamSpec {
-                    name: "jump",
-                    kind: ParamKind::Number,
-                    default: Some("2.0"),
-                    doc: "ratio of the rates that flags a change",
-                },
-                ParamSpec {
-                    name: "min_rise",
-                    kind: ParamKind::Number,
-                    default: Some("0.01"),
-                    doc: "smallest rise of the rate that flags a change",
-                },
+                ParamSpec::number("jump", "2.0", "ratio of the rates that flags a change"),
+                ParamSpec::number(
+                    "min_rise",
+                    "0.01",
+                    "smallest rise of the rate that flags a change",
+                ),
             ],
         },
         Report {

@@ -22,7 +22,7 @@ use arrow::record_batch::RecordBatch;
 use chrono::{DateTime, Duration, Timelike, Utc};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
-use verdict_limiter::{CounterState, Mode, PolicySnapshot, Resolution, decide};
+use verdict_limiter::{CounterState, LimitLookup, Mode, PolicySnapshot, decide};
 use verdict_schemas::{KeyId, RegionId, RouteClassId, TierId};
 
 use crate::engine::Engine;
@@ -115,7 +115,7 @@ pub struct Replay {
     keys: FxHashMap<(KeyId, u8), KeyTally>,
     /// The resolution of the last (key, route class, tier): requests come sorted by key, so
     /// one lookup in the policy serves a run of them.
-    last: Option<((KeyId, u8, u8), Resolution)>,
+    last: Option<((KeyId, u8, u8), LimitLookup)>,
 }
 
 impl Replay {
@@ -130,7 +130,7 @@ impl Replay {
         }
     }
 
-    fn resolve(&mut self, r: &Recorded) -> Resolution {
+    fn resolve(&mut self, r: &Recorded) -> LimitLookup {
         let id = (r.key_id, r.route_class, r.tier);
         match self.last {
             Some((last, resolution)) if last == id => resolution,
@@ -149,15 +149,15 @@ impl Replay {
     /// it.
     pub fn feed(&mut self, r: &Recorded) -> Result<(), QueryError> {
         let (refused, by_bucket, by_window, shadow) = match self.resolve(r) {
-            Resolution::KillSwitch | Resolution::Off => (false, false, false, false),
-            Resolution::Unknown => {
+            LimitLookup::KillSwitch | LimitLookup::Off => (false, false, false, false),
+            LimitLookup::Unknown => {
                 return Err(QueryError::Invalid(format!(
                     "the candidate policy has no limit for tier id {} on route class id {}, \
                      which the recorded decisions have",
                     r.tier, r.route_class
                 )));
             }
-            Resolution::Check {
+            LimitLookup::Check {
                 mut limits,
                 mode,
                 sub_keys,

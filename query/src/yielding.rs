@@ -12,40 +12,18 @@
 
 use std::sync::Arc;
 
-use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::error::Result;
-use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::coop::CooperativeExec;
 
+use crate::rules::NodeRule;
+
 /// See the module documentation.
-#[derive(Debug, Default)]
-pub struct YieldEverywhere;
-
-impl PhysicalOptimizerRule for YieldEverywhere {
-    fn optimize(
-        &self,
-        plan: Arc<dyn ExecutionPlan>,
-        _config: &ConfigOptions,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        plan.transform_up(|node| {
-            let inner = !node.children().is_empty();
-            let wrapped = node.is::<CooperativeExec>();
-            Ok(if inner && !wrapped {
-                Transformed::yes(Arc::new(CooperativeExec::new(node)) as Arc<dyn ExecutionPlan>)
-            } else {
-                Transformed::no(node)
-            })
-        })
-        .map(|t| t.data)
-    }
-
-    fn name(&self) -> &str {
-        "verdict_yield_everywhere"
-    }
-
-    fn schema_check(&self) -> bool {
-        true
-    }
-}
+pub const YIELD_EVERYWHERE: NodeRule = NodeRule {
+    name: "verdict_yield_everywhere",
+    replace: |node| {
+        let inner = !node.children().is_empty();
+        let wrapped = node.is::<CooperativeExec>();
+        (inner && !wrapped)
+            .then(|| Arc::new(CooperativeExec::new(Arc::clone(node))) as Arc<dyn ExecutionPlan>)
+    },
+};

@@ -440,7 +440,7 @@ async fn with_parquet_filters_pushed_down_a_raw_scan_keeps_every_condition() {
     let state = SessionStateBuilder::new()
         .with_config(config)
         .with_default_features()
-        .with_physical_optimizer_rule(Arc::new(verdict_query::pruning::RawScanPruning))
+        .with_physical_optimizer_rule(Arc::new(verdict_query::pruning::RAW_SCAN_PRUNING))
         .build();
     let ctx = SessionContext::new_with_state(state);
     let url =

@@ -204,7 +204,7 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
     let salt: u64 = rand::random();
     let policy = bench_policy(key_id(salt, TENANT))?;
     let tenant_limits = match policy.resolve(&key_id(salt, TENANT), RouteClassId(0), TierId(0)) {
-        verdict_limiter::Resolution::Check {
+        verdict_limiter::LimitLookup::Check {
             limits, sub_keys, ..
         } => (limits, sub_keys),
         other => bail!("bench policy resolves the tenant to {other:?}"),

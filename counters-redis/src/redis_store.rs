@@ -18,7 +18,7 @@ use fred::prelude::*;
 use fred::types::scripts::Script;
 use tokio::sync::{mpsc, oneshot};
 
-use verdict_limiter::{CounterStore, LimitKey, Limits, Outcome, StoreError};
+use verdict_limiter::{CounterCheck, CounterStore, LimitKey, Limits, StoreError};
 
 /// The decision script (see the file for its arguments and reply).
 pub const DECISION_SCRIPT: &str = include_str!("redis.lua");
@@ -87,7 +87,7 @@ struct Pending {
     field: String,
     limits: Limits,
     slot: u16,
-    reply: oneshot::Sender<Result<Outcome, StoreError>>,
+    reply: oneshot::Sender<Result<CounterCheck, StoreError>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -182,7 +182,7 @@ impl RedisStore {
         key: &LimitKey,
         limits: &Limits,
         now_ms: i64,
-    ) -> Result<Outcome, StoreError> {
+    ) -> Result<CounterCheck, StoreError> {
         let mut answers = self.check_many_at(&[(*key, *limits)], now_ms).await?;
         answers
             .pop()
@@ -195,7 +195,7 @@ impl RedisStore {
         &self,
         requests: &[(LimitKey, Limits)],
         now_ms: i64,
-    ) -> Result<Vec<Outcome>, StoreError> {
+    ) -> Result<Vec<CounterCheck>, StoreError> {
         let items: Vec<(String, String, Limits)> = requests
             .iter()
             .map(|(k, l)| (k.redis_key(), k.redis_field(), *l))
@@ -218,7 +218,7 @@ impl Caller {
         client: &Client,
         items: I,
         now_ms: Option<i64>,
-    ) -> Result<Vec<Outcome>, StoreError>
+    ) -> Result<Vec<CounterCheck>, StoreError>
     where
         I: Iterator<Item = (&'a str, &'a str, &'a Limits)> + Clone,
     {
@@ -314,7 +314,7 @@ async fn answer(caller: &Caller, client: &Client, group: &mut Vec<Pending>) {
 
 /// Reads the script's reply, six integers per request: `{allowed, bits, remaining tokens,
 /// remaining window, retry, now}`.
-fn outcomes_from_reply(r: &[i64], wanted: usize) -> Result<Vec<Outcome>, StoreError> {
+fn outcomes_from_reply(r: &[i64], wanted: usize) -> Result<Vec<CounterCheck>, StoreError> {
     if r.len() != 6 * wanted {
         return Err(StoreError::bad_reply(format!(
             "{} integers for {wanted} requests, not {}",
@@ -327,7 +327,7 @@ fn outcomes_from_reply(r: &[i64], wanted: usize) -> Result<Vec<Outcome>, StoreEr
     };
     r.chunks_exact(6)
         .map(|a| {
-            Ok(Outcome {
+            Ok(CounterCheck {
                 allowed: a[0] == 1,
                 denied_by_bucket: a[1] & 1 != 0,
                 denied_by_window: a[1] & 2 != 0,
@@ -341,7 +341,7 @@ fn outcomes_from_reply(r: &[i64], wanted: usize) -> Result<Vec<Outcome>, StoreEr
 }
 
 impl CounterStore for RedisStore {
-    async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<Outcome, StoreError> {
+    async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<CounterCheck, StoreError> {
         let inner = &*self.inner;
         let hash = key.redis_key();
         let slot = if inner.clustered {

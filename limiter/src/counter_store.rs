@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::algo::{Limits, Outcome};
+use crate::algo::{CounterCheck, Limits};
 use crate::key::LimitKey;
 
 /// Why a store could not decide, and the limit key it was deciding (when the failure was
@@ -128,7 +128,7 @@ pub trait CounterStore: Send + Sync + 'static {
         &self,
         key: &LimitKey,
         limits: &Limits,
-    ) -> impl Future<Output = Result<Outcome, StoreError>> + Send;
+    ) -> impl Future<Output = Result<CounterCheck, StoreError>> + Send;
 }
 
 #[cfg(test)]

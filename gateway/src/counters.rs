@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use verdict_counters_redis::RedisStore;
 use verdict_limiter::moving::MovingStore;
-use verdict_limiter::{CounterStore, LimitKey, Limits, MemoryStore, Outcome, StoreError};
+use verdict_limiter::{CounterCheck, CounterStore, LimitKey, Limits, MemoryStore, StoreError};
 
 /// The store, chosen at start.
 #[derive(Debug, Clone)]
@@ -19,7 +19,7 @@ pub enum GatewayStore {
 }
 
 impl CounterStore for GatewayStore {
-    async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<Outcome, StoreError> {
+    async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<CounterCheck, StoreError> {
         match self {
             Self::Redis(r) => r.check(key, limits).await,
             Self::Memory(m) => m.check(key, limits).await,
