@@ -8,11 +8,13 @@
 //! concurrency and `txn` fencing ([`table`]), checkpoints and log cleanup
 //! ([`checkpoint`]), file statistics ([`stats`]), the schema ([`schema`]) and vacuum
 //! ([`vacuum`]). Tables are reader version 1, writer version 2: no deletion vectors, no
-//! column mapping, no table features. [`tables`] defines verdict's four tables.
+//! column mapping, no table features. [`tables`] defines verdict's four tables; [`observed`]
+//! is the one `ObjectStore` wrapper its users build theirs from.
 
 pub mod action;
 pub mod checkpoint;
 pub mod log;
+pub mod observed;
 pub mod schema;
 pub mod snapshot;
 pub mod stats;
@@ -21,6 +23,7 @@ pub mod tables;
 pub mod vacuum;
 
 pub use action::{Action, Add, Metadata, PartitionValues, Remove, Txn};
+pub use observed::{Observed, Observer};
 pub use snapshot::Snapshot;
 pub use table::{Commit, Conflict, LakeError, Reads, Table};
 pub use tables::TableDef;

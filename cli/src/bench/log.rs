@@ -15,26 +15,20 @@
 //! snapshot from the folder (median of `--loads`), and where the simulation's time went.
 
 use std::collections::HashMap;
-use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use bytes::Bytes;
 use clap::Args;
 use futures::StreamExt;
-use futures::stream::BoxStream;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
-use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions,
-};
+use object_store::{ObjectMeta, ObjectStore, PutMode};
 use serde::Serialize;
 use verdict_ingest::raw_file::build_hour_file;
 use verdict_ingest::{ConsumedEvent, KafkaSource, raw_add};
 use verdict_lake::tables::{RAW, hour_partition};
-use verdict_lake::{Action, Commit, Snapshot, Table};
+use verdict_lake::{Action, Commit, Observed, Observer, Snapshot, Table};
 use verdict_schemas::HourPartition;
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
 
@@ -278,7 +272,7 @@ fn retention(snapshot: &Snapshot, today: chrono::NaiveDate, now_ms: i64) -> Opti
 }
 
 async fn measure(
-    store: &Arc<SimulatedTimes>,
+    store: &Arc<Observed<SimulatedTimes>>,
     snapshot: &Snapshot,
     args: &LogBenchArgs,
     day: u32,
@@ -298,7 +292,9 @@ async fn measure(
         .max_by(|a, b| a.location.cmp(&b.location))
         .map_or(0, |m| m.size);
     // A reader opening the table: a fresh handle on the folder, nothing cached.
-    let reader = RAW.table(Arc::new(LocalFileSystem::new_with_prefix(store.root())?));
+    let reader = RAW.table(Arc::new(LocalFileSystem::new_with_prefix(
+        &store.observer().root,
+    )?));
     let mut loads = Vec::new();
     for _ in 0..args.loads {
         let started = Instant::now();
@@ -333,27 +329,28 @@ async fn measure(
 
 /// A local folder that reports each object (listed, read or looked up) as last modified at
 /// the simulated time it was written: the log cleanup compares those times with its
-/// retention.
+/// retention. [`SimulatedTimes::new`] makes it.
 #[derive(Debug)]
 struct SimulatedTimes {
-    inner: LocalFileSystem,
     root: std::path::PathBuf,
     now: Arc<std::sync::atomic::AtomicI64>,
-    written: Arc<Mutex<HashMap<Path, i64>>>,
+    written: Mutex<HashMap<Path, i64>>,
 }
 
 impl SimulatedTimes {
-    fn new(root: &std::path::Path, now: Arc<std::sync::atomic::AtomicI64>) -> anyhow::Result<Self> {
-        Ok(Self {
-            inner: LocalFileSystem::new_with_prefix(root)?,
-            root: root.to_owned(),
-            now,
-            written: Arc::default(),
-        })
-    }
-
-    fn root(&self) -> &std::path::Path {
-        &self.root
+    #[allow(clippy::new_ret_no_self)]
+    fn new(
+        root: &std::path::Path,
+        now: Arc<std::sync::atomic::AtomicI64>,
+    ) -> anyhow::Result<Observed<Self>> {
+        Ok(Observed::new(
+            Arc::new(LocalFileSystem::new_with_prefix(root)?),
+            Self {
+                root: root.to_owned(),
+                now,
+                written: Mutex::default(),
+            },
+        ))
     }
 
     fn wrote(&self, location: &Path) {
@@ -364,122 +361,35 @@ impl SimulatedTimes {
             .insert(location.clone(), t);
     }
 
-    fn written_at(&self, location: &Path) -> Option<chrono::DateTime<chrono::Utc>> {
+    fn dated(&self, meta: &mut ObjectMeta) {
         let written = self.written.lock().unwrap_or_else(|e| e.into_inner());
-        written
-            .get(location)
+        if let Some(at) = written
+            .get(&meta.location)
             .and_then(|&ms| chrono::DateTime::from_timestamp_millis(ms))
-    }
-
-    fn simulated(
-        &self,
-        inner: BoxStream<'static, object_store::Result<ObjectMeta>>,
-    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        let written = Arc::clone(&self.written);
-        inner
-            .map(move |m| {
-                m.map(|mut meta| {
-                    let at = written
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .get(&meta.location)
-                        .and_then(|&ms| chrono::DateTime::from_timestamp_millis(ms));
-                    if let Some(at) = at {
-                        meta.last_modified = at;
-                    }
-                    meta
-                })
-            })
-            .boxed()
-    }
-}
-
-impl std::fmt::Display for SimulatedTimes {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SimulatedTimes({})", self.inner)
-    }
-}
-
-#[async_trait::async_trait]
-impl ObjectStore for SimulatedTimes {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> object_store::Result<PutResult> {
-        let put = self.inner.put_opts(location, payload, opts).await?;
-        self.wrote(location);
-        Ok(put)
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.wrote(location);
-        self.inner.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(
-        &self,
-        location: &Path,
-        options: GetOptions,
-    ) -> object_store::Result<GetResult> {
-        let mut got = self.inner.get_opts(location, options).await?;
-        if let Some(at) = self.written_at(location) {
-            got.meta.last_modified = at;
+        {
+            meta.last_modified = at;
         }
-        Ok(got)
+    }
+}
+
+impl Observer for SimulatedTimes {
+    fn name(&self) -> &str {
+        "SimulatedTimes"
     }
 
-    async fn get_ranges(
-        &self,
-        location: &Path,
-        ranges: &[Range<u64>],
-    ) -> object_store::Result<Vec<Bytes>> {
-        self.inner.get_ranges(location, ranges).await
+    async fn written(&self, location: &Path, _: &PutMode) {
+        self.wrote(location);
     }
 
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, object_store::Result<Path>>,
-    ) -> BoxStream<'static, object_store::Result<Path>> {
-        self.inner.delete_stream(locations)
+    fn upload_started(&self, location: &Path) {
+        self.wrote(location);
     }
 
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.simulated(self.inner.list(prefix))
+    fn got(&self, meta: &mut ObjectMeta) {
+        self.dated(meta);
     }
 
-    fn list_with_offset(
-        &self,
-        prefix: Option<&Path>,
-        offset: &Path,
-    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.simulated(self.inner.list_with_offset(prefix, offset))
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(
-        &self,
-        from: &Path,
-        to: &Path,
-        options: CopyOptions,
-    ) -> object_store::Result<()> {
-        self.inner.copy_opts(from, to, options).await
-    }
-
-    async fn rename_opts(
-        &self,
-        from: &Path,
-        to: &Path,
-        options: RenameOptions,
-    ) -> object_store::Result<()> {
-        self.inner.rename_opts(from, to, options).await
+    fn listed(&self, meta: &mut ObjectMeta) {
+        self.dated(meta);
     }
 }
