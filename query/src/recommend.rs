@@ -22,7 +22,7 @@ use verdict_schemas::KeyId;
 use crate::engine::Engine;
 use crate::error::QueryError;
 use crate::reports::Range;
-use crate::whatif::{self, WhatIf};
+use crate::whatif::{self, LimitName, WhatIf};
 
 /// One row of the review, as the recommendation needs it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -198,14 +198,9 @@ pub fn apply(
 /// recommended.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RecommendedLimit {
-    /// Tier id.
-    pub tier_id: u8,
-    /// Tier name.
-    pub tier: Option<String>,
-    /// Route class id.
-    pub route_class_id: u8,
-    /// Route class name.
-    pub route_class: Option<String>,
+    /// Which tier × route class.
+    #[serde(flatten)]
+    pub limit: LimitName,
     /// The review's verdict on the tier's limit (not its overrides').
     pub verdict: Option<String>,
     /// The hourly quota in force, and recommended.
@@ -284,13 +279,13 @@ pub async fn replay_review(
         .map(|l| {
             let own = review.iter().find(|r| {
                 r.override_key.is_none()
-                    && r.tier_id == l.tier_id
-                    && r.route_class_id == l.route_class_id
+                    && r.tier_id == l.limit.tier_id
+                    && r.route_class_id == l.limit.route_class_id
             });
             let rule = |s: &PolicySnapshot| {
                 s.rule(
-                    verdict_schemas::TierId(l.tier_id),
-                    verdict_schemas::RouteClassId(l.route_class_id),
+                    verdict_schemas::TierId(l.limit.tier_id),
+                    verdict_schemas::RouteClassId(l.limit.route_class_id),
                 )
                 .map_or((0, 0), |r| {
                     (i64::from(r.limits.quota), i64::from(r.limits.capacity))
@@ -298,10 +293,7 @@ pub async fn replay_review(
             };
             let (now, rec) = (rule(&in_force), rule(&candidate));
             RecommendedLimit {
-                tier_id: l.tier_id,
-                tier: l.tier.clone(),
-                route_class_id: l.route_class_id,
-                route_class: l.route_class.clone(),
+                limit: l.limit.clone(),
                 verdict: own.map(|r| r.verdict.clone()),
                 hourly_quota: (now.0, rec.0),
                 capacity: (now.1, rec.1),
@@ -327,7 +319,6 @@ pub async fn replay_review(
 
 /// The answer as text for a terminal: a line per limit, then the overrides changed.
 pub fn render(r: &Replayed) -> String {
-    let name = |n: &Option<String>, id: u8| n.clone().unwrap_or_else(|| format!("#{id}"));
     let pct = |x: f64| format!("{:.2} %", x * 100.0);
     let w = &r.what_if;
     let mut t = format!(
@@ -349,8 +340,8 @@ pub fn render(r: &Replayed) -> String {
     for l in &r.limits {
         t += &format!(
             "  {:<12} {:<10} {:<16} {:>17} {:>15} {:>21} {:>21}\n",
-            name(&l.tier, l.tier_id),
-            name(&l.route_class, l.route_class_id),
+            l.limit.tier_label(),
+            l.limit.route_label(),
             l.verdict.as_deref().unwrap_or("-"),
             format!("{} → {}", l.hourly_quota.0, l.hourly_quota.1),
             format!("{} → {}", l.capacity.0, l.capacity.1),
@@ -375,10 +366,10 @@ pub fn render(r: &Replayed) -> String {
         let route = r
             .limits
             .iter()
-            .find(|l| l.route_class_id == o.route_class_id)
+            .find(|l| l.limit.route_class_id == o.route_class_id)
             .map_or_else(
                 || format!("#{}", o.route_class_id),
-                |l| name(&l.route_class, l.route_class_id),
+                |l| l.limit.route_label(),
             );
         t += &format!(
             "  override of key {} on {route} ({}): quota {} → {}, bucket {} → {}\n",

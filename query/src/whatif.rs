@@ -236,26 +236,25 @@ impl Replay {
             replayed.keys_refused += u64::from(t.replayed > 0);
         }
         let doc = self.policy.document();
-        let tier_name = |id: u8| {
-            doc.tiers
+        let limit_name = |tier: u8, route: u8| LimitName {
+            tier_id: tier,
+            tier: doc
+                .tiers
                 .iter()
-                .find(|t| t.id == id)
-                .map(|t| t.name.clone())
-        };
-        let route_name = |id: u8| {
-            doc.route_classes
+                .find(|t| t.id == tier)
+                .map(|t| t.name.clone()),
+            route_class_id: route,
+            route_class: doc
+                .route_classes
                 .iter()
-                .find(|r| r.id == id)
-                .map(|r| r.name.clone())
+                .find(|r| r.id == route)
+                .map(|r| r.name.clone()),
         };
         let decisions = tallies.values().map(|(_, c)| c.requests).sum();
         let limits = tallies
             .into_iter()
             .map(|((tier, route), (recorded, replayed))| LimitWhatIf {
-                tier_id: tier,
-                tier: tier_name(tier),
-                route_class_id: route,
-                route_class: route_name(route),
+                limit: limit_name(tier, route),
                 refused_change: replayed.refused as i64 - recorded.refused as i64,
                 candidate: replayed,
                 recorded,
@@ -267,10 +266,7 @@ impl Replay {
             .filter(|(_, t)| t.recorded != t.replayed)
             .map(|(&(key_id, route), t)| KeyWhatIf {
                 key_id: key_id.to_string(),
-                tier_id: t.tier,
-                tier: tier_name(t.tier),
-                route_class_id: route,
-                route_class: route_name(route),
+                limit: limit_name(t.tier, route),
                 requests: t.requests,
                 recorded_refused: t.recorded,
                 candidate_refused: t.replayed,
@@ -282,7 +278,7 @@ impl Replay {
                 .unsigned_abs()
                 .cmp(&a.refused_change.unsigned_abs())
                 .then_with(|| a.key_id.cmp(&b.key_id))
-                .then_with(|| a.route_class_id.cmp(&b.route_class_id))
+                .then_with(|| a.limit.route_class_id.cmp(&b.limit.route_class_id))
         });
         changed.truncate(keys);
         WhatIf {
@@ -297,17 +293,41 @@ impl Replay {
     }
 }
 
-/// The answer for one tier × route class.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct LimitWhatIf {
+/// A tier × route class, by id and by its names in the candidate policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LimitName {
     /// Tier id.
     pub tier_id: u8,
-    /// Tier name in the candidate.
+    /// Tier name in the candidate (`None`: the candidate has no such tier).
     pub tier: Option<String>,
     /// Route class id.
     pub route_class_id: u8,
     /// Route class name in the candidate.
     pub route_class: Option<String>,
+}
+
+impl LimitName {
+    /// The tier's name, or `#id` without one.
+    pub fn tier_label(&self) -> String {
+        self.tier
+            .clone()
+            .unwrap_or_else(|| format!("#{}", self.tier_id))
+    }
+
+    /// The route class's name, or `#id` without one.
+    pub fn route_label(&self) -> String {
+        self.route_class
+            .clone()
+            .unwrap_or_else(|| format!("#{}", self.route_class_id))
+    }
+}
+
+/// The answer for one tier × route class.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LimitWhatIf {
+    /// Which tier × route class.
+    #[serde(flatten)]
+    pub limit: LimitName,
     /// What the candidate would have done.
     pub candidate: Counts,
     /// What was recorded.
@@ -321,14 +341,9 @@ pub struct LimitWhatIf {
 pub struct KeyWhatIf {
     /// The key id, 32 hex digits.
     pub key_id: String,
-    /// Tier id.
-    pub tier_id: u8,
-    /// Tier name in the candidate.
-    pub tier: Option<String>,
-    /// Route class id.
-    pub route_class_id: u8,
-    /// Route class name in the candidate.
-    pub route_class: Option<String>,
+    /// Its tier × route class.
+    #[serde(flatten)]
+    pub limit: LimitName,
     /// Its requests in the range.
     pub requests: u64,
     /// Refused when recorded.
@@ -473,7 +488,6 @@ pub async fn what_if(
 
 /// The answer as text for a terminal: one line per tier × route class, then the keys.
 pub fn render(w: &WhatIf) -> String {
-    let name = |n: &Option<String>, id: u8| n.clone().unwrap_or_else(|| format!("#{id}"));
     let mut t = format!(
         "What-if: {} recorded requests from {} to {} replayed under candidate policy version {}\n",
         w.decisions,
@@ -496,8 +510,8 @@ pub fn render(w: &WhatIf) -> String {
     for l in &w.limits {
         t += &format!(
             "  {:<12} {:<10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8}\n",
-            name(&l.tier, l.tier_id),
-            name(&l.route_class, l.route_class_id),
+            l.limit.tier_label(),
+            l.limit.route_label(),
             l.recorded.requests,
             l.recorded.refused,
             l.candidate.refused,
@@ -513,8 +527,8 @@ pub fn render(w: &WhatIf) -> String {
             t += &format!(
                 "  {} {:<12} {:<10} {:>8} requests: refused {} → {} ({:+})\n",
                 k.key_id,
-                name(&k.tier, k.tier_id),
-                name(&k.route_class, k.route_class_id),
+                k.limit.tier_label(),
+                k.limit.route_label(),
                 k.requests,
                 k.recorded_refused,
                 k.candidate_refused,

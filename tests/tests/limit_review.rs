@@ -230,12 +230,12 @@ async fn what_if_predicts_what_the_limiter_does_under_the_candidate() {
         for l in &answer.limits {
             let refused = truth
                 .iter()
-                .filter(|e| e.tier.0 == l.tier_id && e.verdict != Verdict::Allowed)
+                .filter(|e| e.tier.0 == l.limit.tier_id && e.verdict != Verdict::Allowed)
                 .count() as f64;
             let predicted = l.candidate.refused as f64;
             println!(
                 "seed {seed} {:<8} recorded refusals {:>6}, what-if {:>6}, limiter {:>6}",
-                l.tier.as_deref().unwrap_or("?"),
+                l.limit.tier.as_deref().unwrap_or("?"),
                 l.recorded.refused,
                 predicted,
                 refused
@@ -243,7 +243,7 @@ async fn what_if_predicts_what_the_limiter_does_under_the_candidate() {
             assert!(
                 (predicted - refused).abs() <= 0.02 * refused.max(1.0),
                 "seed {seed}, tier {:?}: what-if {predicted}, limiter {refused}",
-                l.tier
+                l.limit.tier
             );
         }
         // The candidate raised low's quota (fewer refusals) and cut high's (more).
@@ -251,7 +251,7 @@ async fn what_if_predicts_what_the_limiter_does_under_the_candidate() {
             answer
                 .limits
                 .iter()
-                .find(|l| l.tier.as_deref() == Some(tier))
+                .find(|l| l.limit.tier.as_deref() == Some(tier))
                 .unwrap()
         };
         assert!(by("low").refused_change < 0, "{:?}", by("low"));
@@ -290,14 +290,14 @@ async fn the_recommendation_replayed_says_what_it_would_have_refused() {
         assert_eq!(answer.what_if.decisions as usize, truth.len());
         assert_eq!(answer.limits.len(), TIERS.len(), "{answer:#?}");
         for l in &answer.limits {
-            let of_tier = || truth.iter().filter(|e| e.tier.0 == l.tier_id);
+            let of_tier = || truth.iter().filter(|e| e.tier.0 == l.limit.tier_id);
             let refused = of_tier().filter(|e| e.verdict != Verdict::Allowed).count() as f64;
             let requests = of_tier().count() as f64;
             let predicted = l.share_of_requests_refused.1 * l.requests as f64;
             assert!(
                 (predicted - refused).abs() <= 0.02 * refused.max(1.0),
                 "seed {seed}, tier {:?}: replay {predicted}, limiter {refused}",
-                l.tier
+                l.limit.tier
             );
             assert_eq!(l.requests as f64, requests);
             let verdict = l.verdict.as_deref().unwrap();
