@@ -3,7 +3,6 @@
 //! ingest worker's own flush ([`verdict_ingest::flush::flush_partition`]): one flush per
 //! partition, committed with the partition's progress, bad records quarantined.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -123,11 +122,11 @@ pub async fn write_raw(
     }
     let mut written = Written::default();
     while let Some(done) = tasks.join_next().await {
-        let (report, hours) = done.context("a partition writer panicked")??;
+        let report = done.context("a partition writer panicked")??;
         written.files += report.files;
         written.bytes += report.bytes;
         written.quarantined += report.quarantined;
-        written.hours.extend(hours);
+        written.hours.extend(report.hours);
     }
     written.hours.sort();
     written.hours.dedup();
@@ -140,18 +139,13 @@ async fn flush_records(
     raw: &mut RawTable,
     partition: i32,
     records: Vec<[u8; EVENT_V1_LEN]>,
-) -> anyhow::Result<(FlushReport, BTreeSet<HourPartition>)> {
+) -> anyhow::Result<FlushReport> {
     let mut buf = PartitionBuffer::default();
     for (offset, bytes) in records.iter().enumerate() {
         let offset = offset as i64;
         buf.consumed(offset);
         buf.take(partition, offset, bytes, i64::MIN..=i64::MAX);
     }
-    let hours: BTreeSet<HourPartition> = buf
-        .events
-        .iter()
-        .filter_map(|c| HourPartition::from_event_time_ms(c.event.event_time_ms).ok())
-        .collect();
     let source = KafkaSource::new("local", DEMO_TOPIC, partition);
     let report = flush_partition(raw, &source, None, buf, &StoreCalls::default())
         .await
@@ -163,5 +157,5 @@ async fn flush_records(
             "records quarantined rather than written"
         );
     }
-    Ok((report, hours))
+    Ok(report)
 }

@@ -17,7 +17,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use serde::{Deserialize, Serialize};
 use verdict_lake::{Action, Commit, LakeError};
-use verdict_schemas::{DecisionEvent, DecodeError};
+use verdict_schemas::{DecisionEvent, DecodeError, HourPartition};
 
 use crate::raw_file::{ConsumedEvent, RawFileError, build_hour_file};
 use crate::raw_table::{KafkaSource, RawTable, raw_add, split_by_hour};
@@ -215,6 +215,8 @@ pub struct FlushReport {
     pub quarantined: usize,
     /// Store calls that had to be retried.
     pub retries: usize,
+    /// The hour partitions written, one raw file each, in order.
+    pub hours: Vec<HourPartition>,
 }
 
 /// Runs `op` until it succeeds, retrying store errors with capped exponential backoff
@@ -274,6 +276,8 @@ struct Planned {
 /// What a flush writes: the raw files with their `add`s, and the quarantine file.
 struct FlushFiles {
     raw: Vec<(Planned, Action)>,
+    /// The hour partition of each raw file, in order.
+    hours: Vec<HourPartition>,
     quarantine: Option<Planned>,
 }
 
@@ -286,6 +290,7 @@ fn plan_files(
     now_ms: i64,
 ) -> Result<FlushFiles, FlushError> {
     let mut raw = Vec::new();
+    let mut hours = Vec::new();
     let mut bad = buf.bad;
     let split = split_by_hour(buf.events);
     for (c, e) in split.unplaceable {
@@ -307,6 +312,7 @@ fn plan_files(
             build_hour_file(&source.cluster, source.file_name(first, last), hour, events)?
         {
             let add = Action::Add(raw_add(&file, now_ms, true));
+            hours.push(hour);
             raw.push((
                 Planned {
                     path: Path::from(file.path()),
@@ -335,7 +341,11 @@ fn plan_files(
             rows: bad.len(),
         })
     };
-    Ok(FlushFiles { raw, quarantine })
+    Ok(FlushFiles {
+        raw,
+        hours,
+        quarantine,
+    })
 }
 
 /// `quarantine/date=<day of ingestion>/<cluster>-<topic>-<partition>-<first>-<last>-<random>.jsonl`:
@@ -458,8 +468,10 @@ pub async fn flush_partition(
     let today = now.format("%Y-%m-%d").to_string();
     let FlushFiles {
         raw: files,
+        hours,
         quarantine,
     } = plan_files(source, range, buf, &today, now.timestamp_millis())?;
+    report.hours = hours;
     let store = Arc::clone(raw.table().store());
     let mut written = Vec::with_capacity(files.len() + 1);
     if let Some(q) = &quarantine {
