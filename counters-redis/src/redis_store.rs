@@ -28,6 +28,9 @@ pub const DECISION_SCRIPT: &str = include_str!("redis.lua");
 /// refuse anyway.
 const LANE_QUEUE: usize = 8_192;
 
+/// The deadline of each command while connecting: the handshakes and `SCRIPT LOAD`.
+pub const SETUP_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// How to reach Redis.
 #[derive(Debug, Clone)]
 pub struct RedisStoreConfig {
@@ -114,16 +117,15 @@ impl RedisStore {
     /// store is dropped).
     ///
     /// # Errors
-    /// When the URL is malformed or Redis does not answer within a second.
+    /// When the URL is malformed or Redis does not answer within [`SETUP_TIMEOUT`].
     pub async fn connect(cfg: &RedisStoreConfig) -> Result<Self, StoreError> {
         let config = Config::from_url(&cfg.url).map_err(backend)?;
         let clustered = config.server.is_clustered();
+        // Setting up (the connections' handshakes, SCRIPT LOAD on every node) may take
+        // longer than one decision, on a cold machine or a cluster; its commands get
+        // SETUP_TIMEOUT, and the decision deadline applies from when the lanes start.
         let pool = Builder::from_config(config)
-            .with_performance_config(|p| {
-                // fred's own deadline matches ours, so a call abandoned at the deadline is
-                // dropped from its queue rather than sent late.
-                p.default_command_timeout = cfg.timeout;
-            })
+            .with_performance_config(|p| p.default_command_timeout = SETUP_TIMEOUT)
             .with_connection_config(|c| {
                 c.connection_timeout = Duration::from_millis(500);
                 c.max_command_attempts = 1;
@@ -133,10 +135,17 @@ impl RedisStore {
             .map_err(backend)?;
         pool.init().await.map_err(backend)?;
         let script = Script::from_lua(DECISION_SCRIPT);
-        let load = tokio::time::timeout(Duration::from_secs(1), script.load(pool.next()));
+        let load = tokio::time::timeout(SETUP_TIMEOUT, script.load(pool.next()));
         load.await
-            .map_err(|_| StoreError::timeout(Duration::from_secs(1)))?
+            .map_err(|_| StoreError::timeout(SETUP_TIMEOUT))?
             .map_err(backend)?;
+        // From here fred's own deadline matches ours, so a call abandoned at the deadline is
+        // dropped from its queue rather than sent late.
+        for client in pool.clients() {
+            let mut perf = client.perf_config();
+            perf.default_command_timeout = cfg.timeout;
+            client.update_perf_config(perf);
+        }
         let caller = Caller {
             script,
             ttl_windows: i64::from(cfg.ttl_windows.max(1)),

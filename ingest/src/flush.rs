@@ -590,10 +590,6 @@ pub async fn resume_point(
 
 #[cfg(test)]
 mod tests {
-    use verdict_schemas::{
-        DecisionSource, DeniedBy, KeyId, RegionId, RouteClassId, TierId, Verdict,
-    };
-
     use futures::TryStreamExt;
 
     use super::*;
@@ -602,28 +598,7 @@ mod tests {
     const H14: i64 = 1_796_047_200_000;
 
     fn event(offset: i64, time: i64) -> ConsumedEvent {
-        ConsumedEvent {
-            event: verdict_schemas::DecisionEvent {
-                event_time_ms: time,
-                key_id: KeyId([(offset % 7) as u8; 16]),
-                route_class: RouteClassId(0),
-                tier: TierId(0),
-                region: RegionId(0),
-                gateway_instance: 0,
-                verdict: Verdict::Allowed,
-                denied_by: DeniedBy::NONE,
-                source: DecisionSource::CounterStore,
-                remaining_tokens: 1,
-                remaining_window: 1,
-                retry_after_ms: 0,
-                window_quota: 10,
-                policy_version: 1,
-                sub_key: 0,
-                sub_keys: 1,
-            },
-            partition: 2,
-            offset,
-        }
+        ConsumedEvent::allowed((offset % 7) as u8, time, 2, offset)
     }
 
     fn buffer(range: std::ops::Range<i64>) -> PartitionBuffer {

@@ -22,6 +22,39 @@ pub struct ConsumedEvent {
     pub offset: i64,
 }
 
+#[cfg(test)]
+impl ConsumedEvent {
+    /// An allowed decision of key `[key; 16]` at `time`, read at `partition` / `offset`: the
+    /// one event shape the crate's tests need.
+    pub(crate) fn allowed(key: u8, time: i64, partition: i32, offset: i64) -> Self {
+        use verdict_schemas::{
+            DecisionSource, DeniedBy, KeyId, RegionId, RouteClassId, TierId, Verdict,
+        };
+        Self {
+            event: DecisionEvent {
+                event_time_ms: time,
+                key_id: KeyId([key; 16]),
+                route_class: RouteClassId(0),
+                tier: TierId(0),
+                region: RegionId(0),
+                gateway_instance: 0,
+                verdict: Verdict::Allowed,
+                denied_by: DeniedBy::NONE,
+                source: DecisionSource::CounterStore,
+                remaining_tokens: 1,
+                remaining_window: 1,
+                retry_after_ms: 0,
+                window_quota: 10,
+                policy_version: 1,
+                sub_key: 0,
+                sub_keys: 1,
+            },
+            partition,
+            offset,
+        }
+    }
+}
+
 impl ConsumedEvent {
     /// The raw table's row order: key id, then event time, then (to make the order total
     /// and the file a deterministic function of its rows) partition and offset.

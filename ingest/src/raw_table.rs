@@ -234,35 +234,10 @@ impl RawTable {
 
 #[cfg(test)]
 mod tests {
-    use verdict_schemas::{
-        DecisionEvent, DecisionSource, DeniedBy, KeyId, RegionId, RouteClassId, TierId, Verdict,
-    };
-
     use super::*;
 
     fn at(time: i64, offset: i64) -> ConsumedEvent {
-        ConsumedEvent {
-            event: DecisionEvent {
-                event_time_ms: time,
-                key_id: KeyId([1; 16]),
-                route_class: RouteClassId(0),
-                tier: TierId(0),
-                region: RegionId(0),
-                gateway_instance: 0,
-                verdict: Verdict::Allowed,
-                denied_by: DeniedBy::NONE,
-                source: DecisionSource::CounterStore,
-                remaining_tokens: 0,
-                remaining_window: 0,
-                retry_after_ms: 0,
-                window_quota: 0,
-                policy_version: 1,
-                sub_key: 0,
-                sub_keys: 1,
-            },
-            partition: 3,
-            offset,
-        }
+        ConsumedEvent::allowed(1, time, 3, offset)
     }
 
     #[test]
