@@ -4,6 +4,10 @@
 #
 #   redis     Redis, from Debian's redis-server package
 #   regions   three more Redis servers, one per region of the regional tests
+#   redis-cluster
+#             a Redis Cluster of 3 masters with a replica each (the counter store's shape
+#             in production), Debian's redis-server in cluster mode, made with
+#             `redis-cli --cluster create ... --cluster-replicas 1`
 #   postgres  PostgreSQL, from Debian's postgresql package (a private cluster, trust auth)
 #   kafka     Apache Kafka, the real broker, KRaft single node, from Maven Central's
 #             artifacts, run on the machine's Java 17
@@ -14,7 +18,7 @@
 #             `polars` readers and DuckDB, in a virtualenv of its own; the tests that read the lake
 #             with other engines run its Python (tests/spark/lake.py)
 #
-# Usage: scripts/services.sh up|down|status|restart [redis|regions|postgres|kafka|kafka2|s3|spark ...]
+# Usage: scripts/services.sh up|down|status|restart [redis|regions|redis-cluster|postgres|kafka|kafka2|s3|spark ...]
 #
 # `up` is idempotent: what already answers is left alone. It waits until each service
 # answers and prints one line per service with its address. Downloads are cached in
@@ -26,7 +30,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=env.sh
 . "$here/env.sh"
 
-ALL=(redis regions postgres kafka kafka2 s3 spark)
+ALL=(redis regions redis-cluster postgres kafka kafka2 s3 spark)
 
 say() { printf '%s\n' "$*"; }
 log() { printf 'services: %s\n' "$*" >&2; }
@@ -83,15 +87,16 @@ redis_ping_port() { [ "$(redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" = PON
 redis_ping() { redis_ping_port "$VERDICT_REDIS_PORT"; }
 
 # redis_start PORT DIR: a Redis on 127.0.0.1:PORT with its files in DIR, unless one answers.
+# Further arguments go to redis-server.
 redis_start() {
-  local port=$1 dir=$2
+  local port=$1 dir=$2; shift 2
   command -v redis-server >/dev/null && command -v redis-cli >/dev/null || apt_install redis-server redis-tools
   mkdir -p "$dir"
   if ! redis_ping_port "$port"; then
     port_open "$port" && die "port $port is taken by something that is not Redis"
     redis-server --bind 127.0.0.1 --port "$port" --daemonize yes \
       --pidfile "$dir/redis.pid" --dir "$dir" --logfile "$dir/redis.log" \
-      --save '' --appendonly no --protected-mode yes >/dev/null
+      --save '' --appendonly no --protected-mode yes "$@" >/dev/null
     wait_until 20 redis redis_ping_port "$port" || { tail -20 "$dir/redis.log" >&2; die "redis on port $port did not answer PING within 20 s"; }
   fi
 }
@@ -121,6 +126,60 @@ regions_status() {
   for port in $VERDICT_REGION_REDIS_PORTS; do
     if redis_ping_port "$port"; then say "regions   up    redis://127.0.0.1:$port"; else say "regions   down  redis://127.0.0.1:$port"; fi
   done
+}
+
+# ---------------------------------------------------------------- redis-cluster
+# Six servers in cluster mode; `redis-cli --cluster create` makes the first three masters
+# (slots split in three) and gives each a replica. A node's view of the cluster is in its
+# nodes.conf, so a node restarted after a stop (or a SIGKILL in a test) rejoins as it was,
+# and a cluster already made is never made again.
+cluster_ports() { echo $VERDICT_REDIS_CLUSTER_PORTS; }
+cluster_first() { set -- $VERDICT_REDIS_CLUSTER_PORTS; echo "$1"; }
+cluster_state_ok() {
+  local port
+  for port in $(cluster_ports); do
+    redis-cli -h 127.0.0.1 -p "$port" cluster info 2>/dev/null | grep -q '^cluster_state:ok' || return 1
+  done
+}
+cluster_known_nodes() {
+  redis-cli -h 127.0.0.1 -p "$(cluster_first)" cluster info 2>/dev/null | sed -n 's/^cluster_known_nodes:\([0-9]*\).*/\1/p'
+}
+cluster_masters_with_replicas() {
+  # Masters that serve slots and have a connected replica.
+  redis-cli -h 127.0.0.1 -p "$(cluster_first)" cluster nodes 2>/dev/null | awk '
+    $3 ~ /master/ && $8 == "connected" && NF >= 9 { m[$1] = 1 }
+    $3 ~ /slave/ && $8 == "connected" { r[$4] = 1 }
+    END { n = 0; for (id in m) if (id in r) n++; print n }'
+}
+cluster_replicated() { [ "$(cluster_masters_with_replicas)" = "$1" ]; }
+redis_cluster_up() {
+  local port hosts=() n
+  for port in $(cluster_ports); do
+    redis_start "$port" "$VERDICT_STATE/redis-cluster-$port" \
+      --cluster-enabled yes --cluster-config-file nodes.conf \
+      --cluster-node-timeout "$VERDICT_REDIS_CLUSTER_NODE_TIMEOUT_MS"
+    hosts+=("127.0.0.1:$port")
+  done
+  n=${#hosts[@]}
+  if [ "$(cluster_known_nodes)" != "$n" ]; then
+    [ "$(cluster_known_nodes)" = 1 ] || die "the cluster on ports $(cluster_ports) knows $(cluster_known_nodes) nodes, not $n or 1: stop it (scripts/services.sh down redis-cluster), remove $VERDICT_STATE/redis-cluster-* and start it again"
+    log "creating the Redis cluster on ${hosts[*]}"
+    redis-cli --cluster create "${hosts[@]}" --cluster-replicas 1 --cluster-yes \
+      >"$VERDICT_STATE/redis-cluster-create.log" 2>&1 \
+      || { tail -20 "$VERDICT_STATE/redis-cluster-create.log" >&2; die "redis-cli --cluster create failed"; }
+  fi
+  wait_until 60 "the cluster's state to be ok" cluster_state_ok \
+    || die "the Redis cluster on ports $(cluster_ports) did not reach cluster_state:ok within 60 s (see redis-cli -p $(cluster_first) cluster nodes)"
+  wait_until 60 "every master to have its replica" cluster_replicated "$((n / 2))" \
+    || die "the Redis cluster's replicas did not connect within 60 s (see redis-cli -p $(cluster_first) cluster nodes)"
+  say "redis-cluster up  $VERDICT_REDIS_CLUSTER_URL ($(cluster_masters_with_replicas) masters with a replica each)"
+}
+redis_cluster_down() {
+  local port
+  for port in $(cluster_ports); do stop_pid "$VERDICT_STATE/redis-cluster-$port/redis.pid" "redis-cluster-$port"; done
+}
+redis_cluster_status() {
+  if cluster_state_ok; then say "redis-cluster up    $VERDICT_REDIS_CLUSTER_URL"; else say "redis-cluster down  $VERDICT_REDIS_CLUSTER_URL"; fi
 }
 
 # ---------------------------------------------------------------- postgres
@@ -331,15 +390,15 @@ usage() {
 cmd=${1:-}; [ $# -gt 0 ] && shift
 services=("$@"); [ ${#services[@]} -gt 0 ] || services=("${ALL[@]}")
 for s in "${services[@]}"; do
-  case $s in redis|regions|postgres|kafka|kafka2|s3|spark) ;; *) die "unknown service '$s' (known: ${ALL[*]})";; esac
+  case $s in redis|regions|redis-cluster|postgres|kafka|kafka2|s3|spark) ;; *) die "unknown service '$s' (known: ${ALL[*]})";; esac
 done
 mkdir -p "$VERDICT_CACHE" "$VERDICT_STATE"
 
 case $cmd in
-  up) for s in "${services[@]}"; do "${s}_up"; done ;;
-  down) for s in "${services[@]}"; do "${s}_down"; done ;;
-  restart) for s in "${services[@]}"; do "${s}_down"; "${s}_up"; done ;;
-  status) for s in "${services[@]}"; do "${s}_status"; done ;;
+  up) for s in "${services[@]}"; do "${s//-/_}_up"; done ;;
+  down) for s in "${services[@]}"; do "${s//-/_}_down"; done ;;
+  restart) for s in "${services[@]}"; do "${s//-/_}_down"; "${s//-/_}_up"; done ;;
+  status) for s in "${services[@]}"; do "${s//-/_}_status"; done ;;
   -h|--help|help) usage 0 ;;
   *) usage 2 >&2 ;;
 esac

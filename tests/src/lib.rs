@@ -33,6 +33,8 @@ pub enum Service {
     S3,
     /// The Redis servers of the regional tests, one per region.
     Regions,
+    /// The Redis Cluster of 3 masters with a replica each.
+    RedisCluster,
 }
 
 impl Service {
@@ -44,6 +46,7 @@ impl Service {
             Self::Kafka2 => "kafka2",
             Self::S3 => "s3",
             Self::Regions => "regions",
+            Self::RedisCluster => "redis-cluster",
         }
     }
 
@@ -56,6 +59,7 @@ impl Service {
             Self::Kafka2 => first_broker(&kafka2_brokers()),
             Self::S3 => host_port(&s3_endpoint()),
             Self::Regions => host_port(&region_redis_urls()[0]),
+            Self::RedisCluster => host_port(&redis_cluster_url()),
         }
     }
 }
@@ -68,7 +72,6 @@ fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_owned())
 }
 
-/// `VERDICT_REDIS_URL`, default `redis://127.0.0.1:16379`.
 /// The project's `scripts/services.sh`, found from the test's crate at run time (not
 /// where it was compiled, which a target folder shared by several clones may not have).
 pub fn services_script() -> std::path::PathBuf {
@@ -77,8 +80,30 @@ pub fn services_script() -> std::path::PathBuf {
     std::path::Path::new(&dir).join("../scripts/services.sh")
 }
 
+/// `VERDICT_REDIS_URL`, default `redis://127.0.0.1:16379`.
 pub fn redis_url() -> String {
     env_or("VERDICT_REDIS_URL", "redis://127.0.0.1:16379")
+}
+
+/// `VERDICT_REDIS_CLUSTER_URL`, default `redis-cluster://127.0.0.1:17001` (the store finds
+/// the other nodes from the first).
+pub fn redis_cluster_url() -> String {
+    env_or(
+        "VERDICT_REDIS_CLUSTER_URL",
+        "redis-cluster://127.0.0.1:17001",
+    )
+}
+
+/// The cluster's nodes as `127.0.0.1:<port>`, for each of `VERDICT_REDIS_CLUSTER_PORTS`
+/// (default `17001` to `17006`).
+pub fn redis_cluster_nodes() -> Vec<String> {
+    env_or(
+        "VERDICT_REDIS_CLUSTER_PORTS",
+        "17001 17002 17003 17004 17005 17006",
+    )
+    .split_whitespace()
+    .map(|p| format!("127.0.0.1:{p}"))
+    .collect()
 }
 
 /// `VERDICT_PG_URL`, default `postgres://verdict@127.0.0.1:15432/verdict`.
@@ -170,6 +195,27 @@ fn host_port(url: &str) -> String {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
     rest.split('/').next().unwrap_or(rest).to_owned()
+}
+
+/// The Redis counter store on `service` ([`Service::Redis`] or [`Service::RedisCluster`]),
+/// with a generous deadline (tests run on a busy machine, so only real failures fail).
+///
+/// # Panics
+/// When the service is not running, or for another service.
+pub async fn redis_store(service: Service) -> verdict_counters_redis::RedisStore {
+    require(service);
+    let url = match service {
+        Service::Redis => redis_url(),
+        Service::RedisCluster => redis_cluster_url(),
+        other => panic!("{} is not a Redis", other.name()),
+    };
+    verdict_counters_redis::RedisStore::connect(&verdict_counters_redis::RedisStoreConfig {
+        url,
+        timeout: Duration::from_secs(2),
+        ..verdict_counters_redis::RedisStoreConfig::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("connect to {}: {e}", service.name()))
 }
 
 /// Fails the calling test, with how to start it, unless `service` accepts connections.

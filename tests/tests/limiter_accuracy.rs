@@ -1,6 +1,8 @@
-//! Accuracy through the real Redis: 8 gateway instances (each its own limiter and
-//! connections) hammer the same keys; no key gets more than 10 % over what its limits
-//! admit over the run, and a hot key split into sub-keys stays within its limit in total.
+//! Accuracy through the real Redis, a single server and the 3-master cluster: 8 gateway
+//! instances (each its own limiter and connections) hammer the same keys; no key gets more
+//! than 10 % over what its limits admit over the run, and a hot key split into sub-keys
+//! (on slots of their own, so on several masters of the cluster) stays within its limit in
+//! total.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -12,7 +14,7 @@ use verdict_limiter::{
     Limiter, LimiterConfig, LimiterMetrics, PolicyHandle, PolicySnapshot, Request, event_queue,
 };
 use verdict_schemas::{DecisionSource, KeyId, RouteClassId, TierId};
-use verdict_tests::{Service, redis_url, require, unique_name};
+use verdict_tests::{Service, redis_cluster_url, redis_url, require, unique_name};
 
 const INSTANCES: u32 = 8;
 const TASKS_PER_INSTANCE: u32 = 4;
@@ -57,6 +59,16 @@ fn key(salt: &[u8], i: u8) -> KeyId {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_instances_on_the_same_keys_stay_within_ten_percent_and_hot_keys_within_the_limit() {
     require(Service::Redis);
+    eight_instances(&redis_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_cluster_eight_instances_stay_within_ten_percent_and_hot_keys_within_the_limit() {
+    require(Service::RedisCluster);
+    eight_instances(&redis_cluster_url()).await;
+}
+
+async fn eight_instances(url: &str) {
     let salt = unique_name("acc");
     let salt = salt.as_bytes();
     const KEYS: u8 = 10;
@@ -67,7 +79,7 @@ async fn eight_instances_on_the_same_keys_stay_within_ten_percent_and_hot_keys_w
     for i in 0..INSTANCES {
         // A generous deadline: this test is about counting, not about a loaded CI machine.
         let store = RedisStore::connect(&RedisStoreConfig {
-            url: redis_url(),
+            url: url.to_owned(),
             timeout: Duration::from_secs(2),
             connections: 1,
             ..RedisStoreConfig::default()

@@ -3,25 +3,16 @@
 //! requests, the key layout and TTL, and the reload after a `SCRIPT FLUSH`.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use fred::prelude::*;
 use proptest::prelude::*;
-use verdict_counters_redis::{RedisStore, RedisStoreConfig};
+use verdict_counters_redis::RedisStore;
 use verdict_limiter::conformance::{self, fresh_key};
 use verdict_limiter::{CounterState, Limits, decide};
-use verdict_tests::{Service, redis_url, require};
+use verdict_tests::{Service, redis_store, require};
 
 async fn store() -> RedisStore {
-    require(Service::Redis);
-    RedisStore::connect(&RedisStoreConfig {
-        url: redis_url(),
-        // Tests run on a busy machine: a generous deadline, so only real failures fail.
-        timeout: Duration::from_secs(2),
-        ..RedisStoreConfig::default()
-    })
-    .await
-    .expect("connect to Redis")
+    redis_store(Service::Redis).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
