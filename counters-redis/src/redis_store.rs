@@ -71,9 +71,59 @@ pub struct RedisStore {
 struct Inner {
     pool: Pool,
     caller: Caller,
+    /// `shards.count × lanes_per_shard` lanes, the lanes of shard `s` from `s × lanes_per_shard`.
     lanes: Vec<mpsc::Sender<Pending>>,
+    lanes_per_shard: usize,
     next_lane: AtomicUsize,
     clustered: bool,
+    shards: Shards,
+}
+
+/// The masters of a cluster as shards: which one owns each slot, as the cluster was when
+/// the store connected. A failover keeps a shard's slots together (the promoted replica
+/// takes them all), so the map stays true; after a resharding it only groups slots
+/// differently for the breakers, while fred routes each call to the slot's owner.
+struct Shards {
+    count: usize,
+    /// By slot, the shard owning it (empty outside a cluster).
+    of_slot: Box<[u8]>,
+}
+
+impl Shards {
+    fn one() -> Self {
+        Self {
+            count: 1,
+            of_slot: Box::default(),
+        }
+    }
+
+    fn of(client: &Client) -> Result<Self, StoreError> {
+        let routing = client.cached_cluster_state().ok_or_else(|| {
+            StoreError::backend("connected to the cluster, but its slots are not known")
+        })?;
+        let masters = routing.unique_primary_nodes();
+        let mut of_slot = vec![0u8; 16_384].into_boxed_slice();
+        for range in routing.slots() {
+            let shard = masters
+                .iter()
+                .position(|m| *m == range.primary)
+                .and_then(|i| u8::try_from(i).ok())
+                .ok_or_else(|| StoreError::backend("a cluster of more than 256 masters"))?;
+            for slot in range.start..=range.end.min(16_383) {
+                of_slot[usize::from(slot)] = shard;
+            }
+        }
+        Ok(Self {
+            count: masters.len().max(1),
+            of_slot,
+        })
+    }
+
+    fn of_slot(&self, slot: u16) -> usize {
+        self.of_slot
+            .get(usize::from(slot))
+            .map_or(0, |&s| usize::from(s))
+    }
 }
 
 /// What a lane needs to call the script.
@@ -152,11 +202,18 @@ impl RedisStore {
             timeout: cfg.timeout,
         };
         let max_batch = cfg.max_batch.max(1);
+        let shards = if clustered {
+            Shards::of(pool.next())?
+        } else {
+            Shards::one()
+        };
+        // Each shard has lanes of its own, so a shard that stalls holds up only its keys.
+        let lanes_per_shard = pool.size() * cfg.calls_per_connection.max(1);
         let lanes = pool
             .clients()
             .iter()
             .cycle()
-            .take(pool.size() * cfg.calls_per_connection.max(1))
+            .take(shards.count * lanes_per_shard)
             .map(|client| {
                 let (tx, rx) = mpsc::channel(LANE_QUEUE);
                 tokio::spawn(lane(rx, client.clone(), caller.clone(), max_batch));
@@ -168,8 +225,10 @@ impl RedisStore {
                 pool,
                 caller,
                 lanes,
+                lanes_per_shard,
                 next_lane: AtomicUsize::new(0),
                 clustered,
+                shards,
             }),
         })
     }
@@ -367,7 +426,8 @@ impl CounterStore for RedisStore {
             reply,
         };
         let lane = if inner.clustered {
-            usize::from(slot) % inner.lanes.len()
+            inner.shards.of_slot(slot) * inner.lanes_per_shard
+                + usize::from(slot) % inner.lanes_per_shard
         } else {
             inner.next_lane.fetch_add(1, Ordering::Relaxed) % inner.lanes.len()
         };
@@ -383,6 +443,21 @@ impl CounterStore for RedisStore {
             Ok(Ok(result)) => result.map_err(|e| e.deciding(key)),
             Ok(Err(_)) => Err(lane_stopped().deciding(key)),
             Err(_) => Err(StoreError::timeout(timeout).deciding(key)),
+        }
+    }
+
+    fn shards(&self) -> usize {
+        self.inner.shards.count
+    }
+
+    fn shard(&self, key: &LimitKey) -> usize {
+        if self.inner.clustered {
+            let hash = key.redis_key();
+            self.inner
+                .shards
+                .of_slot(fred::util::redis_keyslot(hash.as_bytes()))
+        } else {
+            0
         }
     }
 }

@@ -129,6 +129,19 @@ pub trait CounterStore: Send + Sync + 'static {
         key: &LimitKey,
         limits: &Limits,
     ) -> impl Future<Output = Result<CounterCheck, StoreError>> + Send;
+
+    /// How many shards the counters are spread over, each of which can fail on its own (the
+    /// masters of a Redis Cluster). The limiter keeps a breaker per shard, so a shard that
+    /// fails sends only its own keys to the local fallback.
+    fn shards(&self) -> usize {
+        1
+    }
+
+    /// The shard holding `key`'s counters, below [`Self::shards`].
+    fn shard(&self, key: &LimitKey) -> usize {
+        let _ = key;
+        0
+    }
 }
 
 #[cfg(test)]

@@ -39,7 +39,10 @@ impl LimitKey {
     pub fn split(mut self, n: u8, caller: &[u8]) -> Self {
         let n = n.max(1);
         self.sub_keys = n;
-        self.sub_key = (fnv1a(caller) % u64::from(n)) as u8;
+        // FNV-1a's low bits depend only on the low bits of the input's bytes, and its high
+        // bits little on the last bytes: mixed first (MurmurHash3's finalizer), so callers
+        // that differ in higher bits (even client numbers, IPs 8 apart) spread too.
+        self.sub_key = (((mix64(fnv1a(caller)) >> 32) * u64::from(n)) >> 32) as u8;
         self
     }
 
@@ -60,6 +63,15 @@ impl LimitKey {
     pub fn redis_field(&self) -> String {
         format!("{}.{}", self.route_class.0, self.tier.0)
     }
+}
+
+/// MurmurHash3's 64-bit finalizer: every input bit moves about half the output bits.
+fn mix64(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
 }
 
 /// FNV-1a: a small, stable hash (the same in every process and release), for placing
@@ -104,6 +116,18 @@ mod tests {
         let mut seen = [0u32; 16];
         for i in 0..1600 {
             seen[k.split(16, format!("client-{i}").as_bytes()).sub_key as usize] += 1;
+        }
+        assert!(seen.iter().all(|&n| (60..140).contains(&n)), "{seen:?}");
+    }
+    #[test]
+    fn callers_that_differ_only_in_high_bits_still_reach_every_sub_key() {
+        let k = key();
+        let mut seen = [0u32; 8];
+        // Even numbers, and IPv4 addresses 8 apart: the low three bits of every byte equal.
+        for i in 0..400u64 {
+            seen[k.split(8, &(i * 2).to_le_bytes()).sub_key as usize] += 1;
+            let ip = [10, 0, (i >> 5) as u8, ((i * 8) & 0xff) as u8];
+            seen[k.split(8, &ip).sub_key as usize] += 1;
         }
         assert!(seen.iter().all(|&n| (60..140).contains(&n)), "{seen:?}");
     }

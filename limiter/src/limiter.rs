@@ -31,7 +31,7 @@ pub struct LimiterConfig {
     pub instance: u32,
     /// How many gateway instances share the limits: the local fallback enforces limit / N.
     pub instance_count: u32,
-    /// The breaker in front of the shared store.
+    /// The breaker in front of each shard of the shared store.
     pub breaker: BreakerConfig,
     /// Limit keys the local fallback keeps at most.
     pub fallback_max_keys: usize,
@@ -146,7 +146,8 @@ pub struct Limiter<S> {
     store: S,
     fallback: MemoryStore,
     policy: PolicyHandle,
-    breaker: Breaker,
+    /// One breaker per shard of the store ([`CounterStore::shards`]).
+    breakers: Box<[Breaker]>,
     events: EventQueue,
     metrics: Arc<LimiterMetrics>,
     clock: Arc<dyn Clock>,
@@ -158,8 +159,30 @@ impl<S> std::fmt::Debug for Limiter<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Limiter")
             .field("cfg", &self.cfg)
-            .field("breaker", &self.breaker.state())
+            .field("breakers", &self.shard_breaker_states())
             .finish()
+    }
+}
+
+impl<S> Limiter<S> {
+    /// The shared counter store it decides with.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The state of each shard's breaker, by shard.
+    pub fn shard_breaker_states(&self) -> Vec<BreakerState> {
+        self.breakers.iter().map(Breaker::state).collect()
+    }
+
+    /// The most open of the shards' breakers: [`BreakerState::Open`] when any shard's
+    /// breaker is open (with a store of one shard, its breaker's state).
+    pub fn breaker_state(&self) -> BreakerState {
+        self.breakers
+            .iter()
+            .map(Breaker::state)
+            .max_by_key(|s| *s as u8)
+            .unwrap_or(BreakerState::Closed)
     }
 }
 
@@ -185,11 +208,14 @@ impl<S: CounterStore> Limiter<S> {
         cfg: LimiterConfig,
         clock: Arc<dyn Clock>,
     ) -> Self {
+        let breakers = (0..store.shards().max(1))
+            .map(|_| Breaker::new(cfg.breaker))
+            .collect();
         Self {
             store,
             fallback: MemoryStore::with_clock(cfg.fallback_max_keys, Arc::clone(&clock)),
             policy,
-            breaker: Breaker::new(cfg.breaker),
+            breakers,
             events,
             metrics,
             clock,
@@ -212,11 +238,6 @@ impl<S: CounterStore> Limiter<S> {
     /// The policy handle (sources refresh it).
     pub fn policy(&self) -> &PolicyHandle {
         &self.policy
-    }
-
-    /// The breaker's state.
-    pub fn breaker_state(&self) -> BreakerState {
-        self.breaker.state()
     }
 
     /// Decides one request.
@@ -320,20 +341,24 @@ impl<S: CounterStore> Limiter<S> {
         })
     }
 
-    /// Asks the store, unless the breaker is open; on failure, or while open, the local
-    /// fallback decides at limit / instance count.
+    /// Asks the store, unless the breaker of the key's shard is open; on failure, or while
+    /// open, the local fallback decides at limit / instance count.
     async fn decide(&self, key: &LimitKey, limits: &Limits) -> (CounterCheck, DecisionSource) {
         let now = self.clock.now_ms();
-        let admit = self.breaker.admit(now);
+        let shard = self.store.shard(key).min(self.breakers.len() - 1);
+        let breaker = &self.breakers[shard];
+        let admit = breaker.admit(now);
         if admit != Admit::Fallback {
             let started = Instant::now();
             let result = self.store.check(key, limits).await;
             self.metrics
                 .store_latency
                 .observe(started.elapsed().as_secs_f64());
-            self.breaker
-                .record(admit, result.is_ok(), self.clock.now_ms());
-            self.metrics.breaker_state.set(self.breaker.state() as i64);
+            let before = breaker.state();
+            breaker.record(admit, result.is_ok(), self.clock.now_ms());
+            if breaker.state() != before {
+                self.breaker_changed();
+            }
             match result {
                 Ok(outcome) => return (outcome, DecisionSource::CounterStore),
                 Err(e) => {
@@ -351,6 +376,19 @@ impl<S: CounterStore> Limiter<S> {
             self.fallback.decide(key, &share),
             DecisionSource::LocalFallback,
         )
+    }
+
+    /// Exports the breakers after one changed: the most open state, and how many are open.
+    fn breaker_changed(&self) {
+        self.metrics.breaker_state.set(self.breaker_state() as i64);
+        let open = self
+            .breakers
+            .iter()
+            .filter(|b| b.state() == BreakerState::Open)
+            .count();
+        self.metrics
+            .breaker_open_shards
+            .set(i64::try_from(open).unwrap_or(i64::MAX));
     }
 
     /// Allow without counting (kill switch, mode off, unknown tier or route class).

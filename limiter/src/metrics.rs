@@ -18,8 +18,11 @@ pub struct LimiterMetrics {
     pub store_latency: Histogram,
     /// `verdict_store_errors_total{kind}`: timeouts and failures of the counter store.
     pub store_errors: IntCounterVec,
-    /// `verdict_breaker_state`: 0 closed, 1 half-open, 2 open.
+    /// `verdict_breaker_state`: 0 closed, 1 half-open, 2 open (the most open of the
+    /// shards' breakers).
     pub breaker_state: IntGauge,
+    /// `verdict_breaker_open_shards`: how many of the store's shards have their breaker open.
+    pub breaker_open_shards: IntGauge,
     /// `verdict_fallback_decisions_total`: decisions made by the local fallback.
     pub fallback_decisions: IntCounter,
     /// `verdict_unconfigured_decisions_total`: requests whose tier or route class the policy
@@ -108,7 +111,11 @@ impl LimiterMetrics {
             ),
             breaker_state: gauge(
                 "verdict_breaker_state",
-                "Circuit breaker in front of the counter store: 0 closed, 1 half-open, 2 open.",
+                "Circuit breakers in front of the counter store's shards, the most open: 0 closed, 1 half-open, 2 open.",
+            ),
+            breaker_open_shards: gauge(
+                "verdict_breaker_open_shards",
+                "Shards of the counter store whose breaker is open (their keys decided by the local fallback).",
             ),
             fallback_decisions: counter(
                 "verdict_fallback_decisions_total",

@@ -422,6 +422,70 @@ async fn a_failing_store_opens_the_breaker_and_the_fallback_enforces_its_share()
     assert!(m.contains("verdict_breaker_state 0"), "{m}");
 }
 
+/// A store of two shards (a key id's last byte, even or odd), the odd one failing.
+struct OddShardDown {
+    inner: MemoryStore,
+}
+
+impl CounterStore for OddShardDown {
+    async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<CounterCheck, StoreError> {
+        if self.shard(key) == 1 {
+            Err(StoreError::timeout(Duration::from_millis(5)).deciding(key))
+        } else {
+            Ok(self.inner.decide(key, limits))
+        }
+    }
+
+    fn shards(&self) -> usize {
+        2
+    }
+
+    fn shard(&self, key: &LimitKey) -> usize {
+        usize::from(key.key_id.0[15] % 2)
+    }
+}
+
+#[tokio::test]
+async fn one_failing_shard_opens_its_own_breaker_and_the_other_keeps_deciding() {
+    let clock = FakeClock::at(T0);
+    let store = OddShardDown {
+        inner: MemoryStore::with_clock(100, Arc::new(clock.clone())),
+    };
+    let cfg = LimiterConfig {
+        breaker: BreakerConfig {
+            failure_threshold: 2,
+            failing_for: Duration::ZERO,
+            open_for: Duration::from_secs(1),
+        },
+        ..LimiterConfig::default()
+    };
+    let r = rig_with(store, policy(|_| {}), 100, cfg, clock.clone());
+    for _ in 0..3 {
+        assert_eq!(
+            r.limiter.check(&req(1, 0)).await.source,
+            DecisionSource::LocalFallback
+        );
+        assert_eq!(
+            r.limiter.check(&req(2, 0)).await.source,
+            DecisionSource::CounterStore,
+            "a key of the healthy shard is decided by the store"
+        );
+    }
+    assert_eq!(
+        r.limiter.shard_breaker_states(),
+        vec![BreakerState::Closed, BreakerState::Open]
+    );
+    assert_eq!(r.limiter.breaker_state(), BreakerState::Open);
+    let m = r.limiter.metrics().render();
+    assert!(m.contains("verdict_breaker_open_shards 1"), "{m}");
+    assert!(m.contains("verdict_breaker_state 2"), "{m}");
+    // Two store errors opened it; the third decision went straight to the fallback.
+    assert!(
+        m.contains(r#"verdict_store_errors_total{kind="timeout"} 2"#),
+        "{m}"
+    );
+}
+
 #[tokio::test]
 async fn the_http_answer_carries_retry_after_and_the_rate_limit_fields() {
     let r = rig(policy(|_| {}));

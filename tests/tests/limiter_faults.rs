@@ -123,8 +123,15 @@ async fn redis_stopped_mid_run_falls_back_within_the_deadline_and_recovers() {
     let mut redis = PrivateRedis::start();
     let (l, _events) = limiter(&redis.url(), 3, 100_000).await;
 
+    // Redis decides (a decision past the 5 ms deadline on a busy machine may fall back on
+    // its own; the breaker stays closed).
     let (allowed, sources, _) = drive(&l, &request(1, 0), 10).await;
-    assert_eq!((allowed, sources), (10, vec![DecisionSource::CounterStore]));
+    assert_eq!(allowed, 10);
+    assert!(
+        sources.contains(&DecisionSource::CounterStore),
+        "{sources:?}"
+    );
+    assert_eq!(l.breaker_state(), BreakerState::Closed);
 
     redis.stop();
     // A fresh key: 30 tokens shared by 3 instances, so this instance's fallback allows 10.

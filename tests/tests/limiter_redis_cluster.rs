@@ -82,6 +82,14 @@ async fn concurrent_requests_over_many_slots_each_get_their_own_answer() {
         .collect();
     let masters: BTreeSet<String> = keys.iter().map(|k| owner(&store, &k.redis_key())).collect();
     assert_eq!(masters.len(), 3, "40 keys land on every master");
+    // The store's shards are the masters: keys of one master share a shard (and so a
+    // breaker in the limiter), keys of different masters do not.
+    assert_eq!(store.shards(), 3);
+    let pairs: BTreeSet<(usize, String)> = keys
+        .iter()
+        .map(|k| (store.shard(k), owner(&store, &k.redis_key())))
+        .collect();
+    assert_eq!(pairs.len(), 3, "one shard per master: {pairs:?}");
     let mut tasks = tokio::task::JoinSet::new();
     for (i, key) in keys.iter().enumerate() {
         for _ in 0..10 {
