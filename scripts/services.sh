@@ -157,7 +157,8 @@ redis_cluster_up() {
   for port in $(cluster_ports); do
     redis_start "$port" "$VERDICT_STATE/redis-cluster-$port" \
       --cluster-enabled yes --cluster-config-file nodes.conf \
-      --cluster-node-timeout "$VERDICT_REDIS_CLUSTER_NODE_TIMEOUT_MS" --repl-diskless-sync-delay 0
+      --cluster-node-timeout "$VERDICT_REDIS_CLUSTER_NODE_TIMEOUT_MS" --repl-diskless-sync-delay 0 \
+      --cluster-require-full-coverage no
     hosts+=("127.0.0.1:$port")
   done
   n=${#hosts[@]}

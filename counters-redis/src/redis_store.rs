@@ -18,6 +18,8 @@ use fred::prelude::*;
 use fred::types::scripts::Script;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::shards::{self, NodeSettings, ShardClients, Shards};
+
 use verdict_limiter::{CounterCheck, CounterStore, LimitKey, Limits, StoreError};
 
 /// The decision script (see the file for its arguments and reply).
@@ -69,6 +71,8 @@ pub struct RedisStore {
 }
 
 struct Inner {
+    /// Connected as the URL says (cluster-aware for a cluster): for tools, tests and the
+    /// test hooks; the lanes call `masters`.
     pool: Pool,
     caller: Caller,
     /// `shards.count × lanes_per_shard` lanes, the lanes of shard `s` from `s × lanes_per_shard`.
@@ -76,54 +80,9 @@ struct Inner {
     lanes_per_shard: usize,
     next_lane: AtomicUsize,
     clustered: bool,
-    shards: Shards,
-}
-
-/// The masters of a cluster as shards: which one owns each slot, as the cluster was when
-/// the store connected. A failover keeps a shard's slots together (the promoted replica
-/// takes them all), so the map stays true; after a resharding it only groups slots
-/// differently for the breakers, while fred routes each call to the slot's owner.
-struct Shards {
-    count: usize,
-    /// By slot, the shard owning it (empty outside a cluster).
-    of_slot: Box<[u8]>,
-}
-
-impl Shards {
-    fn one() -> Self {
-        Self {
-            count: 1,
-            of_slot: Box::default(),
-        }
-    }
-
-    fn of(client: &Client) -> Result<Self, StoreError> {
-        let routing = client.cached_cluster_state().ok_or_else(|| {
-            StoreError::backend("connected to the cluster, but its slots are not known")
-        })?;
-        let masters = routing.unique_primary_nodes();
-        let mut of_slot = vec![0u8; 16_384].into_boxed_slice();
-        for range in routing.slots() {
-            let shard = masters
-                .iter()
-                .position(|m| *m == range.primary)
-                .and_then(|i| u8::try_from(i).ok())
-                .ok_or_else(|| StoreError::backend("a cluster of more than 256 masters"))?;
-            for slot in range.start..=range.end.min(16_383) {
-                of_slot[usize::from(slot)] = shard;
-            }
-        }
-        Ok(Self {
-            count: masters.len().max(1),
-            of_slot,
-        })
-    }
-
-    fn of_slot(&self, slot: u16) -> usize {
-        self.of_slot
-            .get(usize::from(slot))
-            .map_or(0, |&s| usize::from(s))
-    }
+    shards: Arc<Shards>,
+    /// Kept for the lanes' and the watcher's sake: they hold it weakly or by clone.
+    _masters: Arc<ShardClients>,
 }
 
 /// What a lane needs to call the script.
@@ -174,49 +133,48 @@ impl RedisStore {
         // Setting up (the connections' handshakes, SCRIPT LOAD on every node) may take
         // longer than one decision, on a cold machine or a cluster; its commands get
         // SETUP_TIMEOUT, and the decision deadline applies from when the lanes start.
-        let pool = Builder::from_config(config)
-            .with_performance_config(|p| p.default_command_timeout = SETUP_TIMEOUT)
-            .with_connection_config(|c| {
-                c.connection_timeout = Duration::from_millis(500);
-                c.max_command_attempts = 1;
-            })
-            .set_policy(ReconnectPolicy::new_constant(0, 100))
-            .build_pool(cfg.connections.max(1))
-            .map_err(backend)?;
+        let pool = shards::build(config, cfg.connections)?;
         pool.init().await.map_err(backend)?;
         let script = Script::from_lua(DECISION_SCRIPT);
         let load = tokio::time::timeout(SETUP_TIMEOUT, script.load(pool.next()));
         load.await
             .map_err(|_| StoreError::timeout(SETUP_TIMEOUT))?
             .map_err(backend)?;
-        // From here fred's own deadline matches ours, so a call abandoned at the deadline is
-        // dropped from its queue rather than sent late.
-        for client in pool.clients() {
-            let mut perf = client.perf_config();
-            perf.default_command_timeout = cfg.timeout;
-            client.update_perf_config(perf);
-        }
+        shards::set_deadline(&pool, cfg.timeout);
         let caller = Caller {
-            script,
+            script: script.clone(),
             ttl_windows: i64::from(cfg.ttl_windows.max(1)),
             timeout: cfg.timeout,
         };
         let max_batch = cfg.max_batch.max(1);
-        let shards = if clustered {
-            Shards::of(pool.next())?
+        let (shards, masters) = if clustered {
+            let (shards, addresses) = Shards::of(pool.next())?;
+            let settings = NodeSettings {
+                connections: cfg.connections,
+                timeout: cfg.timeout,
+                script,
+            };
+            let masters = Arc::new(shards::cluster_clients(&addresses, &settings).await?);
+            let shards = Arc::new(shards);
+            shards::spawn_watcher(Arc::downgrade(&masters), Arc::clone(&shards), settings);
+            (shards, masters)
         } else {
-            Shards::one()
+            (
+                Arc::new(Shards::one()),
+                Arc::new(ShardClients::single(pool.clone())),
+            )
         };
         // Each shard has lanes of its own, so a shard that stalls holds up only its keys.
-        let lanes_per_shard = pool.size() * cfg.calls_per_connection.max(1);
-        let lanes = pool
-            .clients()
-            .iter()
-            .cycle()
-            .take(shards.count * lanes_per_shard)
-            .map(|client| {
+        let lanes_per_shard = cfg.connections.max(1) * cfg.calls_per_connection.max(1);
+        let lanes = (0..shards.count * lanes_per_shard)
+            .map(|i| {
                 let (tx, rx) = mpsc::channel(LANE_QUEUE);
-                tokio::spawn(lane(rx, client.clone(), caller.clone(), max_batch));
+                let at = LaneAt {
+                    masters: Arc::clone(&masters),
+                    shard: i / lanes_per_shard,
+                    index: i % lanes_per_shard,
+                };
+                tokio::spawn(lane(rx, at, caller.clone(), max_batch));
                 tx
             })
             .collect();
@@ -229,6 +187,7 @@ impl RedisStore {
                 next_lane: AtomicUsize::new(0),
                 clustered,
                 shards,
+                _masters: masters,
             }),
         })
     }
@@ -334,35 +293,48 @@ impl Caller {
     }
 }
 
+/// Where a lane sends its calls: the `index`-th connection of `shard`'s current master.
+struct LaneAt {
+    masters: Arc<ShardClients>,
+    shard: usize,
+    index: usize,
+}
+
 /// A lane: takes what waits (up to `max_batch`), decides it in one call per slot, answers,
 /// and takes again. Requests whose caller has given up (the deadline passed) are not sent.
-async fn lane(mut rx: mpsc::Receiver<Pending>, client: Client, caller: Caller, max_batch: usize) {
+/// A failed call rings the watcher, which looks whether the shard's master has changed.
+async fn lane(mut rx: mpsc::Receiver<Pending>, at: LaneAt, caller: Caller, max_batch: usize) {
     let mut batch: Vec<Pending> = Vec::with_capacity(max_batch);
     while rx.recv_many(&mut batch, max_batch).await > 0 {
         batch.retain(|p| !p.reply.is_closed());
         let Some(first) = batch.first().map(|p| p.slot) else {
             continue;
         };
-        if batch.iter().all(|p| p.slot == first) {
+        let client = at.masters.client(at.shard, at.index);
+        let ok = if batch.iter().all(|p| p.slot == first) {
             // One slot (always, outside a cluster): one call, made here.
-            answer(&caller, &client, &mut batch).await;
-            continue;
+            answer(&caller, &client, &mut batch).await
+        } else {
+            batch.sort_by_key(|p| p.slot);
+            let mut calls = tokio::task::JoinSet::new();
+            while !batch.is_empty() {
+                let slot = batch[0].slot;
+                let same = batch.iter().take_while(|p| p.slot == slot).count();
+                let mut group: Vec<Pending> = batch.drain(..same).collect();
+                let (caller, client) = (caller.clone(), client.clone());
+                calls.spawn(async move { answer(&caller, &client, &mut group).await });
+            }
+            calls.join_all().await.into_iter().all(|ok| ok)
+        };
+        if !ok {
+            at.masters.look.notify_one();
         }
-        batch.sort_by_key(|p| p.slot);
-        let mut calls = tokio::task::JoinSet::new();
-        while !batch.is_empty() {
-            let slot = batch[0].slot;
-            let same = batch.iter().take_while(|p| p.slot == slot).count();
-            let mut group: Vec<Pending> = batch.drain(..same).collect();
-            let (caller, client) = (caller.clone(), client.clone());
-            calls.spawn(async move { answer(&caller, &client, &mut group).await });
-        }
-        calls.join_all().await;
     }
 }
 
-/// Decides `group` in one call, sends each request its answer, and leaves `group` empty.
-async fn answer(caller: &Caller, client: &Client, group: &mut Vec<Pending>) {
+/// Decides `group` in one call, sends each request its answer, and leaves `group` empty;
+/// whether the call succeeded.
+async fn answer(caller: &Caller, client: &Client, group: &mut Vec<Pending>) -> bool {
     let items = group
         .iter()
         .map(|p| (p.hash.as_str(), p.field.as_str(), &p.limits));
@@ -371,11 +343,13 @@ async fn answer(caller: &Caller, client: &Client, group: &mut Vec<Pending>) {
             for (p, o) in group.drain(..).zip(outcomes) {
                 let _ = p.reply.send(Ok(o));
             }
+            true
         }
         Err(e) => {
             for p in group.drain(..) {
                 let _ = p.reply.send(Err(e.clone()));
             }
+            false
         }
     }
 }

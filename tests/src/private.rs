@@ -60,6 +60,17 @@ fn wait_for_port(port: u16, what: &str) {
     }
 }
 
+/// Starts `command` (a redis-server) and waits until it answers on `port`.
+fn spawn_redis(mut command: Command, port: u16) -> Child {
+    let child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|_| panic!("{}", missing("redis-server")));
+    wait_for_pong(port);
+    child
+}
+
 fn missing(binary: &str) -> String {
     format!(
         "{binary} is not installed: run `scripts/services.sh up` once to install the test services"
@@ -108,7 +119,8 @@ impl PrivateRedis {
     /// Starts it again on the same port (empty: no persistence).
     pub fn restart(&mut self) {
         self.stop();
-        let child = Command::new("redis-server")
+        let mut command = Command::new("redis-server");
+        command
             .args([
                 "--bind",
                 "127.0.0.1",
@@ -120,19 +132,240 @@ impl PrivateRedis {
                 "no",
             ])
             .arg("--dir")
-            .arg(self.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|_| panic!("{}", missing("redis-server")));
-        self.child = Some(child);
-        wait_for_pong(self.port);
+            .arg(self.dir.path());
+        self.child = Some(spawn_redis(command, self.port));
     }
 }
 
 impl Drop for PrivateRedis {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// A Redis Cluster of this test's own: three masters with a replica each, every node on
+/// spare ports (client and cluster bus), made with `redis-cli --cluster create`.
+#[derive(Debug)]
+pub struct PrivateCluster {
+    nodes: Vec<ClusterNode>,
+    node_timeout_ms: u32,
+}
+
+#[derive(Debug)]
+struct ClusterNode {
+    child: Option<Child>,
+    port: u16,
+    bus: u16,
+    dir: tempfile::TempDir,
+}
+
+impl ClusterNode {
+    fn spawn(&mut self, node_timeout_ms: u32) {
+        let mut command = Command::new("redis-server");
+        command
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--port", &self.port.to_string()])
+            .args([
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+            ])
+            .args(["--cluster-port", &self.bus.to_string()])
+            .args(["--cluster-node-timeout", &node_timeout_ms.to_string()])
+            // A replica's first sync at once, not after the default 5 s of waiting for more
+            // replicas: a replica that has never synced cannot be promoted.
+            .args(["--repl-diskless-sync-delay", "0"])
+            // The other masters keep serving while one's slots are being failed over.
+            .args(["--cluster-require-full-coverage", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(["--logfile", "redis.log"]);
+        self.child = Some(spawn_redis(command, self.port));
+    }
+}
+
+/// `redis-cli -p <port> <args…>`'s output.
+pub fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .unwrap_or_else(|_| panic!("{}", missing("redis-cli")));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+impl PrivateCluster {
+    /// Starts six nodes and makes the cluster; a dead master's replica is promoted after
+    /// `node_timeout_ms` (Redis's `cluster-node-timeout`) and an election.
+    pub fn start(node_timeout_ms: u32) -> Self {
+        let mut nodes: Vec<ClusterNode> = (0..6)
+            .map(|_| ClusterNode {
+                child: None,
+                port: spare_port(),
+                bus: spare_port(),
+                dir: tempfile::tempdir().expect("temp dir"),
+            })
+            .collect();
+        for n in &mut nodes {
+            n.spawn(node_timeout_ms);
+        }
+        let hosts: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&hosts)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .unwrap_or_else(|_| panic!("{}", missing("redis-cli")));
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let c = Self {
+            nodes,
+            node_timeout_ms,
+        };
+        c.wait_until_healthy(Duration::from_secs(30));
+        c
+    }
+
+    /// `redis-cluster://127.0.0.1:<first>?node=…` naming every node.
+    pub fn url(&self) -> String {
+        let rest: Vec<String> = self.nodes[1..]
+            .iter()
+            .map(|n| format!("node=127.0.0.1:{}", n.port))
+            .collect();
+        format!(
+            "redis-cluster://127.0.0.1:{}?{}",
+            self.nodes[0].port,
+            rest.join("&")
+        )
+    }
+
+    /// `CLUSTER NODES` as a node that is up sees it.
+    pub fn cluster_nodes(&self) -> String {
+        self.nodes
+            .iter()
+            .filter(|n| n.child.is_some())
+            .map(|n| redis_cli(n.port, &["cluster", "nodes"]))
+            .find(|out| !out.trim().is_empty())
+            .unwrap_or_default()
+    }
+
+    /// The ports of the masters that serve slots, as the cluster sees them now (a killed
+    /// master still counts until it is failed over).
+    pub fn masters(&self) -> Vec<u16> {
+        let mut ports: Vec<u16> = self
+            .cluster_nodes()
+            .lines()
+            .filter(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() > 8 && f[2].contains("master") && !f[2].contains("fail")
+            })
+            .filter_map(|l| node_port(l.split_whitespace().nth(1)?))
+            .collect();
+        ports.sort_unstable();
+        ports
+    }
+
+    /// The port of the master serving `slot` now.
+    pub fn master_of_slot(&self, slot: u16) -> Option<u16> {
+        self.cluster_nodes().lines().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() <= 8 || !f[2].contains("master") || f[2].contains("fail") {
+                return None;
+            }
+            let serves = f[8..].iter().any(|r| {
+                let (a, b) = r.split_once('-').unwrap_or((r, r));
+                matches!((a.parse::<u16>(), b.parse::<u16>()), (Ok(a), Ok(b)) if (a..=b).contains(&slot))
+            });
+            serves.then(|| node_port(f[1])).flatten()
+        })
+    }
+
+    /// Kills the node on `port` with SIGKILL (a crash: no goodbye to the cluster).
+    pub fn kill(&mut self, port: u16) {
+        let node = self.node(port);
+        if let Some(mut c) = node.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the node on `port` again; it rejoins from its nodes.conf (a failed-over
+    /// master comes back as a replica of its successor).
+    pub fn restart(&mut self, port: u16) {
+        let timeout = self.node_timeout_ms;
+        let node = self.node(port);
+        if node.child.is_none() {
+            node.spawn(timeout);
+        }
+    }
+
+    /// Waits until every node up says `cluster_state:ok`, three masters serve the slots,
+    /// and every replica has synced with its master (only a synced replica can be
+    /// promoted).
+    pub fn wait_until_healthy(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let ok = self.nodes.iter().filter(|n| n.child.is_some()).all(|n| {
+                let replication = redis_cli(n.port, &["info", "replication"]);
+                redis_cli(n.port, &["cluster", "info"]).contains("cluster_state:ok")
+                    && (replication.contains("role:master")
+                        || replication.contains("master_link_status:up"))
+            });
+            if ok && self.masters().len() == 3 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the private cluster was not healthy within {within:?}:\n{}",
+                self.cluster_nodes()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The last lines of every node's log, for a failure's message.
+    pub fn logs(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| {
+                let log =
+                    std::fs::read_to_string(n.dir.path().join("redis.log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(8).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                format!("--- node {}\n{}", n.port, tail.join("\n"))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn node(&mut self, port: u16) -> &mut ClusterNode {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .unwrap_or_else(|| panic!("no node of this cluster on port {port}"))
+    }
+}
+
+/// The client port out of `CLUSTER NODES`'s `ip:port@bus`.
+fn node_port(address: &str) -> Option<u16> {
+    address.split('@').next()?.rsplit(':').next()?.parse().ok()
+}
+
+impl Drop for PrivateCluster {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            if let Some(mut c) = n.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
     }
 }
 
