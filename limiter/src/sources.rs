@@ -130,7 +130,15 @@ impl PolicySource for FileSource {
     }
 }
 
-/// Keeps `handle` fresh from `source`, polling every `every`; updates the policy metrics.
+/// How long one refresh may take: the polling interval, and at least a second. A source
+/// that hangs (a PostgreSQL stopped, not gone) is given up on then, counted as a reload
+/// error, and the age metric keeps growing; the next tick asks again.
+pub fn refresh_deadline(every: Duration) -> Duration {
+    every.max(Duration::from_secs(1))
+}
+
+/// Keeps `handle` fresh from `source`, polling every `every` (each refresh bounded by
+/// [`refresh_deadline`]); updates the policy metrics.
 pub fn spawn_refresher(
     source: Arc<dyn PolicySource>,
     handle: PolicyHandle,
@@ -142,12 +150,21 @@ pub fn spawn_refresher(
         let (source, handle) = (Arc::clone(&source), handle.clone());
         let (metrics, clock) = (Arc::clone(&metrics), Arc::clone(&clock));
         async move {
-            match source.refresh(&handle, clock.now_ms()).await {
-                Ok(Some(version)) => tracing::info!(version, "policy updated"),
-                Ok(None) => {}
-                Err(e) => {
+            let deadline = refresh_deadline(every);
+            match tokio::time::timeout(deadline, source.refresh(&handle, clock.now_ms())).await {
+                Ok(Ok(Some(version))) => tracing::info!(version, "policy updated"),
+                Ok(Ok(None)) => {}
+                Ok(Err(e)) => {
                     metrics.policy_reload_errors.inc();
                     tracing::warn!(error = %e, version = handle.load().version(), "policy not refreshed; the previous one stays in force");
+                }
+                Err(_) => {
+                    metrics.policy_reload_errors.inc();
+                    tracing::warn!(
+                        ?deadline,
+                        version = handle.load().version(),
+                        "the policy source did not answer in time; the previous policy stays in force"
+                    );
                 }
             }
             let current = handle.load();
@@ -175,6 +192,51 @@ mod tests {
     use super::*;
 
     const DOC: &str = "version = 5\n[[tiers]]\nid = 0\nname = \"free\"\n[[route_classes]]\nid = 0\nname = \"read\"\n[[limits]]\ntier = \"free\"\nroute_class = \"*\"\ncapacity = 10\nrefill_per_s = 1.0\nhourly_quota = 100\n";
+
+    /// A source that never answers, as a PostgreSQL stopped with SIGSTOP.
+    #[derive(Debug)]
+    struct Hung;
+
+    #[async_trait::async_trait]
+    impl PolicySource for Hung {
+        async fn load(&self) -> Result<PolicySnapshot, SourceError> {
+            std::future::pending().await
+        }
+        async fn refresh(&self, _: &PolicyHandle, _: i64) -> Result<Option<u64>, SourceError> {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_hung_source_is_given_up_on_and_the_age_keeps_growing() {
+        let snapshot = versioned(parse_toml(DOC).unwrap()).unwrap();
+        let clock = crate::clock::FakeClock::at(1_000_000);
+        let handle = PolicyHandle::new(snapshot, clock.now_ms());
+        let metrics = Arc::new(LimiterMetrics::new());
+        let every = Duration::from_millis(50);
+        assert_eq!(refresh_deadline(every), Duration::from_secs(1));
+        let task = spawn_refresher(
+            Arc::new(Hung),
+            handle.clone(),
+            Arc::clone(&metrics),
+            Arc::new(clock.clone()),
+            every,
+        );
+        clock.advance(90_000);
+        // Each refresh is abandoned after a second: at least two have been by 2.5 s, each
+        // counted, and the age set although no refresh ever finished.
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        task.abort();
+        let m = metrics.render();
+        let value = |name: &str| -> i64 {
+            m.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+                .unwrap_or_else(|| panic!("{name} in {m}"))
+        };
+        assert!(value("verdict_policy_reload_errors_total ") >= 2, "{m}");
+        assert_eq!(value("verdict_policy_age_seconds "), 90, "{m}");
+        assert_eq!(handle.load().version(), 5, "the last policy stays in force");
+    }
 
     #[tokio::test]
     async fn a_changed_file_is_taken_and_a_broken_one_leaves_the_last_in_force() {

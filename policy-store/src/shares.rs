@@ -104,7 +104,8 @@ pub fn share_row(region: RegionId, row: &tokio_postgres::Row) -> Option<ShareRow
 }
 
 /// Keeps `handle` fresh with `region`'s shares, polling one row every `every`. A store that
-/// is down leaves the last shares in force (counted in `verdict_share_reload_errors_total`).
+/// is down, or hung past the refresh deadline, leaves the last shares in force (counted in
+/// `verdict_share_reload_errors_total`).
 pub fn spawn_share_refresher(
     shares: PgShares,
     region: RegionId,
@@ -124,17 +125,24 @@ pub fn spawn_share_refresher(
                 let (v, n) = (snapshot.version, snapshot.entries.len());
                 handle.store(snapshot);
                 Ok::<_, PolicyStoreError>(Some((v, n)))
-            }
-            .await;
-            match result {
-                Ok(Some((version, keys))) => {
+            };
+            let deadline = verdict_limiter::sources::refresh_deadline(every);
+            match tokio::time::timeout(deadline, result).await {
+                Ok(Ok(Some((version, keys)))) => {
                     metrics.share_version.set(version as i64);
                     tracing::debug!(version, keys, "regional shares updated");
                 }
-                Ok(None) => {}
-                Err(e) => {
+                Ok(Ok(None)) => {}
+                Ok(Err(e)) => {
                     metrics.share_reload_errors.inc();
                     tracing::warn!(error = %e, "regional shares not refreshed; the last stay in force");
+                }
+                Err(_) => {
+                    metrics.share_reload_errors.inc();
+                    tracing::warn!(
+                        ?deadline,
+                        "the policy store did not answer in time; the last regional shares stay in force"
+                    );
                 }
             }
         }

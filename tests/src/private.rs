@@ -501,10 +501,38 @@ impl PrivatePostgres {
         self.running = true;
         wait_for_port(self.port, "private postgres");
     }
+
+    /// Hangs it: SIGSTOP to the postmaster and every backend (connections stay open and
+    /// nothing answers), as a machine that stalls rather than dies.
+    pub fn hang(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a hung one go on (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = std::fs::read_to_string(self.data.join("postmaster.pid"))
+            .ok()
+            .and_then(|t| t.lines().next().map(str::to_owned))
+            .expect("postmaster.pid names the running postmaster");
+        // The backends first, so none starts work between the two.
+        let _ = Command::new("pkill").args([signal, "-P", &pid]).status();
+        let status = Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal} {pid}");
+    }
 }
 
 impl Drop for PrivatePostgres {
     fn drop(&mut self) {
+        if self.running {
+            self.resume();
+        }
         self.stop();
     }
 }

@@ -108,18 +108,7 @@ async fn a_change_is_in_force_within_30_s_and_a_bad_row_keeps_the_last_policy() 
 
     let before = handle.load().version();
     let changed = Instant::now();
-    client
-        .execute(
-            "update verdict_policy.limits set hourly_quota = 200 where tier = 'free'",
-            &[],
-        )
-        .await
-        .unwrap();
-    let want = version(&client).await as u64;
-    eventually(Duration::from_secs(30), "the change in force", || async {
-        handle.load().version() == want
-    })
-    .await;
+    let want = change_in_force_within_30_s(&client, &handle, 200).await;
     assert!(want > before);
     println!("policy change in force after {:?}", changed.elapsed());
 
@@ -177,13 +166,40 @@ async fn invalid_rows_are_named_with_their_field() {
     );
 }
 
-#[tokio::test]
-async fn a_stopped_database_leaves_the_last_policy_in_force_and_ages_it() {
-    let mut pg = PrivatePostgres::start();
-    let (source, _client) = seeded(&pg.url()).await;
+/// Sets the free tier's hourly quota, and waits (30 s at most) until the version it made
+/// is the one in force; returns that version.
+async fn change_in_force_within_30_s(
+    client: &tokio_postgres::Client,
+    handle: &PolicyHandle,
+    hourly_quota: i64,
+) -> u64 {
+    client
+        .execute(
+            "update verdict_policy.limits set hourly_quota = $1 where tier = 'free'",
+            &[&hourly_quota],
+        )
+        .await
+        .unwrap();
+    let want = version(client).await as u64;
+    eventually(Duration::from_secs(30), "the change in force", || async {
+        handle.load().version() == want
+    })
+    .await;
+    want
+}
+
+/// A seeded policy store polled every 200 ms.
+struct Polling {
+    client: tokio_postgres::Client,
+    handle: PolicyHandle,
+    metrics: Arc<LimiterMetrics>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn polling(url: &str) -> Polling {
+    let (source, client) = seeded(url).await;
     let source: Arc<dyn PolicySource> = Arc::new(source);
     let handle = PolicyHandle::new(source.load().await.unwrap(), SystemClock.now_ms());
-    let version = handle.load().version();
     let metrics = Arc::new(LimiterMetrics::new());
     let task = spawn_refresher(
         source,
@@ -192,6 +208,24 @@ async fn a_stopped_database_leaves_the_last_policy_in_force_and_ages_it() {
         Arc::new(SystemClock),
         Duration::from_millis(200),
     );
+    Polling {
+        client,
+        handle,
+        metrics,
+        task,
+    }
+}
+
+#[tokio::test]
+async fn a_stopped_database_leaves_the_last_policy_in_force_and_ages_it() {
+    let mut pg = PrivatePostgres::start();
+    let Polling {
+        client: _client,
+        handle,
+        metrics,
+        task,
+    } = polling(&pg.url()).await;
+    let version = handle.load().version();
     pg.stop();
     eventually(
         Duration::from_secs(30),
@@ -209,5 +243,47 @@ async fn a_stopped_database_leaves_the_last_policy_in_force_and_ages_it() {
         "the last policy stays in force"
     );
     assert_eq!(handle.load().document().tiers.len(), 2);
+    task.abort();
+}
+
+/// A database that hangs (SIGSTOP: connections open, nothing answers) rather than stops:
+/// each refresh is given up on at its deadline and counted, the age grows, the last policy
+/// stays; after it resumes, a change is in force within 30 s.
+#[tokio::test]
+async fn a_hung_database_is_timed_out_and_a_change_after_it_resumes_is_taken() {
+    let pg = PrivatePostgres::start();
+    let Polling {
+        client,
+        handle,
+        metrics,
+        task,
+    } = polling(&pg.url()).await;
+    let before = handle.load().version();
+    pg.hang();
+    let metric = |name: &str| -> i64 {
+        let m = metrics.render();
+        m.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    eventually(
+        Duration::from_secs(30),
+        "refreshes timed out and the policy 3 s old",
+        || async {
+            metric("verdict_policy_reload_errors_total ") >= 2
+                && metric("verdict_policy_age_seconds ") >= 3
+        },
+    )
+    .await;
+    assert_eq!(handle.load().version(), before, "the last policy stays");
+
+    pg.resume();
+    let resumed = Instant::now();
+    let want = change_in_force_within_30_s(&client, &handle, 300).await;
+    assert!(want > before);
+    println!(
+        "after the database resumed, the change was in force in {:?}",
+        resumed.elapsed()
+    );
     task.abort();
 }
