@@ -12,8 +12,8 @@ use verdict_events_kafka::{KafkaSink, KafkaSinkConfig};
 use verdict_gateway::{Gateway, GatewayConfig, GatewayStore, KeyDirectory, spawn_key_refresher};
 use verdict_limiter::moving::MovingStore;
 use verdict_limiter::{
-    Limiter, LimiterConfig, LimiterMetrics, MemoryStore, PolicyHandle, RegionalTimings,
-    SystemClock, event_queue, spawn_drain, spawn_refresher,
+    CachedSource, Limiter, LimiterConfig, LimiterMetrics, MemoryStore, PolicyHandle, PolicySource,
+    RegionalTimings, SystemClock, event_queue, spawn_drain, spawn_refresher,
 };
 use verdict_policy_store::PgShares;
 use verdict_schemas::RegionId;
@@ -42,6 +42,12 @@ pub struct GatewayArgs {
     /// How often the policy is polled (a change is in force within this).
     #[arg(long, default_value_t = 5)]
     pub policy_refresh_secs: u64,
+    /// A copy of the last policy in force, kept in this file. When the policy source
+    /// cannot be read at start (the policy store down), the gateway starts from the copy,
+    /// says so in its log, and its verdict_policy_age_seconds counts from the copy's time;
+    /// without this option it refuses to start.
+    #[arg(long, env = "VERDICT_POLICY_CACHE")]
+    pub policy_cache: Option<PathBuf>,
     /// The counter store, redis://host:port (or redis-cluster://…). Without it the
     /// counters are in this process's memory: right for one instance, wrong for several.
     #[arg(long, env = "VERDICT_REDIS_URL")]
@@ -87,9 +93,36 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let source = args.policy.source().context(
         "the gateway needs a policy: --policy-file policy.toml or --policy-postgres URL",
     )?;
-    let snapshot = source.load().await.context("loading the policy")?;
     let now = chrono::Utc::now().timestamp_millis();
-    let handle = PolicyHandle::new(snapshot, now);
+    let (source, snapshot, confirmed_ms) = match &args.policy_cache {
+        Some(path) => {
+            let cached = Arc::new(CachedSource::new(source, path));
+            let started = cached.start(now).await.with_context(|| {
+                format!(
+                    "loading the policy (and its copy in {} could not be read either)",
+                    path.display()
+                )
+            })?;
+            if let Some(e) = &started.source_error {
+                tracing::warn!(
+                    error = %e,
+                    copy = %path.display(),
+                    version = started.snapshot.version(),
+                    age_s = (now - started.confirmed_ms).max(0) / 1000,
+                    "the policy source did not answer; starting from the last copy, and polling the source"
+                );
+            }
+            let source: Arc<dyn PolicySource> = cached;
+            (source, started.snapshot, started.confirmed_ms)
+        }
+        None => {
+            let snapshot = source.load().await.context(
+                "loading the policy (with --policy-cache FILE a gateway starts from its last copy when the source is down)",
+            )?;
+            (source, snapshot, now)
+        }
+    };
+    let handle = PolicyHandle::new(snapshot, confirmed_ms);
     let metrics = Arc::new(LimiterMetrics::new());
     let clock = Arc::new(SystemClock);
     spawn_refresher(

@@ -17,8 +17,8 @@ use verdict_load::{self as load, LoadReport, LoadSpec, MakeRequest};
 use verdict_schemas::KeyId;
 use verdict_tests::private::spare_port;
 use verdict_tests::{
-    Service, eventually, fresh_database, kafka_brokers, redis_url, require, s3_endpoint, s3_store,
-    unique_name,
+    Service, eventually, fresh_database, kafka_brokers, metric, redis_url, require, s3_endpoint,
+    s3_store, unique_name,
 };
 
 /// Kills the child processes when the test ends, however it ends.
@@ -100,20 +100,6 @@ async fn drive(ports: &[u16], keys: &[&str], n: u64, concurrency: usize) -> Load
         "every answer carries the fields"
     );
     r
-}
-
-async fn metric(http: &reqwest::Client, port: u16, name: &str) -> Option<u64> {
-    let m = http
-        .get(format!("http://127.0.0.1:{port}/metrics"))
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    m.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
 }
 
 /// The version `verdict policy` says the change made ("policy version 4 -> 6: …").
@@ -335,7 +321,7 @@ async fn the_whole_flow_on_the_real_services() {
 
     let mut dropped = 0u64;
     for port in &ports {
-        dropped += metric(&http, *port, "verdict_events_dropped_total")
+        dropped += metric::<u64>(&http, *port, "verdict_events_dropped_total")
             .await
             .expect("the dropped-events counter");
     }

@@ -53,4 +53,4 @@ pub use memory::MemoryStore;
 pub use metrics::LimiterMetrics;
 pub use policy::{LimitLookup, Mode, PolicyDocument, PolicyHandle, PolicySnapshot, RegionRow};
 pub use regions::{NearLimit, Share, ShareEntry, ShareHandle, ShareKey, ShareRow, ShareSnapshot};
-pub use sources::{FileSource, PolicySource, SourceError, spawn_refresher};
+pub use sources::{CachedSource, FileSource, PolicySource, SourceError, spawn_refresher};

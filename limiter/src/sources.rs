@@ -130,6 +130,121 @@ impl PolicySource for FileSource {
     }
 }
 
+/// A source with a copy of its last policy on disk: every policy it puts in force is
+/// written there (atomically: a temporary file renamed over the copy), and when the source
+/// cannot be read at start the copy is what the caller starts from, with its age. A
+/// gateway scaled out while the policy store is down still starts, enforcing the last
+/// policy it knew, instead of refusing traffic; `verdict_policy_age_seconds` says how old.
+#[derive(Debug)]
+pub struct CachedSource {
+    inner: Arc<dyn PolicySource>,
+    path: PathBuf,
+}
+
+/// What a start from a [`CachedSource`] read.
+#[derive(Debug)]
+pub struct Started {
+    /// The policy to start with.
+    pub snapshot: PolicySnapshot,
+    /// When it was last confirmed by the source (ms since the epoch): now when the source
+    /// answered, the copy's time when it did not.
+    pub confirmed_ms: i64,
+    /// Why the source was not used, when the copy was.
+    pub source_error: Option<SourceError>,
+}
+
+impl CachedSource {
+    /// `inner`, with its copy at `path`.
+    pub fn new(inner: Arc<dyn PolicySource>, path: impl Into<PathBuf>) -> Self {
+        Self {
+            inner,
+            path: path.into(),
+        }
+    }
+
+    /// Loads from the source (keeping the copy), or, when the source fails, from the copy.
+    ///
+    /// # Errors
+    /// The source's error when there is no usable copy either (the copy's problem is in
+    /// the log).
+    pub async fn start(&self, now_ms: i64) -> Result<Started, SourceError> {
+        match self.inner.load().await {
+            Ok(snapshot) => {
+                self.keep(&snapshot).await;
+                Ok(Started {
+                    snapshot,
+                    confirmed_ms: now_ms,
+                    source_error: None,
+                })
+            }
+            Err(e) => match self.read_copy().await {
+                Ok((snapshot, confirmed_ms)) => Ok(Started {
+                    snapshot,
+                    confirmed_ms,
+                    source_error: Some(e),
+                }),
+                Err(copy) => {
+                    tracing::warn!(path = %self.path.display(), error = %copy, "no usable copy of the policy to start from");
+                    Err(e)
+                }
+            },
+        }
+    }
+
+    async fn read_copy(&self) -> Result<(PolicySnapshot, i64), SourceError> {
+        let file = |source| SourceError::File {
+            path: self.path.display().to_string(),
+            source,
+        };
+        let text = tokio::fs::read_to_string(&self.path).await.map_err(file)?;
+        let modified = tokio::fs::metadata(&self.path)
+            .await
+            .and_then(|m| m.modified())
+            .map_err(file)?;
+        let confirmed_ms = modified
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        Ok((versioned(parse_toml(&text)?)?, confirmed_ms))
+    }
+
+    /// Writes `snapshot` as the copy; a failure is logged, never fatal.
+    async fn keep(&self, snapshot: &PolicySnapshot) {
+        let mut doc = snapshot.document().clone();
+        doc.version = snapshot.version();
+        let written = async {
+            let text = toml::to_string(&doc).map_err(std::io::Error::other)?;
+            let tmp = self.path.with_extension("tmp");
+            tokio::fs::write(&tmp, text).await?;
+            tokio::fs::rename(&tmp, &self.path).await
+        }
+        .await;
+        if let Err(e) = written {
+            tracing::warn!(path = %self.path.display(), error = %e, "could not keep a copy of the policy");
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl PolicySource for CachedSource {
+    async fn load(&self) -> Result<PolicySnapshot, SourceError> {
+        let snapshot = self.inner.load().await?;
+        self.keep(&snapshot).await;
+        Ok(snapshot)
+    }
+
+    async fn refresh(
+        &self,
+        handle: &PolicyHandle,
+        now_ms: i64,
+    ) -> Result<Option<u64>, SourceError> {
+        let changed = self.inner.refresh(handle, now_ms).await?;
+        if changed.is_some() {
+            self.keep(&handle.load()).await;
+        }
+        Ok(changed)
+    }
+}
+
 /// How long one refresh may take: the polling interval, and at least a second. A source
 /// that hangs (a PostgreSQL stopped, not gone) is given up on then, counted as a reload
 /// error, and the age metric keeps growing; the next tick asks again.
@@ -190,6 +305,7 @@ fn same_rules(a: &PolicyDocument, b: &PolicyDocument) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::SystemClock;
 
     const DOC: &str = "version = 5\n[[tiers]]\nid = 0\nname = \"free\"\n[[route_classes]]\nid = 0\nname = \"read\"\n[[limits]]\ntier = \"free\"\nroute_class = \"*\"\ncapacity = 10\nrefill_per_s = 1.0\nhourly_quota = 100\n";
 
@@ -236,6 +352,59 @@ mod tests {
         assert!(value("verdict_policy_reload_errors_total ") >= 2, "{m}");
         assert_eq!(value("verdict_policy_age_seconds "), 90, "{m}");
         assert_eq!(handle.load().version(), 5, "the last policy stays in force");
+    }
+
+    #[test]
+    fn a_kept_copy_reads_back_as_the_same_document() {
+        let mut doc = parse_toml(include_str!("../examples/policy.toml")).unwrap();
+        doc.regions = vec![crate::policy::RegionRow {
+            id: 1,
+            name: "eu".into(),
+            weight: 1.0,
+        }];
+        let text = toml::to_string(&doc).unwrap();
+        assert_eq!(parse_toml(&text).unwrap(), doc, "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_copy_kept_while_the_source_answers_is_the_start_when_it_does_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, copy) = (dir.path().join("policy.toml"), dir.path().join("last.toml"));
+        std::fs::write(&file, DOC.replace("capacity = 10", "capacity = 7")).unwrap();
+        let cached = CachedSource::new(Arc::new(FileSource::new(&file)), &copy);
+        let started = cached.start(1_000).await.unwrap();
+        assert!(started.source_error.is_none());
+        assert_eq!(
+            (started.snapshot.version(), started.confirmed_ms),
+            (5, 1_000)
+        );
+        let handle = PolicyHandle::new(started.snapshot, 1_000);
+
+        // A change the source puts in force is kept too.
+        std::fs::write(&file, DOC.replace("capacity = 10", "capacity = 9")).unwrap();
+        assert_eq!(cached.refresh(&handle, 2_000).await.unwrap(), Some(6));
+
+        // The source gone: the start is the copy, with the copy's time and the reason.
+        std::fs::remove_file(&file).unwrap();
+        let started = cached.start(3_000).await.unwrap();
+        assert!(matches!(
+            started.source_error,
+            Some(SourceError::File { .. })
+        ));
+        assert_eq!(started.snapshot.version(), 6);
+        assert_eq!(started.snapshot.document().limits[0].capacity, 9);
+        let age = SystemClock.now_ms() - started.confirmed_ms;
+        assert!(
+            (0..60_000).contains(&age),
+            "the copy was written just now: {age} ms"
+        );
+
+        // Neither: the source's error.
+        std::fs::write(&copy, "not toml [").unwrap();
+        assert!(matches!(
+            cached.start(4_000).await,
+            Err(SourceError::File { path, .. }) if path.ends_with("policy.toml")
+        ));
     }
 
     #[tokio::test]

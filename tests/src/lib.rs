@@ -218,6 +218,26 @@ pub async fn redis_store(service: Service) -> verdict_counters_redis::RedisStore
     .unwrap_or_else(|e| panic!("connect to {}: {e}", service.name()))
 }
 
+/// The value of the metric `name` (one without labels) on the `/metrics` page of the
+/// service at `127.0.0.1:port`; `None` when the page or the metric is not there (yet).
+pub async fn metric<T: std::str::FromStr>(
+    http: &reqwest::Client,
+    port: u16,
+    name: &str,
+) -> Option<T> {
+    let m = http
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    m.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// Fails the calling test, with how to start it, unless `service` accepts connections.
 ///
 /// # Panics
