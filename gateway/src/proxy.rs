@@ -235,7 +235,7 @@ impl<S: CounterStore> Gateway<S> {
         // A tier the policy does not know is the limiter's to report (allowed, counted as
         // unconfigured), not a reason to refuse a known key.
         let tier = policy.tier_id(&entry.tier).unwrap_or(TierId(u8::MAX));
-        let identity = Identity::new(entry.key_id, route_class, tier);
+        let identity = Identity::new(entry.key_id, route_class, tier).under(policy);
         Ok(match peer(req) {
             Some(peer) => identity.with_caller(peer.ip().to_string()),
             None => identity,

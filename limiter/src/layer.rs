@@ -50,6 +50,7 @@ use verdict_schemas::{KeyId, RouteClassId, TierId};
 use crate::counter_store::CounterStore;
 use crate::http::{HttpAnswer, PROBLEM_JSON, http_answer, problem_body};
 use crate::limiter::{Decision, Limiter, Request};
+use crate::policy::PolicySnapshot;
 
 /// Who is asking: what the limiter decides on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +64,27 @@ pub struct Identity {
     /// A stable attribute of the caller (client id, address) that places it on a sub-key
     /// when its key is split; empty when there is none.
     pub caller: Vec<u8>,
+    /// The policy the route class and tier were resolved against, if the closure read
+    /// one: the limiter decides under the same snapshot.
+    pub policy: Option<Resolved>,
+}
+
+/// The policy snapshot a request was resolved against (equal when it is the same one).
+#[derive(Clone)]
+pub struct Resolved(pub Arc<PolicySnapshot>);
+
+impl PartialEq for Resolved {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Resolved {}
+
+impl std::fmt::Debug for Resolved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "policy version {}", self.0.version())
+    }
 }
 
 impl Identity {
@@ -73,12 +95,20 @@ impl Identity {
             route_class,
             tier,
             caller: Vec::new(),
+            policy: None,
         }
     }
 
     /// The same, with the caller attribute `caller`.
     pub fn with_caller(mut self, caller: impl Into<Vec<u8>>) -> Self {
         self.caller = caller.into();
+        self
+    }
+
+    /// The same, resolved against `policy`: the limiter decides under it rather than
+    /// loading the policy in force again.
+    pub fn under(mut self, policy: Arc<PolicySnapshot>) -> Self {
+        self.policy = Some(Resolved(policy));
         self
     }
 
@@ -252,7 +282,10 @@ where
                 Ok(identity) => identity,
                 Err(refusal) => return Ok(refusal.response()),
             };
-            let decision = limiter.check(&identity.request()).await;
+            let decision = match &identity.policy {
+                Some(Resolved(policy)) => limiter.check_under(policy, &identity.request()).await,
+                None => limiter.check(&identity.request()).await,
+            };
             if let Some(hook) = hook {
                 hook(&decision, arrived.elapsed());
             }

@@ -47,7 +47,7 @@ pub use events::{
 };
 pub use http::{HttpAnswer, PROBLEM_JSON, http_answer};
 pub use key::LimitKey;
-pub use layer::{Identity, RateLimit, RateLimitLayer, Refusal};
+pub use layer::{Identity, RateLimit, RateLimitLayer, Refusal, Resolved};
 pub use limiter::{Decision, Limiter, LimiterConfig, Regional, RegionalTimings, Request};
 pub use memory::MemoryStore;
 pub use metrics::LimiterMetrics;

@@ -19,7 +19,7 @@ use crate::events::EventQueue;
 use crate::key::LimitKey;
 use crate::memory::MemoryStore;
 use crate::metrics::LimiterMetrics;
-use crate::policy::{LimitLookup, Mode, PolicyHandle};
+use crate::policy::{LimitLookup, Mode, PolicyHandle, PolicySnapshot};
 use crate::regions::{DEFAULT_SHARE_TTL, NearLimit, Share, ShareHandle, is_near_limit};
 
 /// Where this limiter runs.
@@ -242,7 +242,13 @@ impl<S: CounterStore> Limiter<S> {
 
     /// Decides one request.
     pub async fn check(&self, req: &Request<'_>) -> Decision {
-        let policy = self.policy.load();
+        self.check_under(&self.policy.load(), req).await
+    }
+
+    /// Decides one request under `policy`: the snapshot the caller already resolved the
+    /// request's route class and tier against, so one request sees one policy even when a
+    /// new one is put in force meanwhile.
+    pub async fn check_under(&self, policy: &PolicySnapshot, req: &Request<'_>) -> Decision {
         let version = policy.version();
         let (limits, mode, key) = match policy.resolve(&req.key_id, req.route_class, req.tier) {
             LimitLookup::KillSwitch => return self.pass(req, version, DecisionSource::KillSwitch),

@@ -422,6 +422,25 @@ async fn a_failing_store_opens_the_breaker_and_the_fallback_enforces_its_share()
     assert!(m.contains("verdict_breaker_state 0"), "{m}");
 }
 
+#[tokio::test]
+async fn a_request_is_decided_under_the_snapshot_it_was_resolved_against() {
+    let r = rig(policy(|d| d.limits[0].capacity = 1));
+    let resolved = r.limiter.policy().load();
+    let newer = policy(|d| d.limits[0].capacity = 100).with_version(resolved.version() + 1);
+    r.limiter.policy().store(newer, 0);
+
+    let first = r.limiter.check_under(&resolved, &req(1, 0)).await;
+    let second = r.limiter.check_under(&resolved, &req(1, 0)).await;
+    assert!(first.is_allowed());
+    assert_eq!(
+        (second.verdict, second.policy_version),
+        (Verdict::Denied, resolved.version()),
+        "the resolved snapshot's burst of 1, not the newer one's 100"
+    );
+    let now = r.limiter.check(&req(2, 0)).await;
+    assert_eq!(now.policy_version, resolved.version() + 1);
+}
+
 /// A store of two shards (a key id's last byte, even or odd), the odd one failing.
 struct OddShardDown {
     inner: MemoryStore,
