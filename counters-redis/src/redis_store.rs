@@ -134,13 +134,8 @@ impl RedisStore {
         // longer than one decision, on a cold machine or a cluster; its commands get
         // SETUP_TIMEOUT, and the decision deadline applies from when the lanes start.
         let pool = shards::build(config, cfg.connections)?;
-        pool.init().await.map_err(backend)?;
         let script = Script::from_lua(DECISION_SCRIPT);
-        let load = tokio::time::timeout(SETUP_TIMEOUT, script.load(pool.next()));
-        load.await
-            .map_err(|_| StoreError::timeout(SETUP_TIMEOUT))?
-            .map_err(backend)?;
-        shards::set_deadline(&pool, cfg.timeout);
+        shards::ready(&pool, &script, cfg.timeout).await?;
         let caller = Caller {
             script: script.clone(),
             ttl_windows: i64::from(cfg.ttl_windows.max(1)),

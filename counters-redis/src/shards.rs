@@ -125,18 +125,25 @@ pub(crate) async fn connect_node(
 ) -> Result<Pool, StoreError> {
     let config = Config::from_url(&format!("redis://{address}")).map_err(StoreError::backend)?;
     let pool = build(config, settings.connections)?;
+    ready(&pool, &settings.script, settings.timeout).await?;
+    Ok(pool)
+}
+
+/// Connects `pool` and loads `script`, within [`crate::redis_store::SETUP_TIMEOUT`] in all;
+/// then sets `timeout` as its commands' deadline.
+pub(crate) async fn ready(
+    pool: &Pool,
+    script: &Script,
+    timeout: Duration,
+) -> Result<(), StoreError> {
     tokio::time::timeout(crate::redis_store::SETUP_TIMEOUT, async {
         pool.init().await.map_err(StoreError::backend)?;
-        settings
-            .script
-            .load(pool.next())
-            .await
-            .map_err(StoreError::backend)
+        script.load(pool.next()).await.map_err(StoreError::backend)
     })
     .await
     .map_err(|_| StoreError::timeout(crate::redis_store::SETUP_TIMEOUT))??;
-    set_deadline(&pool, settings.timeout);
-    Ok(pool)
+    set_deadline(pool, timeout);
+    Ok(())
 }
 
 /// A pool with the settings every connection of the store has: setup commands get
@@ -157,7 +164,7 @@ pub(crate) fn build(config: Config, connections: usize) -> Result<Pool, StoreErr
 
 /// From here fred's own deadline matches ours, so a call abandoned at the deadline is
 /// dropped from its queue rather than sent late.
-pub(crate) fn set_deadline(pool: &Pool, timeout: Duration) {
+fn set_deadline(pool: &Pool, timeout: Duration) {
     for client in pool.clients() {
         let mut perf = client.perf_config();
         perf.default_command_timeout = timeout;
