@@ -3,7 +3,7 @@
 //! own pure core and written as raw files to a local folder. The review must name exactly the
 //! truth of every limit, and recommend a quota within ±20 % of the world's p99 demand.
 //!
-//! `cargo test -p verdict-tests --test limit_review -- --nocapture` prints every world's rows.
+//! `cargo test -p verdict-tests --test services limit_review:: -- --nocapture` prints every world's rows.
 
 use std::sync::Arc;
 

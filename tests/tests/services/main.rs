@@ -1,0 +1,28 @@
+//! The tests that need the real services, as one test binary (one link, not one per file:
+//! each would hold its own copy of DataFusion, Delta and the clients, about 300 MB apiece in
+//! a debug build). Each file is a module: run one with a filter, for example
+//! `cargo test -p verdict-tests --test services limiter_redis::`. `scripts/test.sh` runs
+//! them one at a time: some stop or restart a shared service (the Kafka broker), and the
+//! timing checks are measured with the machine to themselves.
+
+mod ingest_broker_restart;
+mod ingest_kafka_s3;
+mod jobs_s3;
+mod lake_engines;
+mod limit_review;
+mod limiter_accuracy;
+mod limiter_faults;
+mod limiter_kafka;
+mod limiter_postgres;
+mod limiter_redis;
+mod limiter_redis_cluster;
+mod limiter_store_move;
+mod query_hostile;
+mod query_http;
+mod query_pg;
+mod query_reports;
+mod query_router;
+mod regions_move;
+mod regions_outage;
+mod rollup_s3;
+mod smoke;
