@@ -26,4 +26,26 @@ impl CounterStore for GatewayStore {
             Self::Moving(m) => m.check(key, limits).await,
         }
     }
+
+    /// A cluster's masters, so that the limiter keeps a breaker per master; a move is one
+    /// shard (its two stores do not share a layout).
+    fn shards(&self) -> usize {
+        match self {
+            Self::Redis(r) => r.shards(),
+            Self::Memory(m) => m.shards(),
+            Self::Moving(m) => m.shards(),
+        }
+    }
+
+    fn shard(&self, key: &LimitKey) -> usize {
+        match self {
+            Self::Redis(r) => r.shard(key),
+            Self::Memory(m) => m.shard(key),
+            Self::Moving(m) => m.shard(key),
+        }
+    }
+
+    fn can_fail(&self) -> bool {
+        !matches!(self, Self::Memory(_))
+    }
 }

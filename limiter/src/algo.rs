@@ -121,6 +121,32 @@ impl CounterState {
         (p as f64) * (w - e) as f64 / w as f64 + c as f64
     }
 
+    /// The state of one instance's part of a key, from what the shared store said was left
+    /// after its last decision (`told`), at `now_ms`: `1/instances` of the remaining tokens
+    /// and of the remaining window quota, within `share` (the whole limits divided among
+    /// the instances). `None` when that part is a full share, the state of a key never seen.
+    ///
+    /// The window's count goes into the current window whole (none into the previous), so
+    /// the part never admits more than the store's answer left it; it may admit less for up
+    /// to a window, while that count decays as the previous window's.
+    pub fn from_store_answer(
+        told: &CounterCheck,
+        share: &Limits,
+        instances: u32,
+        now_ms: i64,
+    ) -> Option<Self> {
+        let n = instances.max(1);
+        let cap = share.capacity_units();
+        let tokens = (i64::from(told.remaining_tokens) * TOKEN_UNITS / i64::from(n)).min(cap);
+        let window_left = (told.remaining_window / n).min(share.quota);
+        (tokens < cap || window_left < share.quota).then_some(Self {
+            tokens,
+            last_ms: now_ms,
+            cur: share.quota - window_left,
+            prev: 0,
+        })
+    }
+
     /// The window rolled to `now` (not before `last_ms`): the previous window's count, the
     /// current window's count, and how far `now` is into the current window, ms.
     fn rolled(&self, now: i64, w: i64) -> (i64, i64, i64) {
@@ -274,6 +300,48 @@ fn window_wait(p: i64, c: i64, e: i64, q: i64, w: i64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_instance_part_of_a_store_answer_admits_no_more_than_was_left() {
+        let whole = Limits::per_hour(10, 1.0, 100);
+        let part = whole.divided(2);
+        let told = |tokens, window| CounterCheck {
+            allowed: true,
+            denied_by_bucket: false,
+            denied_by_window: false,
+            remaining_tokens: tokens,
+            remaining_window: window,
+            retry_after_ms: 0,
+            now_ms: 0,
+        };
+        // Nothing used: a full part, the state of a key never seen.
+        assert_eq!(
+            CounterState::from_store_answer(&told(10, 100), &part, 2, 5),
+            None
+        );
+        // 7 tokens and 50 of the window left: 3.5 tokens and 25 requests are this part.
+        let s = CounterState::from_store_answer(&told(7, 50), &part, 2, 5).unwrap();
+        assert_eq!(
+            s,
+            CounterState {
+                tokens: 3_500_000,
+                last_ms: 5,
+                cur: 25,
+                prev: 0
+            }
+        );
+        let mut state = Some(s);
+        let mut allowed = 0;
+        for _ in 0..10 {
+            let (o, next) = decide(state, 5, &part);
+            allowed += u32::from(o.allowed);
+            state = next.or(state);
+        }
+        assert_eq!(allowed, 3, "the whole tokens of 3.5");
+        // The window's part binds when it is the smaller.
+        let s = CounterState::from_store_answer(&told(10, 4), &part, 2, 5).unwrap();
+        assert_eq!((s.tokens, s.cur), (5_000_000, 48));
+    }
 
     #[test]
     fn a_share_scales_the_limits_down_never_to_more_than_the_whole() {

@@ -142,6 +142,12 @@ pub trait CounterStore: Send + Sync + 'static {
         let _ = key;
         0
     }
+
+    /// Whether a call can fail, so that the limiter keeps its local fallback ready to take
+    /// over (seeded from the store's answers). The memory store's calls cannot.
+    fn can_fail(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

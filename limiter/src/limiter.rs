@@ -11,7 +11,7 @@ use verdict_schemas::{
     DecisionEvent, DecisionSource, DeniedBy, KeyId, RegionId, RouteClassId, TierId, Verdict,
 };
 
-use crate::algo::{CounterCheck, Limits};
+use crate::algo::{CounterCheck, CounterState, Limits};
 use crate::breaker::{Admit, Breaker, BreakerConfig, BreakerState};
 use crate::clock::{Clock, SystemClock};
 use crate::counter_store::CounterStore;
@@ -35,6 +35,12 @@ pub struct LimiterConfig {
     pub breaker: BreakerConfig,
     /// Limit keys the local fallback keeps at most.
     pub fallback_max_keys: usize,
+    /// The local fallback starts a key from this instance's part of what the store last
+    /// said was left of it (true), not from a full part (false): a key near its limit when
+    /// the store fails gets no fresh allowance. Costs one write to the fallback's memory
+    /// per store decision, and the fallback holds every key seen below a full part (up to
+    /// `fallback_max_keys`).
+    pub fallback_from_store: bool,
 }
 
 impl Default for LimiterConfig {
@@ -45,6 +51,7 @@ impl Default for LimiterConfig {
             instance_count: 1,
             breaker: BreakerConfig::default(),
             fallback_max_keys: 1_000_000,
+            fallback_from_store: true,
         }
     }
 }
@@ -348,7 +355,8 @@ impl<S: CounterStore> Limiter<S> {
     }
 
     /// Asks the store, unless the breaker of the key's shard is open; on failure, or while
-    /// open, the local fallback decides at limit / instance count.
+    /// open, the local fallback decides at limit / instance count, from this instance's
+    /// part of what the store last said was left of the key.
     async fn decide(&self, key: &LimitKey, limits: &Limits) -> (CounterCheck, DecisionSource) {
         let now = self.clock.now_ms();
         let shard = self.store.shard(key).min(self.breakers.len() - 1);
@@ -366,7 +374,19 @@ impl<S: CounterStore> Limiter<S> {
                 self.breaker_changed();
             }
             match result {
-                Ok(outcome) => return (outcome, DecisionSource::CounterStore),
+                Ok(outcome) => {
+                    if self.cfg.fallback_from_store && self.store.can_fail() {
+                        let n = self.cfg.instance_count;
+                        let part = CounterState::from_store_answer(
+                            &outcome,
+                            &limits.divided(n),
+                            n,
+                            self.clock.now_ms(),
+                        );
+                        self.fallback.set(key, part, limits.window_ms);
+                    }
+                    return (outcome, DecisionSource::CounterStore);
+                }
                 Err(e) => {
                     self.metrics
                         .store_errors

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::algo::{CounterCheck, CounterState, Limits, decide};
 use crate::clock::{Clock, SystemClock};
@@ -72,18 +72,48 @@ impl MemoryStore {
     /// Decides one request now (synchronously: there is no I/O).
     pub fn decide(&self, key: &LimitKey, limits: &Limits) -> CounterCheck {
         let now = self.inner.clock.now_ms();
-        let shard = &self.inner.shards[(self.inner.hasher.hash_one(key) as usize) & (SHARDS - 1)];
-        // A poisoned shard only means another thread panicked mid-update of plain data;
-        // the counters are still counters.
-        let mut map = shard.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.locked(key);
         let (outcome, next) = decide(map.get(key).copied(), now, limits);
         if let Some(next) = next {
-            if !map.contains_key(key) && map.len() >= self.inner.per_shard {
-                evict(&mut map, now, 2 * limits.window_ms);
-            }
-            map.insert(*key, next);
+            self.put(&mut map, key, next, limits.window_ms);
         }
         outcome
+    }
+
+    /// Sets `key`'s counters to `state`, or forgets them (`None`: the key starts full).
+    /// The local fallback is seeded this way from the shared store's answers
+    /// ([`CounterState::from_store_answer`]).
+    pub fn set(&self, key: &LimitKey, state: Option<CounterState>, window_ms: i64) {
+        let mut map = self.locked(key);
+        match state {
+            Some(s) => self.put(&mut map, key, s, window_ms),
+            None => {
+                map.remove(key);
+            }
+        }
+    }
+
+    /// The locked shard of `key`. A poisoned shard only means another thread panicked
+    /// mid-update of plain data; the counters are still counters.
+    fn locked(&self, key: &LimitKey) -> MutexGuard<'_, HashMap<LimitKey, CounterState>> {
+        let i = (self.inner.hasher.hash_one(key) as usize) & (SHARDS - 1);
+        self.inner.shards[i]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stores `state` for `key`, making room first when the shard is full.
+    fn put(
+        &self,
+        map: &mut HashMap<LimitKey, CounterState>,
+        key: &LimitKey,
+        state: CounterState,
+        window_ms: i64,
+    ) {
+        if !map.contains_key(key) && map.len() >= self.inner.per_shard {
+            evict(map, state.last_ms, 2 * window_ms);
+        }
+        map.insert(*key, state);
     }
 }
 
@@ -105,6 +135,10 @@ fn evict(map: &mut HashMap<LimitKey, CounterState>, now: i64, idle_ms: i64) {
 impl CounterStore for MemoryStore {
     async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<CounterCheck, StoreError> {
         Ok(self.decide(key, limits))
+    }
+
+    fn can_fail(&self) -> bool {
+        false
     }
 }
 

@@ -422,6 +422,60 @@ async fn a_failing_store_opens_the_breaker_and_the_fallback_enforces_its_share()
     assert!(m.contains("verdict_breaker_state 0"), "{m}");
 }
 
+/// Two instances share a key with a burst of 10. Nine requests pass through the store,
+/// alternating instances, then the store fails and both instances' fallbacks decide 40 more
+/// at the same instant (no refill). Returns what the fallbacks allowed.
+async fn fallback_allowance_after_nine_of_ten(fallback_from_store: bool) -> u32 {
+    let clock = FakeClock::at(T0);
+    let failing = Arc::new(AtomicBool::new(false));
+    let store = Flaky {
+        failing: Arc::clone(&failing),
+        inner: MemoryStore::with_clock(100, Arc::new(clock.clone())),
+    };
+    let instances: Vec<Rig<Flaky>> = (0..2)
+        .map(|i| {
+            let cfg = LimiterConfig {
+                instance: i,
+                instance_count: 2,
+                breaker: BreakerConfig {
+                    failure_threshold: 2,
+                    failing_for: Duration::ZERO,
+                    open_for: Duration::from_secs(1),
+                },
+                fallback_from_store,
+                ..LimiterConfig::default()
+            };
+            let snapshot = policy(|d| d.limits[0].capacity = 10);
+            rig_with(store.clone(), snapshot, 100, cfg, clock.clone())
+        })
+        .collect();
+    for i in 0..9 {
+        let d = instances[i % 2].limiter.check(&req(1, 0)).await;
+        assert_eq!(
+            (d.source, d.is_allowed()),
+            (DecisionSource::CounterStore, true)
+        );
+    }
+    failing.store(true, Ordering::SeqCst);
+    let mut allowed = 0;
+    for i in 0..40 {
+        let d = instances[i % 2].limiter.check(&req(1, 0)).await;
+        assert_eq!(d.source, DecisionSource::LocalFallback);
+        allowed += u32::from(d.is_allowed());
+    }
+    allowed
+}
+
+#[tokio::test]
+async fn the_fallback_starts_a_key_from_what_the_store_last_said_was_left() {
+    // Started full, each instance's fallback would allow its half of the burst again: the
+    // key would get 19 where its limit allows 10.
+    assert_eq!(fallback_allowance_after_nine_of_ten(false).await, 10);
+    // Started from the store's last answers (instance 1 last saw 2 tokens left, so 1 is
+    // its part; instance 0 saw 1, so half a token): one more, ten in all.
+    assert_eq!(fallback_allowance_after_nine_of_ten(true).await, 1);
+}
+
 #[tokio::test]
 async fn a_request_is_decided_under_the_snapshot_it_was_resolved_against() {
     let r = rig(policy(|d| d.limits[0].capacity = 1));

@@ -11,6 +11,7 @@ mod jobs_s3;
 mod lake_engines;
 mod limit_review;
 mod limiter_accuracy;
+mod limiter_cluster_faults;
 mod limiter_faults;
 mod limiter_kafka;
 mod limiter_postgres;
