@@ -17,8 +17,11 @@
 #             with Delta Lake's jars from Maven Central, and the Python `deltalake` and
 #             `polars` readers and DuckDB, in a virtualenv of its own; the tests that read the lake
 #             with other engines run its Python (tests/spark/lake.py)
+#   nginx     not a server either: Debian's nginx, whose `limit_req` is the peer
+#             `verdict bench gateway --nginx` measures the gateway against (the bench starts
+#             and stops its own nginx); not part of `up` without names, since no test needs it
 #
-# Usage: scripts/services.sh up|down|status|restart [redis|regions|redis-cluster|postgres|kafka|kafka2|s3|spark ...]
+# Usage: scripts/services.sh up|down|status|restart [redis|regions|redis-cluster|postgres|kafka|kafka2|s3|spark|nginx ...]
 #
 # `up` is idempotent: what already answers is left alone. It waits until each service
 # answers and prints one line per service with its address. Downloads are cached in
@@ -382,6 +385,14 @@ spark_up() {
 spark_down() { :; }
 spark_status() { if spark_ready; then say "spark     up    $(spark_venv)/bin/python"; else say "spark     down  (scripts/services.sh up spark installs it)"; fi; }
 
+# ---------------------------------------------------------------- nginx (bench peer)
+nginx_up() {
+  command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || apt_install nginx
+  say "nginx     up  $(command -v nginx || echo /usr/sbin/nginx) (started by verdict bench gateway --nginx)"
+}
+nginx_down() { :; }
+nginx_status() { if command -v nginx >/dev/null || [ -x /usr/sbin/nginx ]; then say "nginx     installed"; else say "nginx     missing  (scripts/services.sh up nginx installs it)"; fi; }
+
 # ---------------------------------------------------------------- main
 usage() {
   sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
@@ -391,7 +402,7 @@ usage() {
 cmd=${1:-}; [ $# -gt 0 ] && shift
 services=("$@"); [ ${#services[@]} -gt 0 ] || services=("${ALL[@]}")
 for s in "${services[@]}"; do
-  case $s in redis|regions|redis-cluster|postgres|kafka|kafka2|s3|spark) ;; *) die "unknown service '$s' (known: ${ALL[*]})";; esac
+  case $s in redis|regions|redis-cluster|postgres|kafka|kafka2|s3|spark|nginx) ;; *) die "unknown service '$s' (known: ${ALL[*]} nginx)";; esac
 done
 mkdir -p "$VERDICT_CACHE" "$VERDICT_STATE"
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use verdict_counters_redis::{RedisStore, RedisStoreConfig};
+use verdict_counters_redis::RedisStore;
 use verdict_events_kafka::{KafkaSink, KafkaSinkConfig};
 use verdict_gateway::{Gateway, GatewayConfig, GatewayStore, KeyDirectory, spawn_key_refresher};
 use verdict_limiter::moving::MovingStore;
@@ -19,6 +19,7 @@ use verdict_policy_store::PgShares;
 use verdict_schemas::RegionId;
 
 use crate::policy_args::PolicyArgs;
+use crate::redis_args::RedisStoreArgs;
 
 /// Options of `verdict gateway`.
 #[derive(Debug, Clone, Args)]
@@ -61,9 +62,9 @@ pub struct GatewayArgs {
     /// Where a move stands: old, dual-write or cut-over.
     #[arg(long, default_value = "dual-write", requires = "redis_next")]
     pub store_phase: verdict_limiter::moving::Phase,
-    /// Deadline of one decision in Redis, ms; past it the local fallback decides.
-    #[arg(long, default_value_t = 5)]
-    pub redis_timeout_ms: u64,
+    /// How the gateway talks to Redis.
+    #[command(flatten)]
+    pub redis_store: RedisStoreArgs,
     /// Kafka brokers for the decision events. Without them the events are dropped (and
     /// counted in verdict_events_dropped_total).
     #[arg(long, env = "VERDICT_KAFKA_BROKERS")]
@@ -165,14 +166,13 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
         instance_count: args.instance_count,
         ..LimiterConfig::default()
     };
-    let connect = |url: String| async move {
-        RedisStore::connect(&RedisStoreConfig {
-            url: url.clone(),
-            timeout: Duration::from_millis(args.redis_timeout_ms.max(1)),
-            ..RedisStoreConfig::default()
-        })
-        .await
-        .with_context(|| format!("connecting to Redis at {url}"))
+    let connect = |url: String| {
+        let config = args.redis_store.config(&url);
+        async move {
+            RedisStore::connect(&config)
+                .await
+                .with_context(|| format!("connecting to Redis at {url}"))
+        }
     };
     let (store, redis) = match (&args.redis, &args.redis_next) {
         (Some(url), Some(next)) => {

@@ -10,6 +10,7 @@ pub mod jobs;
 pub mod policy;
 pub mod policy_args;
 pub mod query;
+pub mod redis_args;
 pub mod rollup;
 pub mod serve;
 pub mod signals;

@@ -1,9 +1,11 @@
 //! `verdict bench gateway`: HTTP load through the gateway to a trivial upstream, and the same
-//! load sent straight to the upstream, in the same run and the same process. Two phases,
-//! each alternating the two targets round by round so that drift on a noisy machine falls
-//! on both: closed loop (as fast as answers come) for the requests per second, then paced
-//! at a rate both can hold for the latency the gateway adds (service time: from when each
-//! request was sent). Prints one JSON object.
+//! load sent straight to the upstream, in the same run and the same process; with `--nginx`
+//! also through nginx's own limiter (`limit_req`) in front of the same upstream, the peer a
+//! platform team would otherwise deploy. Two phases, each alternating the targets round by
+//! round so that drift on a noisy machine falls on all: closed loop (as fast as answers
+//! come) for the requests per second, then paced at a rate all can hold for the latency
+//! each adds (service time: from when each request was sent). With `--kafka-brokers` the
+//! gateway's decision events go to the real Kafka, as in production. Prints one JSON object.
 //!
 //! The load generator, the gateway and the upstream share this machine's cores, so the
 //! absolute figures are a floor; the ratios are the point.
@@ -18,16 +20,20 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use clap::Args;
 use serde::Serialize;
-use verdict_counters_redis::{RedisStore, RedisStoreConfig};
+use verdict_counters_redis::RedisStore;
+use verdict_events_kafka::{KafkaSink, KafkaSinkConfig};
 use verdict_gateway::{GatewayStore, KeyDirectory, KeyEntry};
 use verdict_limiter::policy::parse_toml;
 use verdict_limiter::{
     Limiter, LimiterConfig, LimiterMetrics, MemoryStore, PolicyHandle, PolicySnapshot, event_queue,
+    spawn_drain,
 };
 use verdict_load::{self as load, LoadReport, LoadSpec, MakeRequest};
 use verdict_schemas::KeyId;
 
 use verdict_demo::{LocalGateway, spawn_upstream};
+
+use super::nginx::Nginx;
 
 /// Options of `verdict bench gateway`.
 #[derive(Debug, Clone, Args)]
@@ -50,18 +56,52 @@ pub struct GatewayBenchArgs {
     /// Decide on this Redis (redis://host:port) instead of memory counters.
     #[arg(long)]
     pub redis: Option<String>,
+    /// How the gateway talks to Redis, as for `verdict gateway`.
+    #[command(flatten)]
+    pub redis_store: crate::redis_args::RedisStoreArgs,
+    /// Send the gateway's decision events to these Kafka brokers (host:port,…), as in
+    /// production; without, they are drained and discarded in the process.
+    #[arg(long)]
+    pub kafka_brokers: Option<String>,
+    /// The topic of the events with --kafka-brokers.
+    #[arg(long, default_value = "verdict.bench.gateway")]
+    pub kafka_topic: String,
+    /// Also measure nginx's limit_req in front of the same upstream (Debian's nginx, started
+    /// by the bench: scripts/services.sh up nginx installs it).
+    #[arg(long)]
+    pub nginx: bool,
 }
 
 /// One target's figures in one phase, each the median over the rounds. `p50_ms` and
 /// `p99_ms` count from when a request was due (in the paced phase that includes the
 /// timer's lateness, up to a millisecond); `service_*` from when it was sent.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 pub struct Figures {
     requests_per_s: f64,
     p50_ms: f64,
     p99_ms: f64,
     service_p50_ms: f64,
     service_p99_ms: f64,
+}
+
+/// nginx's figures beside the gateway's.
+#[derive(Debug, Serialize)]
+pub struct NginxFigures {
+    closed_loop: Figures,
+    paced: Figures,
+    /// The gateway's closed-loop requests/s ÷ nginx's.
+    gateway_vs_nginx_rps: f64,
+    /// nginx's service p99 less the upstream's alone, paced.
+    added_p99_ms: f64,
+}
+
+/// What became of the gateway's decision events.
+#[derive(Debug, Serialize)]
+pub struct EventFigures {
+    sink: &'static str,
+    sent: u64,
+    dropped: u64,
+    failed: u64,
 }
 
 /// The printed result.
@@ -86,9 +126,17 @@ pub struct GatewayBenchReport {
     /// The gateway's service p50 and p99 less the upstream's alone, paced.
     added_p50_ms: f64,
     added_p99_ms: f64,
+    /// With --nginx: nginx's limit_req in front of the same upstream, its figures and the
+    /// gateway's requests/s ÷ nginx's (closed loop), and nginx's added p99 (paced).
+    nginx: Option<NginxFigures>,
+    /// Where the decision events went: "kafka" or "discarded", and what became of them.
+    events: EventFigures,
     /// Requests of the whole run that did not get the answer expected (should be 0).
     errors: u64,
 }
+
+/// The header carrying the API key, for the gateway and nginx alike.
+const KEY_HEADER: &str = "x-api-key";
 
 /// A policy nobody reaches: every request is decided and allowed, so the bench measures
 /// the proxy path (decision, headers, forwarding), not refusals.
@@ -123,17 +171,27 @@ async fn bench(args: &GatewayBenchArgs) -> anyhow::Result<GatewayBenchReport> {
     let upstream = spawn_upstream().await?;
     let metrics = Arc::new(LimiterMetrics::new());
     let (queue, mut events) = event_queue(65_536, Arc::clone(&metrics));
-    // Where the Kafka producer would take the events: drained, so the queue never fills.
-    tokio::spawn(async move { while events.recv().await.is_some() {} });
+    let drain = match &args.kafka_brokers {
+        Some(brokers) => {
+            let sink = KafkaSink::new(
+                &KafkaSinkConfig {
+                    brokers: brokers.clone(),
+                    topic: args.kafka_topic.clone(),
+                    ..KafkaSinkConfig::default()
+                },
+                Arc::clone(&metrics),
+            )?;
+            spawn_drain(events, sink, Arc::clone(&metrics))
+        }
+        // Where the Kafka producer would take the events: drained, so the queue never fills.
+        None => tokio::spawn(async move { while events.recv().await.is_some() {} }),
+    };
     let cfg = LimiterConfig::default();
     let (store, store_name) = match &args.redis {
         Some(url) => {
-            let r = RedisStore::connect(&RedisStoreConfig {
-                url: url.clone(),
-                ..RedisStoreConfig::default()
-            })
-            .await
-            .with_context(|| format!("connecting to Redis at {url}"))?;
+            let r = RedisStore::connect(&args.redis_store.config(url))
+                .await
+                .with_context(|| format!("connecting to Redis at {url}"))?;
             (GatewayStore::Redis(r), "redis")
         }
         None => (
@@ -167,24 +225,67 @@ async fn bench(args: &GatewayBenchArgs) -> anyhow::Result<GatewayBenchReport> {
             .collect::<HashMap<_, _>>(),
     );
     let gateway = LocalGateway::start(limiter, keys, upstream).await?;
+    let nginx = if args.nginx {
+        Some(Nginx::start(upstream, KEY_HEADER)?)
+    } else {
+        None
+    };
+    let mut targets = vec![upstream, gateway.addr];
+    targets.extend(nginx.as_ref().map(|n| n.addr));
 
     let duration = Duration::from_secs(args.seconds);
     let closed = LoadSpec::closed(duration, usize::from(args.concurrency));
     let mut errors = 0;
-    let (direct, through) = alternate(args, &closed, upstream, gateway.addr, &mut errors).await;
-    let closed_loop_direct = median(&direct);
-    let closed_loop_gateway = median(&through);
+    let closed_loop = alternate(args, &closed, &targets, &mut errors).await;
     let rate = args
         .rate
-        .unwrap_or((closed_loop_gateway.requests_per_s / 2.0).max(1.0) as u32);
-    let paced = LoadSpec {
+        .unwrap_or((closed_loop[1].requests_per_s / 2.0).max(1.0) as u32);
+    let paced_spec = LoadSpec {
         rate_per_s: Some(f64::from(rate)),
         ..closed
     };
-    let (direct, through) = alternate(args, &paced, upstream, gateway.addr, &mut errors).await;
-    let paced_direct = median(&direct);
-    let paced_gateway = median(&through);
+    let paced = alternate(args, &paced_spec, &targets, &mut errors).await;
+    let mut closed_loop = closed_loop.into_iter();
+    let (closed_loop_direct, closed_loop_gateway, closed_nginx) = (
+        closed_loop.next().unwrap_or_default(),
+        closed_loop.next().unwrap_or_default(),
+        closed_loop.next(),
+    );
+    let mut paced = paced.into_iter();
+    let (paced_direct, paced_gateway, paced_nginx) = (
+        paced.next().unwrap_or_default(),
+        paced.next().unwrap_or_default(),
+        paced.next(),
+    );
+    let nginx = match (nginx, closed_nginx, paced_nginx) {
+        (Some(n), Some(closed), Some(paced)) => {
+            let log = n.errors();
+            if !log.trim().is_empty() {
+                tracing::warn!(%log, "nginx's error log");
+            }
+            Some(NginxFigures {
+                gateway_vs_nginx_rps: closed_loop_gateway.requests_per_s
+                    / closed.requests_per_s.max(1e-9),
+                added_p99_ms: paced.service_p99_ms - paced_direct.service_p99_ms,
+                closed_loop: closed,
+                paced,
+            })
+        }
+        _ => None,
+    };
     gateway.stop().await?;
+    // The gateway held the last queue handle: the drain flushes to Kafka and ends.
+    let _ = tokio::time::timeout(Duration::from_secs(30), drain).await;
+    let events = EventFigures {
+        sink: if args.kafka_brokers.is_some() {
+            "kafka"
+        } else {
+            "discarded"
+        },
+        sent: metrics.events_sent.get(),
+        dropped: metrics.events_dropped.get(),
+        failed: metrics.events_failed.get(),
+    };
     if metrics
         .decisions
         .get_metric_with_label_values(&["allowed", "counter_store"])?
@@ -210,23 +311,24 @@ async fn bench(args: &GatewayBenchArgs) -> anyhow::Result<GatewayBenchReport> {
         added_p99_ms: paced_gateway.service_p99_ms - paced_direct.service_p99_ms,
         paced_direct,
         paced_gateway,
+        nginx,
+        events,
         errors,
     })
 }
 
-/// `rounds` rounds of `spec`, each on the upstream and then through the gateway; counts
-/// in `errors` the requests not answered 200.
+/// `rounds` rounds of `spec`, each on every target in turn (the upstream first); counts in
+/// `errors` the requests not answered 200. Returns each target's medians, in order.
 async fn alternate(
     args: &GatewayBenchArgs,
     spec: &LoadSpec,
-    upstream: SocketAddr,
-    gateway: SocketAddr,
+    targets: &[SocketAddr],
     errors: &mut u64,
-) -> (Vec<LoadReport>, Vec<LoadReport>) {
-    let (mut direct, mut through) = (Vec::new(), Vec::new());
+) -> Vec<Figures> {
+    let mut reports: Vec<Vec<LoadReport>> = vec![Vec::new(); targets.len()];
     for round in 0..args.rounds {
-        for (target, into) in [(upstream, &mut direct), (gateway, &mut through)] {
-            let r = load::run(spec, requests(target, args.keys), Arc::default()).await;
+        for (target, into) in targets.iter().zip(&mut reports) {
+            let r = load::run(spec, requests(*target, args.keys), Arc::default()).await;
             *errors += r.sent - r.count(StatusCode::OK);
             tracing::info!(
                 round,
@@ -238,14 +340,14 @@ async fn alternate(
             into.push(r);
         }
     }
-    (direct, through)
+    reports.iter().map(|r| median(r)).collect()
 }
 
 /// GET /v1/items/<i> with key bench-<i mod keys>.
 fn requests(target: SocketAddr, keys: u32) -> MakeRequest {
     Arc::new(move |i| {
         Request::get(format!("http://{target}/v1/items/{i}"))
-            .header("x-api-key", format!("bench-{}", i % u64::from(keys)))
+            .header(KEY_HEADER, format!("bench-{}", i % u64::from(keys)))
             .body(Body::empty())
             .unwrap_or_default()
     })

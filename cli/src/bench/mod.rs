@@ -5,6 +5,7 @@ pub mod gateway;
 pub mod ingest;
 pub mod limiter;
 pub mod log;
+pub mod nginx;
 pub mod query;
 pub mod rollup;
 

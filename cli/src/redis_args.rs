@@ -1,0 +1,41 @@
+//! The counter store's connection options, shared by `verdict gateway` and
+//! `verdict bench gateway`: connections, calls on the wire per connection, decisions per
+//! script call, and the decision's deadline.
+
+use std::time::Duration;
+
+use clap::Args;
+use verdict_counters_redis::RedisStoreConfig;
+
+/// How the gateway talks to Redis.
+#[derive(Debug, Clone, Args)]
+pub struct RedisStoreArgs {
+    /// Multiplexed connections to Redis (to each master of a cluster).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub redis_connections: u32,
+    /// Script calls on the wire at once on one connection (pipelined), each from a lane of
+    /// its own.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub redis_calls_per_connection: u32,
+    /// Most decisions one script call carries: the requests that arrive while a lane's call
+    /// is on the wire go together in its next one (1: a call per decision).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub redis_max_batch: u32,
+    /// Deadline of one decision in Redis, ms; past it the local fallback decides.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub redis_timeout_ms: u64,
+}
+
+impl RedisStoreArgs {
+    /// The store's settings for the Redis at `url`.
+    pub fn config(&self, url: &str) -> RedisStoreConfig {
+        RedisStoreConfig {
+            url: url.to_owned(),
+            connections: self.redis_connections as usize,
+            calls_per_connection: self.redis_calls_per_connection as usize,
+            max_batch: self.redis_max_batch as usize,
+            timeout: Duration::from_millis(self.redis_timeout_ms),
+            ..RedisStoreConfig::default()
+        }
+    }
+}
