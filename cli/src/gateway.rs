@@ -9,11 +9,13 @@ use anyhow::Context;
 use clap::Args;
 use verdict_counters_redis::RedisStore;
 use verdict_events_kafka::{KafkaSink, KafkaSinkConfig};
-use verdict_gateway::{Gateway, GatewayConfig, GatewayStore, KeyDirectory, spawn_key_refresher};
+use verdict_gateway::{
+    BuiltGateway, GatewayBuilder, GatewayStore, KeyDirectory, spawn_key_refresher,
+};
 use verdict_limiter::moving::MovingStore;
 use verdict_limiter::{
-    CachedSource, Limiter, LimiterConfig, LimiterMetrics, MemoryStore, PolicyHandle, PolicySource,
-    RegionalTimings, SystemClock, event_queue, spawn_drain, spawn_refresher,
+    CachedSource, EventReceiver, LimiterConfig, LimiterMetrics, PolicyHandle, PolicySource,
+    RegionalTimings, SystemClock, spawn_drain, spawn_refresher,
 };
 use verdict_policy_store::PgShares;
 use verdict_schemas::RegionId;
@@ -138,34 +140,24 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     tracing::info!(keys = keys.len(), file = %args.keys_file.display(), "key directory loaded");
     spawn_key_refresher(args.keys_file.clone(), keys.clone(), Duration::from_secs(5));
 
-    let (queue, events) = event_queue(args.event_queue, Arc::clone(&metrics));
-    let drain = match &args.kafka_brokers {
-        Some(brokers) => {
-            let sink = KafkaSink::new(
-                &KafkaSinkConfig {
-                    brokers: brokers.clone(),
-                    topic: args.kafka_topic.clone(),
-                    ..KafkaSinkConfig::default()
-                },
-                Arc::clone(&metrics),
-            )?;
-            Some(spawn_drain(events, sink, Arc::clone(&metrics)))
-        }
-        None => {
-            tracing::warn!(
-                "no --kafka-brokers: decision events are dropped (verdict_events_dropped_total counts them)"
-            );
-            drop(events);
-            None
-        }
-    };
-
-    let cfg = LimiterConfig {
-        region: RegionId(args.region),
-        instance: args.instance,
-        instance_count: args.instance_count,
-        ..LimiterConfig::default()
-    };
+    let upstream = args
+        .upstream
+        .parse()
+        .with_context(|| format!("--upstream {}: not a URL", args.upstream))?;
+    let key_header = args
+        .key_header
+        .parse()
+        .with_context(|| format!("--key-header {}: not a header name", args.key_header))?;
+    let mut builder = GatewayBuilder::new(upstream)
+        .key_header(key_header)
+        .upstream_timeout(Duration::from_millis(args.upstream_timeout_ms.max(1)))
+        .event_queue(args.event_queue)
+        .limiter(LimiterConfig {
+            region: RegionId(args.region),
+            instance: args.instance,
+            instance_count: args.instance_count,
+            ..LimiterConfig::default()
+        });
     let connect = |url: String| {
         let config = args.redis_store.config(&url);
         async move {
@@ -192,13 +184,9 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
         }
         (None, _) => {
             tracing::warn!("no --redis: counters are in this process's memory (one instance only)");
-            (
-                GatewayStore::Memory(Arc::new(MemoryStore::new(cfg.fallback_max_keys))),
-                None,
-            )
+            (builder.memory_counters(), None)
         }
     };
-    let mut limiter = Limiter::new(store, handle.clone(), queue, Arc::clone(&metrics), cfg);
     // Several regions in a PostgreSQL policy: this region's shares, and the near-limit
     // reports the reconcile job computes them from.
     if let (Some(redis), Some(pg)) = (&redis, &args.policy.policy_postgres)
@@ -215,21 +203,27 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
                 ..RegionalTimings::default()
             },
         );
-        limiter = limiter.with_regional(regional);
+        builder = builder.regional(regional);
         tracing::info!(region = args.region, "enforcing this region's shares");
     }
-
-    let mut gw_cfg = GatewayConfig::new(
-        args.upstream
-            .parse()
-            .with_context(|| format!("--upstream {}: not a URL", args.upstream))?,
-    );
-    gw_cfg.key_header = args
-        .key_header
-        .parse()
-        .with_context(|| format!("--key-header {}: not a header name", args.key_header))?;
-    gw_cfg.upstream_timeout = Duration::from_millis(args.upstream_timeout_ms.max(1));
-    let gateway = Arc::new(Gateway::new(limiter, keys, gw_cfg));
+    let BuiltGateway { gateway, events } =
+        builder.build(store, handle.clone(), Arc::clone(&metrics), keys);
+    let drain = match &args.kafka_brokers {
+        Some(brokers) => Some(drain_to_kafka(
+            events,
+            brokers,
+            &args.kafka_topic,
+            &metrics,
+        )?),
+        None => {
+            tracing::warn!(
+                "no --kafka-brokers: decision events are dropped (verdict_events_dropped_total counts them)"
+            );
+            drop(events);
+            None
+        }
+    };
+    let gateway = Arc::new(gateway);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
@@ -243,4 +237,27 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     }
     tracing::info!("gateway stopped");
     Ok(())
+}
+
+/// Drains a gateway's events into Kafka (`brokers`, `topic`), the production producer; the
+/// task ends, flushed, when the gateway is dropped.
+///
+/// # Errors
+/// When librdkafka refuses the configuration.
+pub fn drain_to_kafka(
+    events: EventReceiver,
+    brokers: &str,
+    topic: &str,
+    metrics: &Arc<LimiterMetrics>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let sink = KafkaSink::new(
+        &KafkaSinkConfig {
+            brokers: brokers.to_owned(),
+            topic: topic.to_owned(),
+            ..KafkaSinkConfig::default()
+        },
+        Arc::clone(metrics),
+    )
+    .with_context(|| format!("a Kafka producer for {brokers}"))?;
+    Ok(spawn_drain(events, sink, Arc::clone(metrics)))
 }

@@ -30,11 +30,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use object_store::ObjectStore;
 use object_store::local::LocalFileSystem;
-use verdict_gateway::{GatewayStore, KeyDirectory};
-use verdict_limiter::{
-    Clock, FileSource, Limiter, LimiterConfig, LimiterMetrics, MemoryStore, PolicyHandle,
-    PolicySource, ScaledClock, event_queue,
-};
+use verdict_gateway::{BuiltGateway, GatewayBuilder, KeyDirectory};
+use verdict_limiter::{Clock, FileSource, LimiterMetrics, PolicyHandle, PolicySource, ScaledClock};
 use verdict_load::{LoadProgress, LoadSpec};
 use verdict_query::{Engine, Limits, PoliciesTable};
 use verdict_rollup::Rollup;
@@ -150,23 +147,16 @@ pub async fn demo(
     let source: Arc<dyn PolicySource> = Arc::new(FileSource::new(&policy_path));
     let snapshot = source.load().await.context("loading the demo's policy")?;
     let metrics = Arc::new(LimiterMetrics::new());
-    let (queue, events) = event_queue(65_536, Arc::clone(&metrics));
-    let limiter_cfg = LimiterConfig::default();
-    let store = GatewayStore::Memory(Arc::new(MemoryStore::with_clock(
-        limiter_cfg.fallback_max_keys,
-        Arc::clone(&clock),
-    )));
-    let limiter = Limiter::with_clock(
-        store,
-        PolicyHandle::new(snapshot, clock.now_ms()),
-        queue,
-        Arc::clone(&metrics),
-        limiter_cfg,
-        Arc::clone(&clock),
-    );
-    let keys = KeyDirectory::load(&keys_path)?;
     let upstream = spawn_upstream().await?;
-    let gateway = LocalGateway::start(limiter, keys, upstream).await?;
+    let builder =
+        GatewayBuilder::new(format!("http://{upstream}").parse()?).clock(Arc::clone(&clock));
+    let BuiltGateway { gateway, events } = builder.clone().build(
+        builder.memory_counters(),
+        PolicyHandle::new(snapshot, clock.now_ms()),
+        Arc::clone(&metrics),
+        KeyDirectory::load(&keys_path)?,
+    );
+    let gateway = LocalGateway::start(gateway).await?;
 
     // Where Kafka stands: every event encoded to its wire form, on its key's partition.
     let counts = Arc::new(queue::Counts::default());

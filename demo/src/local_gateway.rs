@@ -1,13 +1,13 @@
 //! A gateway and an upstream inside this process, on loopback: what `verdict demo` sends its
-//! traffic through and what `verdict bench gateway` measures. The gateway is built as
-//! `verdict gateway` builds it, from a limiter the caller made.
+//! traffic through and what `verdict bench gateway` measures. The gateway is put together
+//! as `verdict gateway` does it, by `verdict_gateway::GatewayBuilder`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use verdict_gateway::{Gateway, GatewayConfig, KeyDirectory};
-use verdict_limiter::{CounterStore, Limiter};
+use verdict_gateway::Gateway;
+use verdict_limiter::CounterStore;
 
 /// The built-in upstream: answers every request with a small JSON body.
 pub async fn spawn_upstream() -> anyhow::Result<SocketAddr> {
@@ -31,17 +31,9 @@ pub struct LocalGateway {
 }
 
 impl LocalGateway {
-    /// Starts `limiter` behind a gateway in front of `upstream`, on a free loopback port.
-    pub async fn start<S: CounterStore>(
-        limiter: Limiter<S>,
-        keys: KeyDirectory,
-        upstream: SocketAddr,
-    ) -> anyhow::Result<Self> {
-        let gateway = Arc::new(Gateway::new(
-            limiter,
-            keys,
-            GatewayConfig::new(format!("http://{upstream}").parse()?),
-        ));
+    /// Serves `gateway` on a free loopback port.
+    pub async fn start<S: CounterStore>(gateway: Gateway<S>) -> anyhow::Result<Self> {
+        let gateway = Arc::new(gateway);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .context("binding the gateway on loopback")?;

@@ -17,17 +17,13 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::{HeaderName, Request, StatusCode};
 use clap::Args;
 use serde::Serialize;
 use verdict_counters_redis::RedisStore;
-use verdict_events_kafka::{KafkaSink, KafkaSinkConfig};
-use verdict_gateway::{GatewayStore, KeyDirectory, KeyEntry};
+use verdict_gateway::{BuiltGateway, GatewayBuilder, GatewayStore, KeyDirectory, KeyEntry};
 use verdict_limiter::policy::parse_toml;
-use verdict_limiter::{
-    Limiter, LimiterConfig, LimiterMetrics, MemoryStore, PolicyHandle, PolicySnapshot, event_queue,
-    spawn_drain,
-};
+use verdict_limiter::{LimiterMetrics, PolicyHandle, PolicySnapshot};
 use verdict_load::{self as load, LoadReport, LoadSpec, MakeRequest};
 use verdict_schemas::KeyId;
 
@@ -170,23 +166,8 @@ pub async fn run(args: GatewayBenchArgs) -> anyhow::Result<()> {
 async fn bench(args: &GatewayBenchArgs) -> anyhow::Result<GatewayBenchReport> {
     let upstream = spawn_upstream().await?;
     let metrics = Arc::new(LimiterMetrics::new());
-    let (queue, mut events) = event_queue(65_536, Arc::clone(&metrics));
-    let drain = match &args.kafka_brokers {
-        Some(brokers) => {
-            let sink = KafkaSink::new(
-                &KafkaSinkConfig {
-                    brokers: brokers.clone(),
-                    topic: args.kafka_topic.clone(),
-                    ..KafkaSinkConfig::default()
-                },
-                Arc::clone(&metrics),
-            )?;
-            spawn_drain(events, sink, Arc::clone(&metrics))
-        }
-        // Where the Kafka producer would take the events: drained, so the queue never fills.
-        None => tokio::spawn(async move { while events.recv().await.is_some() {} }),
-    };
-    let cfg = LimiterConfig::default();
+    let builder = GatewayBuilder::new(format!("http://{upstream}").parse()?)
+        .key_header(HeaderName::from_static(KEY_HEADER));
     let (store, store_name) = match &args.redis {
         Some(url) => {
             let r = RedisStore::connect(&args.redis_store.config(url))
@@ -194,19 +175,9 @@ async fn bench(args: &GatewayBenchArgs) -> anyhow::Result<GatewayBenchReport> {
                 .with_context(|| format!("connecting to Redis at {url}"))?;
             (GatewayStore::Redis(r), "redis")
         }
-        None => (
-            GatewayStore::Memory(Arc::new(MemoryStore::new(cfg.fallback_max_keys))),
-            "memory",
-        ),
+        None => (builder.memory_counters(), "memory"),
     };
     let policy = PolicySnapshot::build(parse_toml(POLICY)?)?;
-    let limiter = Limiter::new(
-        store,
-        PolicyHandle::new(policy, chrono::Utc::now().timestamp_millis()),
-        queue,
-        Arc::clone(&metrics),
-        cfg,
-    );
     let tier: Arc<str> = Arc::from("bench");
     let keys = KeyDirectory::new(
         (0..args.keys)
@@ -224,7 +195,23 @@ async fn bench(args: &GatewayBenchArgs) -> anyhow::Result<GatewayBenchReport> {
             })
             .collect::<HashMap<_, _>>(),
     );
-    let gateway = LocalGateway::start(limiter, keys, upstream).await?;
+    let BuiltGateway {
+        gateway,
+        mut events,
+    } = builder.build(
+        store,
+        PolicyHandle::new(policy, chrono::Utc::now().timestamp_millis()),
+        Arc::clone(&metrics),
+        keys,
+    );
+    let drain = match &args.kafka_brokers {
+        Some(brokers) => {
+            crate::gateway::drain_to_kafka(events, brokers, &args.kafka_topic, &metrics)?
+        }
+        // Where the Kafka producer would take the events: drained, so the queue never fills.
+        None => tokio::spawn(async move { while events.recv().await.is_some() {} }),
+    };
+    let gateway = LocalGateway::start(gateway).await?;
     let nginx = if args.nginx {
         Some(Nginx::start(upstream, KEY_HEADER)?)
     } else {

@@ -13,7 +13,7 @@ use axum::body::Body;
 use axum::http::{Request as HttpRequest, StatusCode};
 use rdkafka::message::Message;
 use verdict_demo::{LocalGateway, spawn_upstream};
-use verdict_gateway::{KeyDirectory, KeyEntry};
+use verdict_gateway::{BuiltGateway, GatewayBuilder, KeyDirectory, KeyEntry};
 use verdict_limiter::policy::parse_toml;
 use verdict_limiter::{
     Limiter, LimiterConfig, LimiterMetrics, MemoryStore, PolicyHandle, PolicySnapshot, Request,
@@ -195,7 +195,6 @@ fn assert_decided(report: &LoadReport, when: &str) {
 async fn kafka_stopped_under_gateway_load_changes_no_decision_and_counts_every_event_once() {
     require(Service::Kafka);
     let topic = unique_name("decisions-outage");
-    let (limiter, metrics, drain) = limiter_to_kafka(GATEWAY_POLICY, &topic);
     let tier: Arc<str> = Arc::from("free");
     let keys: HashMap<String, KeyEntry> = (0..2u8)
         .flat_map(|p| (0..OUTAGE_KEYS).map(move |i| (p, i)))
@@ -212,9 +211,19 @@ async fn kafka_stopped_under_gateway_load_changes_no_decision_and_counts_every_e
         })
         .collect();
     let upstream = spawn_upstream().await.unwrap();
-    let gateway = LocalGateway::start(limiter, KeyDirectory::new(keys), upstream)
-        .await
-        .unwrap();
+    let metrics = Arc::new(LimiterMetrics::new());
+    let policy = PolicySnapshot::build(parse_toml(GATEWAY_POLICY).unwrap()).unwrap();
+    let BuiltGateway { gateway, events } =
+        GatewayBuilder::new(format!("http://{upstream}").parse().unwrap())
+            .event_queue(10_000)
+            .build(
+                MemoryStore::new(10_000),
+                PolicyHandle::new(policy, 0),
+                Arc::clone(&metrics),
+                KeyDirectory::new(keys),
+            );
+    let drain = drain_to_kafka(events, &topic, &metrics);
+    let gateway = LocalGateway::start(gateway).await.unwrap();
     let per_phase = OUTAGE_KEYS * PER_KEY;
 
     // With the broker up, every event is acknowledged.
