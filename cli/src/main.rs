@@ -2,6 +2,12 @@
 
 use clap::Parser;
 
+/// mimalloc rather than glibc's malloc: the gateway's CPU per proxied request is 7 % lower
+/// and its throughput 9 % higher (medians of five alternating runs; the README's Measuring
+/// section).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     verdict::init_logging();
     let cli = verdict::Cli::parse();
