@@ -46,6 +46,10 @@ impl CounterStore for GatewayStore {
     }
 
     fn can_fail(&self) -> bool {
-        !matches!(self, Self::Memory(_))
+        match self {
+            Self::Redis(r) => r.can_fail(),
+            Self::Memory(m) => m.can_fail(),
+            Self::Moving(m) => m.can_fail(),
+        }
     }
 }

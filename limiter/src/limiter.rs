@@ -368,8 +368,9 @@ impl<S: CounterStore> Limiter<S> {
             self.metrics
                 .store_latency
                 .observe(started.elapsed().as_secs_f64());
+            let answered_ms = self.clock.now_ms();
             let before = breaker.state();
-            breaker.record(admit, result.is_ok(), self.clock.now_ms());
+            breaker.record(admit, result.is_ok(), answered_ms);
             if breaker.state() != before {
                 self.breaker_changed();
             }
@@ -381,7 +382,7 @@ impl<S: CounterStore> Limiter<S> {
                             &outcome,
                             &limits.divided(n),
                             n,
-                            self.clock.now_ms(),
+                            answered_ms,
                         );
                         self.fallback.set(key, part, limits.window_ms);
                     }

@@ -25,13 +25,16 @@ use verdict_tests::{
     Service, drain_to_kafka, kafka_consumer, require, services_script, unique_name,
 };
 
+/// One route class for every path, a burst of 5 and next to no refill: each key's first
+/// five requests pass and the rest are refused, however the requests are timed.
 const POLICY: &str = r#"
 [[tiers]]
 id = 0
 name = "free"
 [[route_classes]]
 id = 0
-name = "read"
+name = "all"
+prefixes = ["/"]
 [[limits]]
 tier = "free"
 route_class = "*"
@@ -40,35 +43,27 @@ refill_per_s = 0.001
 hourly_quota = 1000
 "#;
 
-/// A limiter on memory counters under `policy`, its events drained to `topic` (a queue of
-/// 10,000); the drain task ends, flushed, when the limiter is dropped.
-fn limiter_to_kafka(
-    policy: &str,
-    topic: &str,
-) -> (
-    Limiter<MemoryStore>,
-    Arc<LimiterMetrics>,
-    tokio::task::JoinHandle<()>,
-) {
-    let metrics = Arc::new(LimiterMetrics::new());
-    let (queue, rx) = event_queue(10_000, Arc::clone(&metrics));
-    let drain = drain_to_kafka(rx, topic, &metrics);
-    let policy = PolicySnapshot::build(parse_toml(policy).unwrap()).unwrap();
-    let limiter = Limiter::new(
-        MemoryStore::new(10_000),
-        PolicyHandle::new(policy, 0),
-        queue,
-        Arc::clone(&metrics),
-        LimiterConfig::default(),
-    );
-    (limiter, metrics, drain)
+fn policy() -> PolicyHandle {
+    PolicyHandle::new(
+        PolicySnapshot::build(parse_toml(POLICY).unwrap()).unwrap(),
+        0,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_decision_becomes_one_kafka_record_keyed_by_key_id() {
     require(Service::Kafka);
     let topic = unique_name("decisions");
-    let (limiter, metrics, drain) = limiter_to_kafka(POLICY, &topic);
+    let metrics = Arc::new(LimiterMetrics::new());
+    let (queue, rx) = event_queue(1_000, Arc::clone(&metrics));
+    let drain = drain_to_kafka(rx, &topic, &metrics);
+    let limiter = Limiter::new(
+        MemoryStore::new(1_000),
+        policy(),
+        queue,
+        Arc::clone(&metrics),
+        LimiterConfig::default(),
+    );
 
     let key = KeyId(*b"kafka-sink-key-1");
     let mut events = Vec::new();
@@ -113,24 +108,6 @@ async fn every_decision_becomes_one_kafka_record_keyed_by_key_id() {
     assert!(m.contains("verdict_events_sent_total 20"), "{m}");
     assert!(m.contains("verdict_events_failed_total 0"), "{m}");
 }
-
-/// The outage test's policy: one route class for every path, a burst of 5 and next to no
-/// refill, so each key's answers are five 200s and then 429s, however the requests are timed.
-const GATEWAY_POLICY: &str = r#"
-[[tiers]]
-id = 0
-name = "free"
-[[route_classes]]
-id = 0
-name = "all"
-prefixes = ["/"]
-[[limits]]
-tier = "free"
-route_class = "*"
-capacity = 5
-refill_per_s = 0.001
-hourly_quota = 1000
-"#;
 
 /// Keys per phase, and requests per key in a phase.
 const OUTAGE_KEYS: u64 = 50;
@@ -212,13 +189,12 @@ async fn kafka_stopped_under_gateway_load_changes_no_decision_and_counts_every_e
         .collect();
     let upstream = spawn_upstream().await.unwrap();
     let metrics = Arc::new(LimiterMetrics::new());
-    let policy = PolicySnapshot::build(parse_toml(GATEWAY_POLICY).unwrap()).unwrap();
     let BuiltGateway { gateway, events } =
         GatewayBuilder::new(format!("http://{upstream}").parse().unwrap())
             .event_queue(10_000)
             .build(
                 MemoryStore::new(10_000),
-                PolicyHandle::new(policy, 0),
+                policy(),
                 Arc::clone(&metrics),
                 KeyDirectory::new(keys),
             );
