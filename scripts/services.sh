@@ -20,8 +20,10 @@
 #   nginx     not a server either: Debian's nginx, whose `limit_req` is the peer
 #             `verdict bench gateway --nginx` measures the gateway against (the bench starts
 #             and stops its own nginx); not part of `up` without names, since no test needs it
+#   chromium  not a server: Debian's headless Chromium, which the analysts' page test drives
+#             (it starts its own browser and speaks the DevTools protocol to it over a pipe)
 #
-# Usage: scripts/services.sh up|down|status|restart [redis|regions|redis-cluster|postgres|kafka|kafka2|s3|spark|nginx ...]
+# Usage: scripts/services.sh up|down|status|restart [redis|regions|redis-cluster|postgres|kafka|kafka2|s3|spark|chromium|nginx ...]
 #
 # `up` is idempotent: what already answers is left alone. It waits until each service
 # answers and prints one line per service with its address. Downloads are cached in
@@ -33,7 +35,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=env.sh
 . "$here/env.sh"
 
-ALL=(redis regions redis-cluster postgres kafka kafka2 s3 spark)
+ALL=(redis regions redis-cluster postgres kafka kafka2 s3 spark chromium)
 
 say() { printf '%s\n' "$*"; }
 log() { printf 'services: %s\n' "$*" >&2; }
@@ -385,6 +387,15 @@ spark_up() {
 spark_down() { :; }
 spark_status() { if spark_ready; then say "spark     up    $(spark_venv)/bin/python"; else say "spark     down  (scripts/services.sh up spark installs it)"; fi; }
 
+# ---------------------------------------------------------------- chromium (page test)
+chromium_bin() { command -v chromium || { [ -x /usr/bin/chromium ] && echo /usr/bin/chromium; }; }
+chromium_up() {
+  chromium_bin >/dev/null || apt_install chromium fonts-dejavu-core
+  say "chromium  up  $(chromium_bin) ($("$(chromium_bin)" --version 2>/dev/null | head -1))"
+}
+chromium_down() { :; }
+chromium_status() { if chromium_bin >/dev/null; then say "chromium  installed"; else say "chromium  missing  (scripts/services.sh up chromium installs it)"; fi; }
+
 # ---------------------------------------------------------------- nginx (bench peer)
 nginx_up() {
   command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || apt_install nginx
@@ -402,7 +413,7 @@ usage() {
 cmd=${1:-}; [ $# -gt 0 ] && shift
 services=("$@"); [ ${#services[@]} -gt 0 ] || services=("${ALL[@]}")
 for s in "${services[@]}"; do
-  case $s in redis|regions|redis-cluster|postgres|kafka|kafka2|s3|spark|nginx) ;; *) die "unknown service '$s' (known: ${ALL[*]} nginx)";; esac
+  case $s in redis|regions|redis-cluster|postgres|kafka|kafka2|s3|spark|chromium|nginx) ;; *) die "unknown service '$s' (known: ${ALL[*]} nginx)";; esac
 done
 mkdir -p "$VERDICT_CACHE" "$VERDICT_STATE"
 

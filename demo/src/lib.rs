@@ -233,6 +233,7 @@ pub async fn demo(
     };
     report.first_hour = first.to_string();
     report.last_hour = last.to_string();
+    report.end_hour = last.next().unwrap_or(last).to_string();
 
     // The hourly job: each hour rolled up into the keys that were refused.
     let started = Instant::now();

@@ -85,6 +85,8 @@ pub struct DemoReport {
     pub first_hour: String,
     /// See `first_hour`.
     pub last_hour: String,
+    /// The hour after the last, where the analysts' page's range ends.
+    pub end_hour: String,
 }
 
 /// One row of the `wrong-limits` report, as the demo prints it.
@@ -358,7 +360,9 @@ pub fn render(r: &DemoReport, cfg: &DemoConfig) -> String {
         "\nThe raw table is in {raw}/date=YYYY-MM-DD/hour=HH/, the rollup in {out}/rollup/denied_hourly/.\n\
          Ask more in SQL: start the query service on the same folder,\n  \
          verdict query serve --store {out} --policy-file {out}/policy.toml\n\
-         then, for example,\n  \
+         then open the analysts' page on these hours,\n  \
+         http://127.0.0.1:8089/#range=custom&from={first}:00&to={end}:00\n\
+         or ask it directly, for example,\n  \
          curl -s 'http://127.0.0.1:8089/v1/reports/top-denied?from={first}:00:00Z&to={last}:59:59Z'\n  \
          curl -s http://127.0.0.1:8089/v1/sql -d \"{EXAMPLE_SQL}\"\n\
          The same gateway stands alone in front of any upstream:\n  \
@@ -366,6 +370,7 @@ pub fn render(r: &DemoReport, cfg: &DemoConfig) -> String {
         raw = r.raw_table,
         first = r.first_hour,
         last = r.last_hour,
+        end = r.end_hour,
     );
     t
 }

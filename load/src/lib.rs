@@ -11,6 +11,10 @@
 //! from when it was due, so that a server that stalls is charged for the requests it held
 //! up (no coordinated omission). The second includes the timer's lateness in waking a
 //! worker for a request (up to a millisecond with tokio's timer).
+//!
+//! [`browser`] drives a headless Chromium, the load of the analysts' page.
+
+pub mod browser;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -10,8 +10,11 @@ use serde::Serialize;
 
 use crate::error::QueryError;
 
+mod rates;
 mod review;
 
+pub use rates::RAW_DAYS;
+use rates::denial_rate_sql;
 use review::{ReviewParams, outliers_sql, review_sql};
 
 /// The type of a parameter.
@@ -31,6 +34,8 @@ pub enum ParamKind {
     Number,
     /// A whole number.
     Integer,
+    /// One of the words its documentation lists.
+    Choice,
 }
 
 /// One parameter of a report.
@@ -320,6 +325,34 @@ pub fn catalog() -> Vec<Report> {
                 TIER,
                 ROUTE,
                 KEY,
+            ],
+        },
+        Report {
+            name: "denial-rate",
+            sql: denial_rate_sql,
+            description: "The denial rate over time: per hour (`hour`, its start, UTC) × tier × \
+                route class, the limiter's decisions (`requests`: on Redis or the fallback; the \
+                kill switch's and those of a limit turned off are left out), refused with 429 \
+                (`denied`) and refused by shadow mode (`would_deny`), their rates, and the \
+                newest policy version seen in the hour. Within the raw table's 7 days it reads \
+                the decisions; a range starting earlier reads the hourly rollup (`source` says \
+                which), where the policy version is known only for hours with refusals. With \
+                `key`, one key's hourly history (from the rollup: only the hours it was \
+                refused in). Hours without decisions are left out.",
+            tables: &["decisions", "denied_hourly", "demand_hourly", "policies"],
+            params: vec![
+                FROM,
+                TO,
+                TIER,
+                ROUTE,
+                KEY,
+                ParamSpec {
+                    name: "source",
+                    kind: ParamKind::Choice,
+                    default: Some("auto"),
+                    doc: "`raw` (the decisions), `rollup` (the hourly rollup) or `auto`: raw \
+                          when the range starts within the raw table's 7 days, else the rollup",
+                },
             ],
         },
         Report {

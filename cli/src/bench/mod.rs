@@ -6,6 +6,7 @@ pub mod ingest;
 pub mod limiter;
 pub mod log;
 pub mod nginx;
+pub mod page;
 pub mod query;
 pub mod rollup;
 
@@ -47,6 +48,10 @@ pub enum BenchCommand {
     /// round: requests/s closed loop, then the p50/p99 the gateway adds at a paced rate;
     /// prints one JSON object.
     Gateway(gateway::GatewayBenchArgs),
+    /// The analysts' page (`verdict query serve`'s `/`) loaded in headless Chromium from a
+    /// running service, a fresh tab per run: prints one JSON object with the time from
+    /// asking for the page to every view drawn (ready_ms) and the views' own (views_ms).
+    Page(page::PageBenchArgs),
 }
 
 /// Runs one bench.
@@ -58,6 +63,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Rollup(args) => rollup::run(args).await,
         BenchCommand::Query(args) => query::run(args).await,
         BenchCommand::Gateway(args) => gateway::run(args).await,
+        BenchCommand::Page(args) => page::run(args).await,
     }
 }
 

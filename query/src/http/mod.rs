@@ -8,6 +8,7 @@
 //! | `GET /v1/tables` | the tables and their columns |
 //! | `GET /v1/openapi.json` | the OpenAPI 3.1 document |
 //! | `GET /healthz`, `GET /metrics` | liveness, Prometheus metrics (no token needed) |
+//! | `GET /` | the analysts' page, which reads the routes above (the page needs no token; its queries do) |
 //!
 //! Answers are JSON unless `?format=csv|arrow|parquet` or the `Accept` header asks
 //! otherwise; JSON is bounded by the row limit, the others stream. With tokens configured,
@@ -17,7 +18,8 @@
 //! Here: the router, the handlers, the server and its metrics. Beside it: `auth.rs` (tokens,
 //! loopback only without them), `errors.rs` (every refusal in the documented JSON, the
 //! request head's limits, a panicking handler), `formats.rs` (the answer in the format
-//! asked for, bounded or streamed) and `openapi.rs` (the OpenAPI document).
+//! asked for, bounded or streamed), `openapi.rs` (the OpenAPI document) and `page.rs` (the
+//! analysts' page and its embedded files).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -44,6 +46,7 @@ mod auth;
 mod errors;
 mod formats;
 mod openapi;
+mod page;
 
 use auth::auth;
 pub use auth::{check_exposure, constant_time_eq, load_tokens};
@@ -140,6 +143,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
+        .merge(page::routes())
         .merge(v1)
         .fallback(|| async {
             error_response(

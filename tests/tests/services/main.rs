@@ -20,6 +20,7 @@ mod limiter_redis_cluster;
 mod limiter_store_move;
 mod query_hostile;
 mod query_http;
+mod query_page;
 mod query_pg;
 mod query_reports;
 mod query_router;

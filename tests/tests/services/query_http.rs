@@ -110,6 +110,7 @@ async fn every_endpoint_answers_in_every_format() {
             "shadow-impact",
             "top-denied",
             "overage",
+            "denial-rate",
             "policy-changes",
             "degraded"
         ]

@@ -471,3 +471,93 @@ async fn with_parquet_filters_pushed_down_a_raw_scan_keeps_every_condition() {
         .value(0);
     assert_eq!(n, 3, "the kill switch's 3 decisions");
 }
+
+/// `denial-rate` from the raw decisions and from the rollup agree hour by hour on the
+/// known lake: the limiter's decisions (the kill switch's three left out), refusals and
+/// would-deny; the rollup knows the policy version only where a key was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_denial_rate_from_the_raw_decisions_and_from_the_rollup_agree() {
+    let (engine, _store, _dir) = known_engine("denial-rate", Limits::default()).await;
+    let series = |source: &'static str| {
+        let engine = &engine;
+        async move {
+            report(engine, "denial-rate", &[("source", source)])
+                .await
+                .iter()
+                .map(|r| {
+                    (
+                        s(r, "hour"),
+                        s(r, "tier"),
+                        n(r, "requests") as u64,
+                        n(r, "denied") as u64,
+                        n(r, "would_deny") as u64,
+                        s(r, "source"),
+                    )
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    let raw = series("raw").await;
+    let rollup = series("rollup").await;
+    let h10 = "2026-11-30T10:00:00Z";
+    let h11 = "2026-11-30T11:00:00Z";
+    let expected = |source: &str| {
+        [
+            (h10, "tight", 200, 100, 0),
+            (h10, "roomy", 55, 0, 0),
+            (h10, "trial", 310, 0, 10),
+            (h10, "steady", 1245, 5, 0),
+            (h11, "tight", 200, 100, 0),
+            (h11, "roomy", 50, 0, 0),
+            (h11, "trial", 300, 0, 0),
+            (h11, "steady", 200, 100, 0),
+        ]
+        .map(|(h, t, r, d, w)| (h.to_string(), t.to_string(), r, d, w, source.to_string()))
+        .to_vec()
+    };
+    assert_eq!(raw, expected("raw"));
+    assert_eq!(rollup, expected("rollup"));
+    // Within the raw table's week `auto` reads the decisions; before it, the rollup.
+    let auto = report(&engine, "denial-rate", &[]).await;
+    let now = chrono::Utc::now();
+    let within = now - chrono::Duration::days(verdict_query::reports::RAW_DAYS)
+        <= chrono::DateTime::parse_from_rfc3339("2026-11-30T00:00:00Z").unwrap();
+    assert_eq!(
+        s(&auto[0], "source"),
+        if within { "raw" } else { "rollup" },
+        "auto on {now}"
+    );
+    // Versions: every raw hour has one; the rollup's only with refusals (roomy has none).
+    let versions = |rows: &[Value]| -> Vec<String> {
+        rows.iter()
+            .filter(|r| s(r, "tier") == "roomy")
+            .map(|r| s(r, "policy_version"))
+            .collect()
+    };
+    let raw_rows = report(&engine, "denial-rate", &[("source", "raw")]).await;
+    let rollup_rows = report(&engine, "denial-rate", &[("source", "rollup")]).await;
+    assert_eq!(versions(&raw_rows), ["1", "2"]);
+    assert_eq!(versions(&rollup_rows), ["null", "null"]);
+    // One key's history: the steady key over quota, from either source.
+    let key = key_hex(STEADY, STEADY_OVER);
+    for source in ["raw", "rollup"] {
+        let history = report(&engine, "denial-rate", &[("source", source), ("key", &key)]).await;
+        let hours: Vec<_> = history
+            .iter()
+            .map(|r| (n(r, "requests") as u64, n(r, "denied") as u64))
+            .collect();
+        assert_eq!(hours, [(105, 5), (10, 5)], "{source}");
+    }
+    let bad = engine
+        .report_sql(
+            "denial-rate",
+            &[("source".to_string(), "lake".to_string())].into(),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        bad.contains("parameter source: \"lake\" is not one of auto, raw, rollup"),
+        "{bad}"
+    );
+}
