@@ -44,6 +44,10 @@ pub struct EngineArgs {
     /// Retry-After), seconds.
     #[arg(long, default_value_t = 10)]
     pub queue_timeout_s: u64,
+    /// The named reports' JSON answers kept while the tables and the policy they read are
+    /// unchanged, MiB (0: none kept); ad-hoc SQL is never kept.
+    #[arg(long, default_value_t = 64)]
+    pub answer_cache_mib: usize,
     /// Partitions each query runs on (default: the machine's cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -65,6 +69,7 @@ impl EngineArgs {
             json_bytes: self.json_mib.max(1) << 20,
             budget_bytes: self.budget_mib.max(1) << 20,
             queue_timeout: Duration::from_secs(self.queue_timeout_s),
+            answer_cache_bytes: self.answer_cache_mib << 20,
         };
         let threads = self
             .threads

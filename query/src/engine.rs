@@ -29,6 +29,7 @@ use futures::{Stream, StreamExt};
 use object_store::ObjectStore;
 use tokio::time::Instant;
 
+use crate::answers::{AnswerKey, Answers};
 use crate::budget::Budget;
 use crate::error::QueryError;
 use crate::indicator::COUNT_INDICATORS;
@@ -37,6 +38,9 @@ use crate::pack::PACK_GROUP_KEYS;
 use crate::pruning::RAW_SCAN_PRUNING;
 use crate::tables::{LAKE_URL, PoliciesTable, register};
 use crate::view::{AsOf, ReaderView};
+use bytes::Bytes;
+use datafusion::datasource::physical_plan::FileScanConfig;
+use datafusion::datasource::source::DataSourceExec;
 
 /// The query engine: the catalog over the lake, and the limits every query runs under.
 #[derive(Clone)]
@@ -47,6 +51,7 @@ pub struct Engine {
     limits: Limits,
     policies: Arc<PoliciesTable>,
     budget: Budget,
+    answers: Arc<Answers>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -121,9 +126,43 @@ impl Engine {
                 limits.memory_bytes,
                 limits.queue_timeout,
             ),
+            answers: Arc::new(Answers::new(limits.answer_cache_bytes)),
             limits,
             policies,
         })
+    }
+
+    /// The named reports' kept answers (see [`crate::answers`]).
+    pub fn answers(&self) -> &Answers {
+        &self.answers
+    }
+
+    /// A named report's answer as JSON ([`crate::format::json`], bounded like any JSON
+    /// answer) and its rows, and whether it was kept from before: an answer is kept for the
+    /// same SQL reading the same files under the same policy (see [`crate::answers`]). The
+    /// query is planned either way (planning lists the files it reads); it runs only when
+    /// no answer is kept.
+    pub async fn json_kept(&self, sql: &str) -> Result<(Bytes, usize, bool), QueryError> {
+        let planned = self.admit_and_plan(sql, None).await?;
+        let policy = self
+            .policies
+            .snapshot()
+            .await
+            .map_err(|e| QueryError::from_datafusion(e, &self.limits))?;
+        let key = AnswerKey::new(sql, scanned_files(planned.plan.as_ref()), policy);
+        if let Some((body, rows)) = self.answers.get(&key) {
+            return Ok((body, rows, true));
+        }
+        let stream = self.start(planned)?;
+        let (schema, batches) =
+            collect_stream(stream, self.limits.json_rows, self.limits.json_bytes).await?;
+        let rows = batches.iter().map(RecordBatch::num_rows).sum();
+        let body = Bytes::from(crate::format::json(&schema, &batches).map_err(|e| {
+            tracing::warn!(error = %e, "encoding JSON failed");
+            QueryError::Internal
+        })?);
+        self.answers.put(key, body.clone(), rows);
+        Ok((body, rows, false))
     }
 
     /// The limits every query runs under.
@@ -236,6 +275,13 @@ impl Engine {
     /// [`Self::run`], with the raw table as of `at` when given (time travel: an analyst
     /// reproduces an earlier answer from the version it read).
     pub async fn run_at(&self, sql: &str, at: Option<AsOf>) -> Result<QueryStream, QueryError> {
+        let planned = self.admit_and_plan(sql, at).await?;
+        self.start(planned)
+    }
+
+    /// Waits for a place in the budget, then checks and plans `sql` (the raw table as of
+    /// `at` when given) before the deadline.
+    async fn admit_and_plan(&self, sql: &str, at: Option<AsOf>) -> Result<Planned, QueryError> {
         let permit = self
             .budget
             .admit()
@@ -246,20 +292,33 @@ impl Engine {
             Some(at) => self.session_at(at).await?,
             None => self.session(),
         };
-        let started = tokio::time::timeout_at(deadline, async {
+        let plan = tokio::time::timeout_at(deadline, async {
             self.plan(&ctx, sql)
                 .await?
-                .execute_stream()
+                .create_physical_plan()
                 .await
                 .map_err(|e| QueryError::from_datafusion(e, &self.limits))
         })
         .await
         .map_err(|_| self.time_limit())??;
+        Ok(Planned {
+            permit,
+            deadline,
+            ctx,
+            plan,
+        })
+    }
+
+    /// Starts a planned query; the rows come from the returned stream, which ends with
+    /// [`QueryError::TimeLimit`] if the deadline passes.
+    fn start(&self, planned: Planned) -> Result<QueryStream, QueryError> {
+        let inner = datafusion::physical_plan::execute_stream(planned.plan, planned.ctx.task_ctx())
+            .map_err(|e| QueryError::from_datafusion(e, &self.limits))?;
         Ok(QueryStream {
-            schema: started.schema(),
-            inner: started,
-            permit: Some(permit),
-            deadline: Box::pin(tokio::time::sleep_until(deadline)),
+            schema: inner.schema(),
+            inner,
+            permit: Some(planned.permit),
+            deadline: Box::pin(tokio::time::sleep_until(planned.deadline)),
             limits: self.limits,
             done: false,
         })
@@ -294,25 +353,7 @@ impl Engine {
         max_bytes: usize,
         at: Option<AsOf>,
     ) -> Result<(SchemaRef, Vec<RecordBatch>), QueryError> {
-        let mut stream = self.run_at(sql, at).await?;
-        let schema = stream.schema();
-        let mut batches = Vec::new();
-        let (mut rows, mut bytes) = (0usize, 0usize);
-        while let Some(batch) = stream.next().await {
-            let batch = batch?;
-            rows += batch.num_rows();
-            if rows > max_rows {
-                return Err(QueryError::RowLimit { limit: max_rows });
-            }
-            bytes = bytes.saturating_add(batch.get_array_memory_size());
-            if bytes > max_bytes {
-                return Err(QueryError::AnswerTooLarge {
-                    limit_mib: max_bytes >> 20,
-                });
-            }
-            batches.push(batch);
-        }
-        Ok((schema, batches))
+        collect_stream(self.run_at(sql, at).await?, max_rows, max_bytes).await
     }
 
     /// Runs `sql` to the end, for the benchmark: the rows, and the rows the scans read
@@ -357,6 +398,66 @@ impl Engine {
             seconds: self.limits.timeout.as_secs(),
         }
     }
+}
+
+/// A query admitted and planned: its place in the budget, its deadline, its session and
+/// its physical plan.
+struct Planned {
+    permit: tokio::sync::OwnedSemaphorePermit,
+    deadline: Instant,
+    ctx: SessionContext,
+    plan: Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+}
+
+/// The rows of `stream`: at most `max_rows` ([`QueryError::RowLimit`] beyond) and
+/// `max_bytes` bytes of Arrow data ([`QueryError::AnswerTooLarge`] beyond).
+async fn collect_stream(
+    mut stream: QueryStream,
+    max_rows: usize,
+    max_bytes: usize,
+) -> Result<(SchemaRef, Vec<RecordBatch>), QueryError> {
+    let schema = stream.schema();
+    let mut batches = Vec::new();
+    let (mut rows, mut bytes) = (0usize, 0usize);
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        rows += batch.num_rows();
+        if rows > max_rows {
+            return Err(QueryError::RowLimit { limit: max_rows });
+        }
+        bytes = bytes.saturating_add(batch.get_array_memory_size());
+        if bytes > max_bytes {
+            return Err(QueryError::AnswerTooLarge {
+                limit_mib: max_bytes >> 20,
+            });
+        }
+        batches.push(batch);
+    }
+    Ok((schema, batches))
+}
+
+/// The files the scans of `plan` read (path, size, modification time and tag), in plan
+/// order: what an answer kept for the plan's SQL depends on.
+fn scanned_files(plan: &dyn datafusion::physical_plan::ExecutionPlan) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(exec) = plan.downcast_ref::<DataSourceExec>()
+        && let Some(config) = exec.data_source().downcast_ref::<FileScanConfig>()
+    {
+        for f in config.file_groups.iter().flat_map(|g| g.iter()) {
+            let m = &f.object_meta;
+            out.push(format!(
+                "{} {} {} {}",
+                m.location,
+                m.size,
+                m.last_modified.timestamp_millis(),
+                m.e_tag.as_deref().unwrap_or_default()
+            ));
+        }
+    }
+    for child in plan.children() {
+        out.extend(scanned_files(child.as_ref()));
+    }
+    out
 }
 
 /// Rows read by the data sources of an executed plan.

@@ -2,6 +2,7 @@
 //! reports that answer "which limits were wrong?", and the read-only HTTP and PostgreSQL-wire
 //! front ends.
 
+pub mod answers;
 pub mod bounded_fns;
 pub mod budget;
 pub mod engine;

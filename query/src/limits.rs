@@ -19,6 +19,9 @@ pub struct Limits {
     pub budget_bytes: usize,
     /// How long a query waits for a place before it is refused as busy.
     pub queue_timeout: Duration,
+    /// Bytes of the named reports' JSON answers kept while what they read is unchanged
+    /// (see [`crate::answers`]); 0 keeps none.
+    pub answer_cache_bytes: usize,
 }
 
 impl Default for Limits {
@@ -30,6 +33,7 @@ impl Default for Limits {
             json_bytes: 64 << 20,
             budget_bytes: 4 << 30,
             queue_timeout: Duration::from_secs(10),
+            answer_cache_bytes: 64 << 20,
         }
     }
 }

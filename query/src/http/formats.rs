@@ -56,6 +56,7 @@ pub(super) async fn answer(
     params: &BTreeMap<String, String>,
     headers: &HeaderMap,
     at: Option<AsOf>,
+    keep: Keep,
 ) -> Response {
     let started = Instant::now();
     let format = match pick_format(params, headers) {
@@ -63,6 +64,9 @@ pub(super) async fn answer(
         Err(e) => return answer_error(state, endpoint, e),
     };
     let result = match format {
+        Format::Json if keep == Keep::Yes && at.is_none() && state.engine.answers().enabled() => {
+            kept_json_answer(state, sql).await
+        }
         Format::Json => json_answer(state, sql, at).await,
         other => streamed_answer(state, endpoint, sql, other, at).await,
     };
@@ -94,11 +98,53 @@ pub(super) async fn answer(
     }
 }
 
-pub(super) async fn json_answer(
+/// Whether a JSON answer may be kept for the same query over unchanged tables (see
+/// [`crate::answers`]): only a named report's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Keep {
+    /// A named report: kept.
+    Yes,
+    /// Ad-hoc SQL (it may read the clock): never kept.
+    No,
+}
+
+/// The header that says whether an answer was kept from before (`hit`) or computed (`miss`).
+pub const ANSWER_CACHE_HEADER: &str = "x-verdict-answer-cache";
+
+/// A report's JSON answer, kept from before when nothing it reads has changed.
+async fn kept_json_answer(
+    state: &AppState,
+    sql: &str,
+) -> Result<(Response, Option<usize>), QueryError> {
+    let (body, rows, kept) = state.engine.json_kept(sql).await?;
+    let outcome = if kept { "hit" } else { "miss" };
+    state
+        .metrics
+        .answer_cache
+        .with_label_values(&[outcome])
+        .inc();
+    Ok((
+        (
+            [
+                (header::CONTENT_TYPE, Format::Json.content_type()),
+                (
+                    header::HeaderName::from_static(ANSWER_CACHE_HEADER),
+                    outcome,
+                ),
+            ],
+            body,
+        )
+            .into_response(),
+        Some(rows),
+    ))
+}
+
+/// A JSON answer's body and rows, bounded by the limits.
+async fn json_body(
     state: &AppState,
     sql: &str,
     at: Option<AsOf>,
-) -> Result<(Response, Option<usize>), QueryError> {
+) -> Result<(Vec<u8>, usize), QueryError> {
     let limits = state.engine.limits();
     let (schema, batches) = state
         .engine
@@ -109,6 +155,15 @@ pub(super) async fn json_answer(
         tracing::warn!(error = %e, "encoding JSON failed");
         QueryError::Internal
     })?;
+    Ok((body, rows))
+}
+
+pub(super) async fn json_answer(
+    state: &AppState,
+    sql: &str,
+    at: Option<AsOf>,
+) -> Result<(Response, Option<usize>), QueryError> {
+    let (body, rows) = json_body(state, sql, at).await?;
     Ok((
         ([(header::CONTENT_TYPE, Format::Json.content_type())], body).into_response(),
         Some(rows),

@@ -52,7 +52,8 @@ use auth::auth;
 pub use auth::{check_exposure, constant_time_eq, load_tokens};
 use errors::{ApiError, catch_panics, error_response, head_limits, json_errors};
 pub use errors::{MAX_HEADER_BYTES, MAX_HEADERS, MAX_URI_BYTES};
-use formats::{answer, answer_error};
+pub use formats::ANSWER_CACHE_HEADER;
+use formats::{Keep, answer, answer_error};
 use openapi::openapi;
 pub use openapi::openapi_document;
 
@@ -67,6 +68,9 @@ pub struct QueryMetrics {
     pub seconds: HistogramVec,
     /// `verdict_query_rows_total{endpoint}`: rows answered.
     pub rows: IntCounterVec,
+    /// `verdict_query_answer_cache_total{outcome}`: reports answered from a kept answer
+    /// (`hit`) or computed (`miss`).
+    pub answer_cache: IntCounterVec,
 }
 
 impl QueryMetrics {
@@ -97,11 +101,19 @@ impl QueryMetrics {
             registry
         )
         .expect("a valid, unique metric");
+        let answer_cache = register_int_counter_vec_with_registry!(
+            "verdict_query_answer_cache_total",
+            "Named reports answered from an answer kept while their tables and policy were unchanged (hit), or computed (miss)",
+            &["outcome"],
+            registry
+        )
+        .expect("a valid, unique metric");
         Self {
             registry,
             requests,
             seconds,
             rows,
+            answer_cache,
         }
     }
 
@@ -300,7 +312,7 @@ async fn sql(
         Ok(at) => at,
         Err(e) => return answer_error(&state, "sql", e),
     };
-    answer(&state, "sql", &text, &params, &headers, at).await
+    answer(&state, "sql", &text, &params, &headers, at, Keep::No).await
 }
 
 /// The time travel `/v1/sql` asks for: `?version=N` (a version of the raw table's log) or
@@ -343,7 +355,7 @@ async fn report(
         Err(e) => return answer_error(&state, "report", e),
     };
     tracing::debug!(report = %name, %sql, "report");
-    answer(&state, "report", &sql, &params, &headers, None).await
+    answer(&state, "report", &sql, &params, &headers, None, Keep::Yes).await
 }
 
 /// `POST /v1/what-if?from=…&to=…&keys=N`, the candidate policy (TOML) in the body.

@@ -651,3 +651,89 @@ async fn past_the_shared_budget_a_query_is_refused_as_busy_and_errors_are_json()
     assert!(body.contains("parameter limit"), "{body}");
     assert!(body.len() < 300, "{body}");
 }
+
+/// A report asked again over unchanged files is answered from the kept answer; a commit
+/// into its range (another hour of decisions) makes it computed again, with the new hour,
+/// while a range the commit does not touch stays kept; ad-hoc SQL is never kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_asked_again_is_answered_from_the_kept_answer_until_its_files_change() {
+    use verdict_query::http::ANSWER_CACHE_HEADER;
+    use verdict_schemas::layout::HourPartition;
+    use verdict_tests::query_fixture::{HOUR_10_MS, hour_11};
+
+    let (engine, store, _dir) = known_engine("http-answers", Limits::default()).await;
+    let state = Arc::new(AppState {
+        engine,
+        tokens: Vec::new(),
+        metrics: QueryMetrics::new(),
+    });
+    let (addr, _task) = spawn(Arc::clone(&state), SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .expect("the service binds");
+    let ask = |range: &'static str| {
+        let url = format!("http://{addr}/v1/reports/denial-rate?{range}&source=raw");
+        async move {
+            let r = client().get(&url).send().await.unwrap();
+            assert_eq!(r.status(), StatusCode::OK);
+            let kept = r
+                .headers()
+                .get(ANSWER_CACHE_HEADER)
+                .map(|v| v.to_str().unwrap().to_string());
+            (kept, json(&r.bytes().await.unwrap()))
+        }
+    };
+    const DAY: &str = "from=2026-11-30&to=2026-12-01";
+    const HOUR_10: &str = "from=2026-11-30T10:00:00Z&to=2026-11-30T11:00:00Z";
+    let (first, a) = ask(DAY).await;
+    let (second, b) = ask(DAY).await;
+    assert_eq!(first.as_deref(), Some("miss"));
+    assert_eq!(second.as_deref(), Some("hit"));
+    assert_eq!(a, b, "the kept answer is the answer");
+    assert_eq!(a["row_count"], 8, "two hours of four tiers");
+    assert_eq!(ask(HOUR_10).await.0.as_deref(), Some("miss"));
+
+    // Hour 12 committed to the raw table: the day's files change, hour 10's do not.
+    let events: Vec<_> = hour_11()
+        .into_iter()
+        .map(|mut e| {
+            e.event_time_ms += 3_600_000;
+            e
+        })
+        .collect();
+    let hour = HourPartition::from_event_time_ms(HOUR_10_MS + 2 * 3_600_000).unwrap();
+    verdict_tests::rollup_check::write_raw_hour(
+        &store,
+        "verdict.decisions.v1",
+        hour,
+        &events,
+        1,
+        1000,
+    )
+    .await;
+    let (third, c) = ask(DAY).await;
+    assert_eq!(third.as_deref(), Some("miss"));
+    assert_eq!(c["row_count"], 12, "hour 12 is in the answer");
+    assert_eq!(ask(DAY).await.0.as_deref(), Some("hit"));
+    let (hour_10, h) = ask(HOUR_10).await;
+    assert_eq!(
+        hour_10.as_deref(),
+        Some("hit"),
+        "the commit is outside hour 10"
+    );
+    assert_eq!(h["row_count"], 4);
+
+    // Ad-hoc SQL is never kept (it may read the clock).
+    let sql = client()
+        .post(format!("http://{addr}/v1/sql"))
+        .body("SELECT COUNT(*) AS n FROM decisions")
+        .send()
+        .await
+        .unwrap();
+    assert!(sql.headers().get(ANSWER_CACHE_HEADER).is_none());
+    let metrics = state.metrics.render();
+    assert!(
+        metrics.contains("verdict_query_answer_cache_total{outcome=\"hit\"} 3")
+            && metrics.contains("verdict_query_answer_cache_total{outcome=\"miss\"} 3"),
+        "{metrics}"
+    );
+}

@@ -18,7 +18,8 @@ const WAIT: Duration = Duration::from_secs(30);
 /// The text of every cell of the table whose caption is `caption`, row by row.
 fn table_js(caption: &str) -> String {
     format!(
-        "[...document.querySelectorAll('table')].filter(t => t.caption && t.caption.textContent === {caption:?})
+        "document.querySelectorAll('.data-block').forEach(b => b.showTable());
+         [...document.querySelectorAll('table')].filter(t => t.caption && t.caption.textContent === {caption:?})
            .flatMap(t => [...t.tBodies[0].rows].map(r => [...r.cells].map(c => c.textContent)))"
     )
 }

@@ -168,15 +168,25 @@ function choiceFromForm() {
 // ------------------------------------------------------------------ tables and CSV
 
 // A table of `rows` with `columns` ([label, value of a row, format]), one click away, and
-// the same rows as CSV.
+// the same rows as CSV. The table is built when first opened (a week of hours is
+// thousands of rows); `block.showTable()` opens and builds it.
 function dataBlock(title, columns, rows) {
-  const table = el(
-    "table",
-    {},
-    el("caption", { text: title }),
-    el("thead", {}, el("tr", {}, columns.map(([label]) => el("th", { scope: "col", text: label })))),
-    el("tbody", {}, rows.map((r) => el("tr", {}, columns.map(([, get, fmt]) => el("td", { text: (fmt || String)(get(r) ?? "") }))))),
-  );
+  const details = el("details", {}, el("summary", { text: `Data as a table (${rows.length} rows)` }));
+  let built = false;
+  const build = () => {
+    if (built) return;
+    built = true;
+    details.append(
+      el(
+        "table",
+        {},
+        el("caption", { text: title }),
+        el("thead", {}, el("tr", {}, columns.map(([label]) => el("th", { scope: "col", text: label })))),
+        el("tbody", {}, rows.map((r) => el("tr", {}, columns.map(([, get, fmt]) => el("td", { text: (fmt || String)(get(r) ?? "") }))))),
+      ),
+    );
+  };
+  details.addEventListener("toggle", () => details.open && build());
   const csv = () => {
     const cell = (v) => {
       const s = v === null || v === undefined ? "" : String(v);
@@ -191,12 +201,17 @@ function dataBlock(title, columns, rows) {
     a.remove();
     setTimeout(() => URL.revokeObjectURL(url), 1000);
   };
-  return el(
+  const block = el(
     "div",
     { class: "data-block" },
-    el("details", {}, el("summary", { text: `Data as a table (${rows.length} rows)` }), table),
+    details,
     el("button", { type: "button", class: "csv", onclick: csv, text: "Download CSV" }),
   );
+  block.showTable = () => {
+    details.open = true;
+    build();
+  };
+  return block;
 }
 
 // ------------------------------------------------------------------ charts
@@ -457,8 +472,8 @@ async function reviewView(c, range, params) {
                 ], keys)
               : el("p", { text: "No key of this limit was refused in the range." }),
           );
-          const details = $("details", v.detail);
-          if (details) details.open = true;
+          const block = $(".data-block", v.detail);
+          if (block) block.showTable();
         } catch (e) {
           showError(v.detail, e);
         }
