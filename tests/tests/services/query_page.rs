@@ -10,7 +10,9 @@ use serde_json::{Value, json};
 use verdict_load::browser::Browser;
 use verdict_query::Limits;
 use verdict_query::http::{AppState, QueryMetrics, spawn};
-use verdict_tests::query_fixture::{STEADY, STEADY_OVER, TIGHT, key_hex, known_local_engine};
+use verdict_tests::query_fixture::{
+    STEADY, STEADY_OVER, TIGHT, TRIAL, TRIAL_REFUSED, key_hex, known_local_engine,
+};
 
 const TOKEN: &str = "page-analyst-token";
 const WAIT: Duration = Duration::from_secs(30);
@@ -216,6 +218,19 @@ fn page_script(base: &str) {
             .unwrap(),
         json!(1),
         "one would-deny line, the shadow tier's"
+    );
+    // The keys it would refuse: the one key, ten times.
+    b.eval("document.querySelector('#view-shadow button.shadow-keys').click(); true")
+        .unwrap();
+    b.wait_for("document.querySelector('#view-shadow .detail table')", WAIT)
+        .unwrap();
+    let would = rows(&mut b, "keys trial × read would refuse");
+    assert_eq!(
+        would
+            .iter()
+            .map(|r| (r[0].clone(), r[1].clone()))
+            .collect::<Vec<_>>(),
+        [(key_hex(TRIAL, TRIAL_REFUSED), "10".to_string())]
     );
 
     // 4. Degraded decisions: region 1's five by the fallback, region 2's three by the kill

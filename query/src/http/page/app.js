@@ -537,6 +537,32 @@ async function shadowView(c, range, params, rateRows) {
   delete p.key;
   delete p.source;
   const rows = await report("shadow-impact", p);
+  // The keys a shadow limit would have refused, from the rollup's refused keys.
+  const keysOf = async (r) => {
+    v.detail.replaceChildren(el("p", { text: `Loading the keys ${limitName(r)} would refuse…` }));
+    try {
+      const keys = (await report("top-denied", { ...p, tier: r.tier, route_class: r.route_class, limit: "1000" })).filter((k) => Number(k.would_deny) > 0);
+      v.detail.replaceChildren(
+        el("h3", { text: `Keys ${limitName(r)} would refuse` }),
+        keys.length
+          ? dataBlock(`keys ${limitName(r)} would refuse`, [
+              ["key", (k) => k.key_id],
+              ["would deny", (k) => k.would_deny, num],
+              ["allowed", (k) => k.allowed, num],
+              ["hours", (k) => k.hours, num],
+              ["quota", (k) => k.override_quota ?? k.tier_quota, num],
+              ["first", (k) => k.first_denial],
+              ["last", (k) => k.last_denial],
+            ], keys)
+          : el("p", { text: "No key would have been refused in this range." }),
+      );
+      const block = $(".data-block", v.detail);
+      if (block) block.showTable();
+    } catch (e) {
+      showError(v.detail, e);
+    }
+  };
+  v.detail.replaceChildren();
   $(".shadow-limits", v.section).replaceChildren(
     ...rows.map((r) =>
       el(
@@ -544,7 +570,8 @@ async function shadowView(c, range, params, rateRows) {
         { dataset: { tier: r.tier, routeClass: r.route_class, wouldDenyRate: String(r.would_deny_rate), keysWouldDeny: String(r.keys_would_deny) } },
         el("strong", { text: limitName(r) }),
         `: enforcing would refuse ${pct(r.would_deny_rate)} of its requests (${num(r.would_deny)} of ${num(r.requests)}), `,
-        `${num(r.keys_would_deny)} of ${num(r.keys)} keys at least once; ${num(r.would_deny_by_bucket)} by the bucket, ${num(r.would_deny_by_window)} by the hourly window.`,
+        `${num(r.keys_would_deny)} of ${num(r.keys)} keys at least once; ${num(r.would_deny_by_bucket)} by the bucket, ${num(r.would_deny_by_window)} by the hourly window. `,
+        Number(r.keys_would_deny) > 0 ? el("button", { type: "button", class: "shadow-keys", onclick: () => keysOf(r), text: "Show the keys" }) : null,
       ),
     ),
   );
