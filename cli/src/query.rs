@@ -158,8 +158,8 @@ pub enum Output {
 pub struct SqlArgs {
     /// The query (SELECT only). Leave it out with --report.
     pub sql: Option<String>,
-    /// Run a named report instead: wrong-limits, shadow-impact, top-denied, overage,
-    /// policy-changes, degraded.
+    /// Run a named report instead: wrong-limits, limit-outliers, demand-history,
+    /// shadow-impact, top-denied, overage, denial-rate, policy-changes, degraded.
     #[arg(long, conflicts_with = "sql")]
     pub report: Option<String>,
     /// A report parameter, name=value (repeatable), e.g. -p from=2026-11-30 -p tier=free.
