@@ -167,16 +167,32 @@ impl Engine {
         if let Some((body, rows)) = self.answers.get(&key) {
             return Ok((body, rows, true));
         }
-        let stream = self.start(planned)?;
+        let (body, rows) = self.json_of(self.start(planned)?).await?;
+        let body = Bytes::from(body);
+        self.answers.put(key, body.clone(), rows);
+        Ok((body, rows, false))
+    }
+
+    /// `sql`'s answer as JSON ([`crate::format::json`]) and its rows, bounded by the JSON
+    /// limits, with the raw table as of `at` when given.
+    pub async fn json_at(
+        &self,
+        sql: &str,
+        at: Option<AsOf>,
+    ) -> Result<(Vec<u8>, usize), QueryError> {
+        self.json_of(self.run_at(sql, at).await?).await
+    }
+
+    /// The rows of `stream` as JSON, bounded by the JSON limits, and their count.
+    async fn json_of(&self, stream: QueryStream) -> Result<(Vec<u8>, usize), QueryError> {
         let (schema, batches) =
             collect_stream(stream, self.limits.json_rows, self.limits.json_bytes).await?;
         let rows = batches.iter().map(RecordBatch::num_rows).sum();
-        let body = Bytes::from(crate::format::json(&schema, &batches).map_err(|e| {
+        let body = crate::format::json(&schema, &batches).map_err(|e| {
             tracing::warn!(error = %e, "encoding JSON failed");
             QueryError::Internal
-        })?);
-        self.answers.put(key, body.clone(), rows);
-        Ok((body, rows, false))
+        })?;
+        Ok((body, rows))
     }
 
     /// The limits every query runs under.

@@ -54,6 +54,14 @@ pub enum BenchCommand {
     Page(page::PageBenchArgs),
 }
 
+/// The middle of `values` (of an even count, the upper of the two middle ones); timings,
+/// never NaN.
+pub fn median<T: Copy + PartialOrd>(values: &[T]) -> T {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    sorted[sorted.len() / 2]
+}
+
 /// Runs one bench.
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {

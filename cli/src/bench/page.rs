@@ -12,6 +12,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use verdict_load::browser::Browser;
 
+use super::median;
+
 /// Options of `verdict bench page`.
 #[derive(Debug, Args)]
 pub struct PageBenchArgs {
@@ -56,12 +58,6 @@ struct PageResult {
     /// Per view: the median time from the start of the views' load to that view drawn.
     view_p50_ms: std::collections::BTreeMap<String, u64>,
     screenshot: Option<PathBuf>,
-}
-
-fn median(v: &[u64]) -> u64 {
-    let mut s = v.to_vec();
-    s.sort_unstable();
-    s[s.len() / 2]
 }
 
 /// Runs the bench (blocking: the browser's calls wait on it).

@@ -20,6 +20,7 @@ use verdict_rollup::Rollup;
 use verdict_schemas::layout::HourPartition;
 use verdict_schemas::synth::SynthConfig;
 
+use super::median;
 use super::rollup::write_synth_hour;
 use verdict_demo::policy::policy_toml;
 
@@ -268,11 +269,6 @@ async fn queries(
     Ok(out)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// Writes the data set, times each query in both engines and prints one JSON line per query.
 pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
     let threads = args.compare.threads();
@@ -318,8 +314,8 @@ pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
             }
         }
         let min = times.iter().copied().fold(f64::INFINITY, f64::min);
-        let p50 = median(times);
-        let duck_p50 = duck.is_some().then(|| median(duck_times));
+        let p50 = median(&times);
+        let duck_p50 = duck.is_some().then(|| median(&duck_times));
         let result = QueryResult {
             bench: "query",
             query: name.clone(),
@@ -377,7 +373,7 @@ async fn replay(
         runs.push(t.elapsed().as_secs_f64());
         std::hint::black_box(replay.decisions());
     }
-    let core = median(runs);
+    let core = median(&runs);
     println!(
         "{}",
         serde_json::json!({

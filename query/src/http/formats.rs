@@ -13,7 +13,7 @@ use super::AppState;
 use super::errors::ApiError;
 use crate::engine::QueryStream;
 use crate::error::QueryError;
-use crate::format::{Encoder, Format, json};
+use crate::format::{Encoder, Format};
 use crate::view::AsOf;
 
 pub(super) fn pick_format(
@@ -139,31 +139,12 @@ async fn kept_json_answer(
     ))
 }
 
-/// A JSON answer's body and rows, bounded by the limits.
-async fn json_body(
-    state: &AppState,
-    sql: &str,
-    at: Option<AsOf>,
-) -> Result<(Vec<u8>, usize), QueryError> {
-    let limits = state.engine.limits();
-    let (schema, batches) = state
-        .engine
-        .collect_bounded_at(sql, limits.json_rows, limits.json_bytes, at)
-        .await?;
-    let rows = batches.iter().map(|b| b.num_rows()).sum();
-    let body = json(&schema, &batches).map_err(|e| {
-        tracing::warn!(error = %e, "encoding JSON failed");
-        QueryError::Internal
-    })?;
-    Ok((body, rows))
-}
-
 pub(super) async fn json_answer(
     state: &AppState,
     sql: &str,
     at: Option<AsOf>,
 ) -> Result<(Response, Option<usize>), QueryError> {
-    let (body, rows) = json_body(state, sql, at).await?;
+    let (body, rows) = state.engine.json_at(sql, at).await?;
     Ok((
         ([(header::CONTENT_TYPE, Format::Json.content_type())], body).into_response(),
         Some(rows),

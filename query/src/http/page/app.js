@@ -53,6 +53,8 @@ const pct = (v) => (v === null || v === undefined ? "" : `${(100 * v).toFixed(v 
 const ratio = (v) => (v === null || v === undefined ? "" : Number(v) >= 10 ? Number(v).toFixed(0) : Number(v).toPrecision(2));
 const iso = (ms) => new Date(ms).toISOString().replace(".000Z", "Z");
 const hourLabel = (ms) => iso(ms).slice(0, 16).replace("T", " ");
+// The choice's parameters for the reports that take no key (the review, shadow mode's).
+const withoutKey = ({ key: _key, ...rest }) => rest;
 const limitName = (r) => `${r.tier ?? `tier ${r.tier_id}`} × ${r.route_class ?? `route ${r.route_class_id}`}`;
 
 // ------------------------------------------------------------------ the API
@@ -390,10 +392,7 @@ async function rateView(c, range, params) {
   // decisions only) says which limits' rates jumped with it.
   let jumps = [];
   if (rows.length && rows[0].source === "raw") {
-    const p = { ...params };
-    delete p.key;
-    delete p.source;
-    jumps = (await report("policy-changes", p)).filter((j) => j.jumped);
+    jumps = (await report("policy-changes", withoutKey(params))).filter((j) => j.jumped);
   }
   const marks = [];
   let seen = null;
@@ -438,9 +437,7 @@ async function rateView(c, range, params) {
 // 2. The limit review.
 async function reviewView(c, range, params) {
   const v = view("view-review");
-  const p = { ...params };
-  delete p.key;
-  delete p.source;
+  const p = withoutKey(params);
   const rows = await report("wrong-limits", { ...p, ...c.review });
   const set = Object.entries(c.review);
   v.note.textContent = `Each limit's per-key peak demand against the limit (the line at 1): its busiest hour over the hourly quota, and its busiest burst over the bucket; coloured by the verdict. Click a limit for its top keys and outliers. Thresholds: ${set.length ? set.map(([k, x]) => `${k} ${x}`).join(", ") : "the report's defaults"} (set them in the address, as #…&min_keys=5).`;
@@ -533,9 +530,7 @@ async function reviewView(c, range, params) {
 // 3. Shadow mode: per shadow limit, the would-deny rate over time and the keys refused.
 async function shadowView(c, range, params, rateRows) {
   const v = view("view-shadow");
-  const p = { ...params };
-  delete p.key;
-  delete p.source;
+  const p = withoutKey(params);
   const rows = await report("shadow-impact", p);
   // The keys a shadow limit would have refused, from the rollup's refused keys.
   const keysOf = async (r) => {
@@ -642,9 +637,7 @@ async function degradedView(c, range, params) {
 // 5. The top denied keys; a key opens its hourly history.
 async function keysView(c, range, params) {
   const v = view("view-keys");
-  const p = { ...params, limit: "20" };
-  delete p.source;
-  const rows = await report("top-denied", p);
+  const rows = await report("top-denied", { ...params, limit: "20" });
   const history = async (r) => {
     v.detail.replaceChildren(el("p", { text: `Loading the history of ${r.key_id}…` }));
     try {
