@@ -1,17 +1,18 @@
-//! The counter store's connection options, shared by `verdict gateway` and
-//! `verdict bench gateway`: connections, calls on the wire per connection, decisions per
-//! script call, and the decision's deadline.
+//! The counter store's connection options, shared by `verdict gateway`,
+//! `verdict bench gateway` and `verdict bench limiter`: connections, calls on the wire per
+//! connection, decisions per script call, and the decision's deadline.
 
 use std::time::Duration;
 
 use clap::Args;
-use verdict_counters_redis::RedisStoreConfig;
+use verdict_counters_redis::{DEFAULT_CONNECTIONS, RedisStoreConfig};
 
 /// How the gateway talks to Redis.
 #[derive(Debug, Clone, Args)]
 pub struct RedisStoreArgs {
-    /// Multiplexed connections to Redis (to each master of a cluster).
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    /// Multiplexed connections to Redis (to each master of a cluster). One lets the most
+    /// decisions share a script call, which is what costs Redis the least per decision.
+    #[arg(long, default_value_t = DEFAULT_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub redis_connections: u32,
     /// Script calls on the wire at once on one connection (pipelined), each from a lane of
     /// its own.

@@ -14,4 +14,4 @@ pub mod redis_store;
 mod shards;
 
 pub use near_limit::spawn_near_limit_reporter;
-pub use redis_store::{DECISION_SCRIPT, RedisStore, RedisStoreConfig};
+pub use redis_store::{DECISION_SCRIPT, DEFAULT_CONNECTIONS, RedisStore, RedisStoreConfig};

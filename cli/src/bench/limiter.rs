@@ -16,7 +16,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 use serde::Serialize;
-use verdict_counters_redis::{RedisStore, RedisStoreConfig};
+use verdict_counters_redis::RedisStore;
 use verdict_limiter::policy::parse_toml;
 use verdict_limiter::{
     Limiter, LimiterConfig, LimiterMetrics, PolicyHandle, PolicySnapshot, Request, StoreError,
@@ -44,15 +44,10 @@ pub struct LimiterBenchArgs {
     /// Simulated gateway instances (each a limiter with its own connections).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub instances: u32,
-    /// Connections per instance.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub connections: u32,
-    /// Script calls on the wire at once per connection.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub calls_per_connection: u32,
-    /// Most decisions one script call makes.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub max_batch: u32,
+    /// How each instance talks to Redis, as `verdict gateway` does (the same flags and
+    /// defaults).
+    #[command(flatten)]
+    pub redis_store: crate::redis_args::RedisStoreArgs,
     /// Requests in flight per instance.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub concurrency: u32,
@@ -68,9 +63,6 @@ pub struct LimiterBenchArgs {
     /// Key distribution.
     #[arg(long, value_enum, default_value_t = KeyDistribution::Zipf)]
     pub distribution: KeyDistribution,
-    /// Decision deadline, ms (production: 5).
-    #[arg(long, default_value_t = 5)]
-    pub timeout_ms: u64,
     /// Skip the redis-benchmark ceiling.
     #[arg(long)]
     pub no_ceiling: bool,
@@ -214,14 +206,7 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
         .context("bench policy has no standard rule")?
         .limits;
 
-    let store_cfg = RedisStoreConfig {
-        url: url.clone(),
-        connections: args.connections as usize,
-        calls_per_connection: args.calls_per_connection as usize,
-        max_batch: args.max_batch as usize,
-        timeout: Duration::from_millis(args.timeout_ms),
-        ..RedisStoreConfig::default()
-    };
+    let store_cfg = args.redis_store.config(&url);
     let probe = RedisStore::connect(&store_cfg).await.with_context(|| {
         format!("connecting to {url} (start it with `scripts/services.sh up redis`)")
     })?;
@@ -404,7 +389,7 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
         bench: "limiter",
         distribution: args.distribution,
         instances: args.instances,
-        connections_per_instance: args.connections,
+        connections_per_instance: args.redis_store.redis_connections,
         concurrency_per_instance: args.concurrency,
         target_rate: args.rate,
         duration_s: elapsed,
