@@ -1,11 +1,11 @@
 //! The counter store's connection options, shared by `verdict gateway`,
 //! `verdict bench gateway` and `verdict bench limiter`: connections, calls on the wire per
-//! connection, decisions per script call, and the decision's deadline.
+//! connection, decisions per script call, the decision's deadline, and the key layout.
 
 use std::time::Duration;
 
 use clap::Args;
-use verdict_counters_redis::{DEFAULT_CONNECTIONS, RedisStoreConfig};
+use verdict_counters_redis::{DEFAULT_CONNECTIONS, Layout, RedisStoreConfig};
 
 /// How the gateway talks to Redis.
 #[derive(Debug, Clone, Args)]
@@ -25,6 +25,12 @@ pub struct RedisStoreArgs {
     /// Deadline of one decision in Redis, ms; past it the local fallback decides.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub redis_timeout_ms: u64,
+    /// Hashes the limit keys are grouped into: about one per 8 to 64 active limit keys
+    /// (callers × route classes), which is what keeps a key near 60 bytes of Redis. Every
+    /// instance on one Redis must use the same: the first records it (`rl:layout`), and a
+    /// store set otherwise refuses to start.
+    #[arg(long, default_value_t = Layout::default(), value_parser = key_groups)]
+    pub redis_key_groups: Layout,
 }
 
 impl RedisStoreArgs {
@@ -36,7 +42,16 @@ impl RedisStoreArgs {
             calls_per_connection: self.redis_calls_per_connection as usize,
             max_batch: self.redis_max_batch as usize,
             timeout: Duration::from_millis(self.redis_timeout_ms),
+            layout: self.redis_key_groups,
             ..RedisStoreConfig::default()
         }
     }
+}
+
+/// `--redis-key-groups`: a number of groups, 1 to 2^24.
+fn key_groups(s: &str) -> Result<Layout, String> {
+    let groups: u32 = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a number of groups: {e}"))?;
+    Layout::new(groups).map_err(|e| e.to_string())
 }

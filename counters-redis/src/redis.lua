@@ -7,11 +7,12 @@
 -- the writes of those before it, at one instant. In Redis Cluster, every key of one call
 -- is in one slot.
 --
--- KEYS[i]  request i's hash, "rl:{<key id hex>}" or "rl:{<key id hex>#<sub key>}"
+-- KEYS[i]  request i's hash, "rl:{g<group>}" or "rl:{<key id hex>#<sub key>}" (see
+--          layout.rs)
 -- ARGV[1]  the time to use instead of the server's TIME, ms, or '' (tests only)
 -- ARGV[2]  TTL of a hash, in windows (two)
 -- then five per request i, from ARGV[3 + 5 * (i - 1)]:
---          field "<route class>.<tier>" (one limit key's state inside the hash),
+--          field: key id (16 bytes), route class, tier (one limit key's state in the hash),
 --          capacity (tokens), refill (units per ms; 1 token = 1e6 units),
 --          quota per window, window (ms)
 --
@@ -19,6 +20,9 @@
 -- remaining tokens, remaining window, retry-after ms, now ms}.
 -- State: struct "<ddII": tokens (units), last allowed ms, count in last's window, count in
 -- the window before. A denial writes nothing; the TTL is refreshed once per window.
+-- The empty field of a hash holds the window in which the script last swept it: removed
+-- the fields of keys idle for the TTL, which the hash's own TTL does not do while other
+-- keys of its group are active.
 
 local UNITS = 1000000
 local ttl_windows = tonumber(ARGV[2])
@@ -43,6 +47,21 @@ local function answer(allowed, bits, tokens, window, retry, now)
   out[n + 5] = retry
   out[n + 6] = now
   n = n + 6
+end
+
+-- Removes the fields of `hash` last written at or before `horizon` (ms): what the TTL
+-- would have removed of a hash of their own.
+local function sweep(hash, horizon)
+  local all = redis.call('HGETALL', hash)
+  for j = 1, #all, 2 do
+    local f, v = all[j], all[j + 1]
+    if f ~= '' and #v == 24 then
+      local _, last = struct.unpack('<dd', v)
+      if last <= horizon then
+        redis.call('HDEL', hash, f)
+      end
+    end
+  end
 end
 
 -- Decides one request.
@@ -92,9 +111,14 @@ local function decide(hash, field, cap, rate, q, w)
     -- The TTL (two windows) is set at the first write of each window: a hash written in
     -- every window never expires, and one idle for a whole window expires when every
     -- state in it is stale. Refreshing it on every request would cost a third of the
-    -- script.
+    -- script. The hash is swept once a window, at the first such write.
     if not packed or i_now ~= i_last then
       redis.call('PEXPIRE', hash, w * ttl_windows)
+      local swept = tostring(i_now)
+      if redis.call('HGET', hash, '') ~= swept then
+        sweep(hash, now - w * ttl_windows)
+        redis.call('HSET', hash, '', swept)
+      end
     end
     answer(1, 0, math.floor(tokens / UNITS), math.floor(math.max(q * w - used - w, 0) / w), 0, now)
     return

@@ -18,6 +18,7 @@ use fred::prelude::*;
 use fred::types::scripts::Script;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::layout::{FIELD_LEN, Layout};
 use crate::shards::{self, NodeSettings, ShardClients, Shards};
 
 use verdict_limiter::{CounterCheck, CounterStore, LimitKey, Limits, StoreError};
@@ -57,6 +58,9 @@ pub struct RedisStoreConfig {
     pub ttl_windows: u32,
     /// Most requests one script call decides (1: every request is a call of its own).
     pub max_batch: usize,
+    /// How the limit keys are laid out in hashes (see [`crate::layout`]); every store on
+    /// one Redis must use the same.
+    pub layout: Layout,
 }
 
 impl Default for RedisStoreConfig {
@@ -68,6 +72,7 @@ impl Default for RedisStoreConfig {
             timeout: Duration::from_millis(5),
             ttl_windows: 2,
             max_batch: 64,
+            layout: Layout::default(),
         }
     }
 }
@@ -88,6 +93,7 @@ struct Inner {
     lanes_per_shard: usize,
     next_lane: AtomicUsize,
     clustered: bool,
+    layout: Layout,
     shards: Arc<Shards>,
     /// Kept for the lanes' and the watcher's sake: they hold it weakly or by clone.
     _masters: Arc<ShardClients>,
@@ -104,7 +110,7 @@ struct Caller {
 /// One request waiting in a lane.
 struct Pending {
     hash: String,
-    field: String,
+    field: [u8; FIELD_LEN],
     limits: Limits,
     slot: u16,
     reply: oneshot::Sender<Result<CounterCheck, StoreError>>,
@@ -115,6 +121,7 @@ impl std::fmt::Debug for RedisStore {
         f.debug_struct("RedisStore")
             .field("connections", &self.inner.pool.size())
             .field("clustered", &self.inner.clustered)
+            .field("layout", &self.inner.layout)
             .field("timeout", &self.inner.caller.timeout)
             .finish()
     }
@@ -134,7 +141,8 @@ impl RedisStore {
     /// store is dropped).
     ///
     /// # Errors
-    /// When the URL is malformed or Redis does not answer within [`SETUP_TIMEOUT`].
+    /// When the URL is malformed, Redis does not answer within [`SETUP_TIMEOUT`], or it
+    /// holds counters of another layout (see [`Layout::claim`]).
     pub async fn connect(cfg: &RedisStoreConfig) -> Result<Self, StoreError> {
         let config = Config::from_url(&cfg.url).map_err(backend)?;
         let clustered = config.server.is_clustered();
@@ -144,6 +152,7 @@ impl RedisStore {
         let pool = shards::build(config, cfg.connections)?;
         let script = Script::from_lua(DECISION_SCRIPT);
         shards::ready(&pool, &script, cfg.timeout).await?;
+        cfg.layout.claim(pool.next()).await.map_err(backend)?;
         let caller = Caller {
             script: script.clone(),
             ttl_windows: i64::from(cfg.ttl_windows.max(1)),
@@ -189,6 +198,7 @@ impl RedisStore {
                 lanes_per_shard,
                 next_lane: AtomicUsize::new(0),
                 clustered,
+                layout: cfg.layout,
                 shards,
                 _masters: masters,
             }),
@@ -198,6 +208,11 @@ impl RedisStore {
     /// The script's SHA-1, as `SCRIPT LOAD` answers it.
     pub fn script_sha(&self) -> &str {
         self.inner.caller.script.sha1()
+    }
+
+    /// How this store lays out limit keys.
+    pub fn layout(&self) -> &Layout {
+        &self.inner.layout
     }
 
     /// A client of the pool, for tests and tools (`INFO`, `FLUSHDB`).
@@ -226,15 +241,16 @@ impl RedisStore {
         requests: &[(LimitKey, Limits)],
         now_ms: i64,
     ) -> Result<Vec<CounterCheck>, StoreError> {
-        let items: Vec<(String, String, Limits)> = requests
+        let layout = &self.inner.layout;
+        let items: Vec<(String, [u8; FIELD_LEN], Limits)> = requests
             .iter()
-            .map(|(k, l)| (k.redis_key(), k.redis_field(), *l))
+            .map(|(k, l)| (layout.hash(k), layout.field(k), *l))
             .collect();
         self.inner
             .caller
             .call(
                 self.inner.pool.next(),
-                items.iter().map(|(h, f, l)| (h.as_str(), f.as_str(), l)),
+                items.iter().map(|(h, f, l)| (h.as_str(), &f[..], l)),
                 Some(now_ms),
             )
             .await
@@ -250,7 +266,7 @@ impl Caller {
         now_ms: Option<i64>,
     ) -> Result<Vec<CounterCheck>, StoreError>
     where
-        I: Iterator<Item = (&'a str, &'a str, &'a Limits)> + Clone,
+        I: Iterator<Item = (&'a str, &'a [u8], &'a Limits)> + Clone,
     {
         let (keys, args) = self.arguments(items.clone(), now_ms);
         let wanted = keys.len();
@@ -269,7 +285,7 @@ impl Caller {
 
     fn arguments<'a>(
         &self,
-        items: impl Iterator<Item = (&'a str, &'a str, &'a Limits)>,
+        items: impl Iterator<Item = (&'a str, &'a [u8], &'a Limits)>,
         now_ms: Option<i64>,
     ) -> (Vec<Key>, Vec<Value>) {
         let (lower, _) = items.size_hint();
@@ -340,7 +356,7 @@ async fn lane(mut rx: mpsc::Receiver<Pending>, at: LaneAt, caller: Caller, max_b
 async fn answer(caller: &Caller, client: &Client, group: &mut Vec<Pending>) -> bool {
     let items = group
         .iter()
-        .map(|p| (p.hash.as_str(), p.field.as_str(), &p.limits));
+        .map(|p| (p.hash.as_str(), &p.field[..], &p.limits));
     match caller.call(client, items, None).await {
         Ok(outcomes) => {
             for (p, o) in group.drain(..).zip(outcomes) {
@@ -388,7 +404,7 @@ fn outcomes_from_reply(r: &[i64], wanted: usize) -> Result<Vec<CounterCheck>, St
 impl CounterStore for RedisStore {
     async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<CounterCheck, StoreError> {
         let inner = &*self.inner;
-        let hash = key.redis_key();
+        let hash = inner.layout.hash(key);
         let slot = if inner.clustered {
             fred::util::redis_keyslot(hash.as_bytes())
         } else {
@@ -397,7 +413,7 @@ impl CounterStore for RedisStore {
         let (reply, answer) = oneshot::channel();
         let pending = Pending {
             hash,
-            field: key.redis_field(),
+            field: inner.layout.field(key),
             limits: *limits,
             slot,
             reply,
@@ -429,7 +445,7 @@ impl CounterStore for RedisStore {
 
     fn shard(&self, key: &LimitKey) -> usize {
         if self.inner.clustered {
-            let hash = key.redis_key();
+            let hash = self.inner.layout.hash(key);
             self.inner
                 .shards
                 .of_slot(fred::util::redis_keyslot(hash.as_bytes()))

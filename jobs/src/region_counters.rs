@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use fred::prelude::*;
 use fred::types::Builder;
+use verdict_counters_redis::Layout;
 use verdict_counters_redis::packed::unpack;
 use verdict_limiter::LimitKey;
 use verdict_limiter::regions::{NEAR_BUCKET_MS, ShareKey, near_bucket_key, parse_near_field};
@@ -93,7 +94,8 @@ impl RegionCounters {
     }
 
     /// For each `(key, sub_keys, window_ms)`, the requests in view of the key's sliding
-    /// window at `now_ms`, summed over its sub-keys (1: not split). Pipelined, a few
+    /// window at `now_ms`, summed over its sub-keys (1: not split), found where the layout
+    /// the region's gateways recorded puts them. Pipelined, a few
     /// thousand `HGET`s per round trip, so a region across an ocean costs round trips per
     /// thousands of keys, not per key.
     pub async fn window_used(
@@ -102,6 +104,7 @@ impl RegionCounters {
         now_ms: i64,
     ) -> Result<Vec<f64>, Error> {
         const PER_PIPELINE: usize = 4_096;
+        let layout = Layout::recorded(&self.client).await?;
         let mut fields = Vec::new();
         for (i, (key, sub_keys, _)) in keys.iter().enumerate() {
             let base = LimitKey::new(key.0, key.1, key.2);
@@ -115,14 +118,14 @@ impl RegionCounters {
                 } else {
                     base
                 };
-                fields.push((i, k.redis_key(), k.redis_field()));
+                fields.push((i, layout.hash(&k), layout.field(&k)));
             }
         }
         let mut used = vec![0.0; keys.len()];
         for chunk in fields.chunks(PER_PIPELINE) {
             let pipe = self.client.pipeline();
             for (_, key, field) in chunk {
-                let _: () = pipe.hget(key.as_str(), field.as_str()).await?;
+                let _: () = pipe.hget(key.as_str(), &field[..]).await?;
             }
             let replies: Vec<Value> = pipe.all().await?;
             for ((i, ..), reply) in chunk.iter().zip(replies) {

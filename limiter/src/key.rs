@@ -1,9 +1,6 @@
 //! The limit key: who (API key id), on what (route class), at which tier, and, for a hot key
-//! split into sub-keys, which sub-key. Also how a limit key is named in Redis: one hash per
-//! key id (hash-tagged, so everything of one key shares a Redis Cluster slot), one field per
-//! route class and tier holding the bucket and the window together.
-
-use std::fmt::Write as _;
+//! split into sub-keys, which sub-key. (How a limit key is laid out in Redis is the Redis
+//! store's: `verdict_counters_redis::layout`.)
 
 use verdict_schemas::{KeyId, RouteClassId, TierId};
 
@@ -45,28 +42,10 @@ impl LimitKey {
         self.sub_key = (((mix64(fnv1a(caller)) >> 32) * u64::from(n)) >> 32) as u8;
         self
     }
-
-    /// The Redis hash holding this key's counters: `rl:{<key id hex>}`, or
-    /// `rl:{<key id hex>#<sub key>}` for a split key (each sub-key is its own slot, which
-    /// is the point of splitting).
-    pub fn redis_key(&self) -> String {
-        let mut s = String::with_capacity(44);
-        let _ = write!(s, "rl:{{{}", self.key_id);
-        if self.sub_keys > 1 {
-            let _ = write!(s, "#{}", self.sub_key);
-        }
-        s.push('}');
-        s
-    }
-
-    /// The field of this limit key inside its hash: `<route class>.<tier>`.
-    pub fn redis_field(&self) -> String {
-        format!("{}.{}", self.route_class.0, self.tier.0)
-    }
 }
 
 /// MurmurHash3's 64-bit finalizer: every input bit moves about half the output bits.
-fn mix64(mut h: u64) -> u64 {
+pub fn mix64(mut h: u64) -> u64 {
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^= h >> 33;
@@ -91,19 +70,6 @@ mod tests {
 
     fn key() -> LimitKey {
         LimitKey::new(KeyId([0xab; 16]), RouteClassId(2), TierId(1))
-    }
-
-    #[test]
-    fn redis_names_are_hash_tagged_by_key_id() {
-        let k = key();
-        assert_eq!(k.redis_key(), "rl:{abababababababababababababababab}");
-        assert_eq!(k.redis_field(), "2.1");
-        let s = k.split(16, b"203.0.113.9");
-        assert!(s.sub_key < 16);
-        assert_eq!(
-            s.redis_key(),
-            format!("rl:{{abababababababababababababababab#{}}}", s.sub_key)
-        );
     }
 
     #[test]

@@ -99,7 +99,14 @@ pub struct LimiterBenchReport {
     store_errors: std::collections::BTreeMap<&'static str, u64>,
     active_limit_keys: u64,
     max_over_limit_ratio: f64,
+    /// The growth of Redis's key memory over the run ÷ `active_limit_keys`.
     redis_bytes_per_key: f64,
+    /// The groups the limit keys were laid out in (`--redis-key-groups`).
+    redis_key_groups: u32,
+    /// Keys in the database before the run. Fields added to groups an earlier run left
+    /// do not pay for the groups themselves: `redis_bytes_per_key` is a key's whole cost
+    /// only on an empty database.
+    redis_keys_before: u64,
     /// redis-benchmark's decisions per second, one per call.
     redis_benchmark_evalsha_pipelined_per_s: Option<f64>,
     /// … and `redis_benchmark_batch` per call, as the store sends them under load.
@@ -211,6 +218,7 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
         format!("connecting to {url} (start it with `scripts/services.sh up redis`)")
     })?;
     let memory_before = keys_memory(probe.client()).await?;
+    let redis_keys_before: u64 = probe.client().dbsize().await?;
 
     let mut limiters = Vec::new();
     let mut all_metrics = Vec::new();
@@ -411,6 +419,8 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
         max_over_limit_ratio: worst,
         redis_bytes_per_key: memory_after.saturating_sub(memory_before) as f64
             / redis_keys.max(1) as f64,
+        redis_key_groups: probe.layout().groups(),
+        redis_keys_before,
         redis_benchmark_evalsha_pipelined_per_s: ceiling_single,
         redis_benchmark_evalsha_batched_per_s: ceiling_batched,
         redis_benchmark_batch: CEILING_BATCH,

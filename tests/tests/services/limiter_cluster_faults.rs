@@ -320,8 +320,8 @@ async fn rig() -> Rig {
     let limiters = limiters(&cluster.url()).await;
     let shard_of = shards(&limiters[0]);
     let slot = fred::util::redis_keyslot(
-        LimitKey::new(key(0), RouteClassId(0), TierId(0))
-            .redis_key()
+        verdict_counters_redis::Layout::default()
+            .hash(&LimitKey::new(key(0), RouteClassId(0), TierId(0)))
             .as_bytes(),
     );
     let master = cluster.master_of_slot(slot).expect("a master for the slot");

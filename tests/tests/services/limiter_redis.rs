@@ -1,6 +1,7 @@
 //! The Redis counter store against the real Redis: the conformance suite every store
 //! passes, the Lua script computing exactly what the Rust core computes for the same
-//! requests, the key layout and TTL, and the reload after a `SCRIPT FLUSH`.
+//! requests, the key layout and TTL (and the sweep of a group's idle keys), and the reload
+//! after a `SCRIPT FLUSH`.
 
 use std::sync::Arc;
 
@@ -21,34 +22,124 @@ async fn redis_store_conforms() {
 }
 
 #[tokio::test]
-async fn counters_live_in_one_hash_per_key_with_a_ttl_of_two_windows() {
+async fn counters_live_in_a_field_of_their_group_with_a_ttl_of_two_windows() {
     let store = store().await;
+    let layout = *store.layout();
     let key = fresh_key(20);
     let limits = Limits::per_hour(10, 1.0, 100);
     use verdict_limiter::CounterStore;
     assert!(store.check(&key, &limits).await.unwrap().allowed);
     let client = store.client();
-    let fields: Vec<String> = client.hkeys(key.redis_key()).await.unwrap();
-    assert_eq!(fields, vec![key.redis_field()]);
-    let ttl: i64 = client.pttl(key.redis_key()).await.unwrap();
+    let hash = layout.hash(&key);
+    assert_eq!(hash, format!("rl:{{g{}}}", layout.group(&key)));
+    let state: Vec<u8> = client.hget(&hash, &layout.field(&key)[..]).await.unwrap();
+    assert_eq!(state.len(), 24, "the bucket and the window, packed");
+    // The script's own field: the window (an hour, by index) in which it last swept the hash.
+    let swept: String = client.hget(&hash, "").await.unwrap();
+    let now_ms = {
+        use verdict_limiter::Clock;
+        verdict_limiter::SystemClock.now_ms()
+    };
+    assert!(
+        (now_ms / 3_600_000 - 1..=now_ms / 3_600_000).contains(&swept.parse::<i64>().unwrap()),
+        "swept in window {swept}"
+    );
+    let ttl: i64 = client.pttl(&hash).await.unwrap();
     assert!(
         (2 * 3_600_000 - 5_000..=2 * 3_600_000).contains(&ttl),
         "ttl {ttl} ms"
     );
+    // The layout is recorded, and a store set for another refuses to start, naming both.
+    let recorded: String = client.get("rl:layout").await.unwrap();
+    assert_eq!(recorded, layout.groups().to_string());
+    let other = verdict_counters_redis::RedisStoreConfig {
+        url: verdict_tests::redis_url(),
+        layout: verdict_counters_redis::Layout::new(layout.groups() / 2).unwrap(),
+        ..verdict_counters_redis::RedisStoreConfig::default()
+    };
+    let refused = RedisStore::connect(&other).await.unwrap_err();
+    let refused = format!(
+        "{refused}: {}",
+        std::error::Error::source(&refused).map_or(String::new(), |e| e.to_string())
+    );
+    assert!(
+        refused.contains(&format!("laid out in {} key groups", layout.groups()))
+            && refused.contains(&format!("set for {}", layout.groups() / 2)),
+        "{refused}"
+    );
     // A denial writes nothing: the TTL is not refreshed by it.
     let exhausted = Limits::per_hour(1, 0.001, 100);
     let key2 = fresh_key(21);
+    let (hash2, field2) = (layout.hash(&key2), layout.field(&key2));
     assert!(store.check(&key2, &exhausted).await.unwrap().allowed);
-    let before: Vec<u8> = client
-        .hget(key2.redis_key(), key2.redis_field())
-        .await
-        .unwrap();
+    let before: Vec<u8> = client.hget(&hash2, &field2[..]).await.unwrap();
     assert!(!store.check(&key2, &exhausted).await.unwrap().allowed);
-    let after: Vec<u8> = client
-        .hget(key2.redis_key(), key2.redis_field())
+    let after: Vec<u8> = client.hget(&hash2, &field2[..]).await.unwrap();
+    assert_eq!(before, after);
+}
+
+/// Keys of one group, at the script's clock: a key idle for two windows is removed from the
+/// hash at the first write of a window by another key of the group, and a key written
+/// within the two windows stays, with its state.
+#[tokio::test]
+async fn a_group_sweeps_the_keys_idle_for_two_windows_and_keeps_the_others() {
+    let store = store().await;
+    let layout = *store.layout();
+    let client = store.client();
+    let w = 10_000i64;
+    let limits = Limits {
+        window_ms: w,
+        ..Limits::per_hour(5, 0.0, 100)
+    };
+    // Three keys of one group: the first's id with other last four bytes, until two more
+    // land in its group.
+    let first = fresh_key(27);
+    let mut keys = vec![first];
+    for i in 0u32.. {
+        let mut k = first;
+        k.key_id.0[12..].copy_from_slice(&i.to_le_bytes());
+        if k != first && layout.group(&k) == layout.group(&first) {
+            keys.push(k);
+            if keys.len() == 3 {
+                break;
+            }
+        }
+    }
+    let hash = layout.hash(&first);
+    let _: i64 = client.del(&hash).await.unwrap();
+    let field = |k: &verdict_limiter::LimitKey| layout.field(k);
+    let t0 = 1_796_047_200_000i64;
+    // Key 0 is written at t0 and spends two of its five tokens; key 1 at t0 + 1.5 windows.
+    for t in [t0, t0 + 1] {
+        assert!(store.check_at(&keys[0], &limits, t).await.unwrap().allowed);
+    }
+    assert!(
+        store
+            .check_at(&keys[1], &limits, t0 + w + w / 2)
+            .await
+            .unwrap()
+            .allowed
+    );
+    // Two windows after key 0's last write, key 2's first write sweeps: key 0 goes, key 1
+    // (one window idle) stays.
+    assert!(
+        store
+            .check_at(&keys[2], &limits, t0 + 1 + 2 * w)
+            .await
+            .unwrap()
+            .allowed
+    );
+    let gone: Option<Vec<u8>> = client.hget(&hash, &field(&keys[0])[..]).await.unwrap();
+    assert_eq!(gone, None, "idle two windows: swept");
+    let kept: Option<Vec<u8>> = client.hget(&hash, &field(&keys[1])[..]).await.unwrap();
+    assert!(kept.is_some(), "idle one window: kept");
+    // Key 1 still has what it spent (a bucket that never refills): its state was kept.
+    let o = store
+        .check_at(&keys[1], &limits, t0 + 1 + 2 * w)
         .await
         .unwrap();
-    assert_eq!(before, after);
+    assert_eq!((o.allowed, o.remaining_tokens), (true, 3));
+    let _: i64 = client.del(&hash).await.unwrap();
 }
 
 #[tokio::test]
@@ -149,9 +240,17 @@ fn a_batch_decides_in_order_what_the_rust_core_decides_one_by_one() {
                 ..a
             };
             let keys = [a, a2, b];
-            prop_assert_eq!(a.redis_key(), a2.redis_key());
+            let layout = *store.layout();
+            let hashes = keys.map(|k| layout.hash(&k));
+            prop_assert_eq!(&hashes[0], &hashes[1]);
+            // Each case starts from empty hashes: no sweep mark of an earlier case.
+            let _: i64 = rt
+                .block_on(store.client().del(hashes.to_vec()))
+                .expect("DEL");
             let mut states: [Option<CounterState>; 3] = [None; 3];
+            let mut swept: [Option<i64>; 3] = [None; 3];
             let mut now = 1_796_047_200_000i64 + 777;
+            let w = limits.window_ms;
             for (gap, which) in &batches {
                 now += gap;
                 let requests: Vec<_> = which.iter().map(|&k| (keys[k], limits)).collect();
@@ -161,8 +260,23 @@ fn a_batch_decides_in_order_what_the_rust_core_decides_one_by_one() {
                 prop_assert_eq!(got.len(), which.len());
                 for (i, &k) in which.iter().enumerate() {
                     let (want, next) = decide(states[k], now, &limits);
-                    if next.is_some() {
-                        states[k] = next;
+                    if let Some(next) = next {
+                        // The script's sweep: at a key's first write of a window, once a
+                        // window per hash, the hash's keys idle for two windows are removed
+                        // (what a hash of their own would lose to its TTL).
+                        let first = states[k].is_none_or(|s| s.last_ms / w != now / w);
+                        states[k] = Some(next);
+                        let owner = hashes.iter().position(|h| *h == hashes[k]).unwrap_or(k);
+                        if first && swept[owner] != Some(now / w) {
+                            swept[owner] = Some(now / w);
+                            for j in 0..keys.len() {
+                                if hashes[j] == hashes[k]
+                                    && states[j].is_some_and(|s| s.last_ms <= now - 2 * w)
+                                {
+                                    states[j] = None;
+                                }
+                            }
+                        }
                     }
                     prop_assert_eq!(got[i], want, "request {} (key {}) of the batch", i, k);
                 }

@@ -80,14 +80,15 @@ async fn concurrent_requests_over_many_slots_each_get_their_own_answer() {
             k
         })
         .collect();
-    let masters: BTreeSet<String> = keys.iter().map(|k| owner(&store, &k.redis_key())).collect();
+    let hash = |k: &LimitKey| store.layout().hash(k);
+    let masters: BTreeSet<String> = keys.iter().map(|k| owner(&store, &hash(k))).collect();
     assert_eq!(masters.len(), 3, "40 keys land on every master");
     // The store's shards are the masters: keys of one master share a shard (and so a
     // breaker in the limiter), keys of different masters do not.
     assert_eq!(store.shards(), 3);
     let pairs: BTreeSet<(usize, String)> = keys
         .iter()
-        .map(|k| (store.shard(k), owner(&store, &k.redis_key())))
+        .map(|k| (store.shard(k), owner(&store, &hash(k))))
         .collect();
     assert_eq!(pairs.len(), 3, "one shard per master: {pairs:?}");
     let mut tasks = tokio::task::JoinSet::new();
@@ -126,7 +127,7 @@ async fn hot_key_sub_keys_spread_over_slots_and_masters() {
     assert_eq!(by_sub_key.len(), 16, "2,000 callers reach every sub-key");
     let slots: BTreeSet<u16> = by_sub_key
         .values()
-        .map(|k| fred::util::redis_keyslot(k.redis_key().as_bytes()))
+        .map(|k| fred::util::redis_keyslot(store.layout().hash(k).as_bytes()))
         .collect();
     assert_eq!(slots.len(), 16, "each sub-key on a slot of its own");
 
@@ -134,7 +135,7 @@ async fn hot_key_sub_keys_spread_over_slots_and_masters() {
     let mut per_master: BTreeMap<String, usize> = BTreeMap::new();
     for k in by_sub_key.values() {
         assert!(store.check(k, &limits).await.unwrap().allowed);
-        let hash = k.redis_key();
+        let hash = store.layout().hash(k);
         let master = owner(&store, &hash);
         let exists: i64 = node(&master).await.exists(&hash).await.unwrap();
         assert_eq!(exists, 1, "{hash} is on {master}, the owner of its slot");
