@@ -357,10 +357,21 @@ async fn the_whole_flow_on_the_real_services() {
     // Every decision is one event in the raw table, less the drops the gateways counted.
     let expected = sent - dropped;
     let count = "SELECT COUNT(*) AS n FROM decisions";
+    // Each count seen is printed when it changes, so a run that times out shows whether
+    // the workers wrote nothing, stopped short, or wrote too much.
+    let seen = std::sync::Mutex::new(None::<u64>);
     eventually(
         Duration::from_secs(120),
         "every event in the raw table",
-        || async { query(&http, &base, count).await["n"].as_u64() == Some(expected) },
+        || async {
+            let n = query(&http, &base, count).await["n"].as_u64();
+            let mut last = seen.lock().unwrap_or_else(|e| e.into_inner());
+            if *last != n {
+                eprintln!("raw table: {n:?} of {expected} events");
+                *last = n;
+            }
+            n == Some(expected)
+        },
     )
     .await;
     workers.stop();
