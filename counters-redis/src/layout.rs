@@ -9,8 +9,8 @@
 //! costs 52 to 73 bytes, where a hash of its own costs 198 (one field) or 115 (two).
 //! `groups` is sized to the active limit keys: about one group per 8 to 64 of them
 //! ([`DEFAULT_GROUPS`], 2^20, fits the design's 50 million), and below
-//! `hash-max-listpack-entries` (128 by default) fields a group, past which Redis stores the
-//! hash as a table at about twice the bytes.
+//! `hash-max-listpack-entries` fields a group (512 on Debian's Redis 7.0; `CONFIG GET`
+//! shows it), past which Redis stores the hash as a table at about twice the bytes.
 //!
 //! A field is the key id's 16 bytes, then the route class and the tier (18 bytes). A hot
 //! key split into sub-keys keeps a hash per sub-key, `rl:{<key id hex>#<sub key>}`: its
