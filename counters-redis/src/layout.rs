@@ -137,17 +137,12 @@ impl Layout {
     /// # Errors
     /// [`LayoutError::Mismatch`] (as a Redis error) when another layout is recorded.
     pub async fn claim(&self, client: &Client) -> Result<(), Error> {
+        let mine = self.groups.to_string();
         let recorded: Option<String> = client
-            .set(
-                LAYOUT_KEY,
-                self.groups.to_string(),
-                None,
-                Some(SetOptions::NX),
-                true,
-            )
+            .set(LAYOUT_KEY, mine.as_str(), None, Some(SetOptions::NX), true)
             .await?;
         match recorded {
-            Some(r) if r != self.groups.to_string() => Err(Error::new(
+            Some(r) if r != mine => Err(Error::new(
                 ErrorKind::InvalidArgument,
                 LayoutError::Mismatch {
                     recorded: r,

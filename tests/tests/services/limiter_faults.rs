@@ -118,6 +118,20 @@ async fn drive(
     (allowed, sources, slowest)
 }
 
+/// Decides `req` every 50 ms until Redis is the one deciding, failing the test with `what`
+/// after `within`.
+async fn until_redis_decides(
+    l: &Limiter<RedisStore>,
+    req: &Request<'_>,
+    within: Duration,
+    what: &str,
+) {
+    eventually(within, what, || async {
+        l.check(req).await.source == DecisionSource::CounterStore
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_stopped_mid_run_falls_back_within_the_deadline_and_recovers() {
     let mut redis = PrivateRedis::start();
@@ -153,10 +167,11 @@ async fn redis_stopped_mid_run_falls_back_within_the_deadline_and_recovers() {
     assert_eq!(l.breaker_state(), BreakerState::Open);
 
     redis.restart();
-    eventually(
+    until_redis_decides(
+        &l,
+        &request(3, 0),
         Duration::from_secs(20),
         "the breaker closed after Redis came back",
-        || async { l.check(&request(3, 0)).await.source == DecisionSource::CounterStore },
     )
     .await;
     assert_eq!(l.breaker_state(), BreakerState::Closed);
@@ -171,10 +186,11 @@ async fn slow_redis_opens_the_breaker_and_recovery_closes_it() {
     // Redis decides before the slowdown. The first decision on a new connection through the
     // proxy may pass the 5 ms deadline on a busy machine and fall back on its own (the
     // breaker stays closed), so the store is given a few tries.
-    eventually(
+    until_redis_decides(
+        &l,
+        &request(1, 0),
         Duration::from_secs(2),
         "Redis deciding through the proxy",
-        || async { l.check(&request(1, 0)).await.source == DecisionSource::CounterStore },
     )
     .await;
     assert_eq!(l.breaker_state(), BreakerState::Closed);
@@ -197,10 +213,11 @@ async fn slow_redis_opens_the_breaker_and_recovery_closes_it() {
     );
 
     proxy.set_delay_ms(0);
-    eventually(
+    until_redis_decides(
+        &l,
+        &request(1, 0),
         Duration::from_secs(20),
         "the breaker closed after Redis sped up",
-        || async { l.check(&request(1, 0)).await.source == DecisionSource::CounterStore },
     )
     .await;
     assert_eq!(l.breaker_state(), BreakerState::Closed);
