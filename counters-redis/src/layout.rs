@@ -37,6 +37,10 @@ use verdict_limiter::key::{fnv1a, mix64};
 /// route classes.
 pub const DEFAULT_GROUPS: u32 = 1 << 20;
 
+/// Limit keys a group holds in the layout [`Layout::sized_for`] chooses: what the default
+/// gives the design's 50 million.
+pub const KEYS_PER_GROUP: u64 = 48;
+
 /// Most groups a layout may have.
 pub const MAX_GROUPS: u32 = 1 << 24;
 
@@ -98,6 +102,17 @@ impl Layout {
             Ok(Self { groups })
         } else {
             Err(LayoutError::Groups(u64::from(groups)))
+        }
+    }
+
+    /// The layout for about `limit_keys` active limit keys: a group per [`KEYS_PER_GROUP`]
+    /// of them (within 1 ..= [`MAX_GROUPS`]).
+    pub fn sized_for(limit_keys: u64) -> Self {
+        let groups = limit_keys
+            .div_ceil(KEYS_PER_GROUP)
+            .clamp(1, u64::from(MAX_GROUPS));
+        Self {
+            groups: u32::try_from(groups).unwrap_or(MAX_GROUPS),
         }
     }
 
@@ -228,5 +243,14 @@ mod tests {
         assert_eq!(Layout::new(0), Err(LayoutError::Groups(0)));
         assert!(Layout::new(MAX_GROUPS + 1).is_err());
         assert_eq!(Layout::new(1).unwrap().groups(), 1);
+    }
+
+    #[test]
+    fn a_sized_layout_has_a_group_per_48_keys_and_the_design_gets_the_default() {
+        assert_eq!(Layout::sized_for(50_000_000).groups(), 1_041_667);
+        assert_eq!(Layout::sized_for(500_000).groups(), 10_417);
+        assert_eq!(Layout::sized_for(48).groups(), 1);
+        assert_eq!(Layout::sized_for(0).groups(), 1);
+        assert_eq!(Layout::sized_for(u64::MAX).groups(), MAX_GROUPS);
     }
 }

@@ -16,6 +16,6 @@ pub mod packed;
 pub mod redis_store;
 mod shards;
 
-pub use layout::{DEFAULT_GROUPS, Layout, LayoutError};
+pub use layout::{DEFAULT_GROUPS, KEYS_PER_GROUP, Layout, LayoutError};
 pub use near_limit::spawn_near_limit_reporter;
 pub use redis_store::{DECISION_SCRIPT, DEFAULT_CONNECTIONS, RedisStore, RedisStoreConfig};

@@ -16,7 +16,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 use serde::Serialize;
-use verdict_counters_redis::RedisStore;
+use tokio::sync::mpsc;
+use verdict_counters_redis::{Layout, RedisStore};
 use verdict_limiter::policy::parse_toml;
 use verdict_limiter::{
     Limiter, LimiterConfig, LimiterMetrics, PolicyHandle, PolicySnapshot, Request, StoreError,
@@ -213,7 +214,13 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
         .context("bench policy has no standard rule")?
         .limits;
 
-    let store_cfg = args.redis_store.config(&url);
+    let mut store_cfg = args.redis_store.config(&url);
+    if args.redis_store.redis_key_groups.is_none() {
+        // Laid out as a deployment of this many limit keys would be (a group per 48):
+        // the default's 2^20 groups would hold about one field each, and a hash of one
+        // field costs Redis about three times the bytes per key.
+        store_cfg.layout = Layout::sized_for(u64::from(args.keys) * ROUTE_WEIGHTS.len() as u64);
+    }
     let probe = RedisStore::connect(&store_cfg).await.with_context(|| {
         format!("connecting to {url} (start it with `scripts/services.sh up redis`)")
     })?;
@@ -249,12 +256,15 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
             .map(|_| AtomicU32::new(0))
             .collect(),
     );
-    let tasks_total = u64::from(args.instances) * u64::from(args.concurrency);
-    let per_task_interval =
-        (args.rate > 0).then(|| Duration::from_secs_f64(tasks_total as f64 / args.rate as f64));
     let duration = Duration::from_secs(args.duration);
     let zipf = Zipf::new(f64::from(args.keys), 1.0).context("zipf")?;
+    let tasks_total = args.instances as usize * args.concurrency as usize;
+    // Paced: each task takes the due instants the pacer hands it, one request each.
+    let (dues, mut due_rx): (Vec<_>, Vec<_>) = (0..tasks_total)
+        .map(|_| mpsc::unbounded_channel::<Instant>())
+        .unzip();
     let started = Instant::now();
+    let pacer = (args.rate > 0).then(|| pace(dues, started, args.rate, duration));
     let mut handles = Vec::new();
     for (i, limiter) in limiters.iter().enumerate() {
         for t in 0..args.concurrency {
@@ -262,6 +272,7 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
             let allowed_per_key = Arc::clone(&allowed_per_key);
             let (keys, distribution) = (args.keys, args.distribution);
             let seed = salt ^ ((i as u64) << 32) ^ u64::from(t);
+            let mut inbox = (args.rate > 0).then(|| due_rx.pop()).flatten();
             handles.push(tokio::spawn(async move {
                 let mut rng = SmallRng::seed_from_u64(seed);
                 let mut r = TaskResult {
@@ -271,17 +282,16 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
                     denied: 0,
                     fallback: 0,
                 };
-                // Spread the tasks' first sends over one interval.
-                let mut due = started
-                    + per_task_interval
-                        .map_or(Duration::ZERO, |iv| iv.mul_f64(rng.random::<f64>()));
                 let route_total: u32 = ROUTE_WEIGHTS.iter().sum();
-                while due.duration_since(started) < duration {
-                    if per_task_interval.is_some() {
-                        tokio::time::sleep_until(due.into()).await;
-                    } else {
-                        due = Instant::now();
-                    }
+                loop {
+                    let due = match &mut inbox {
+                        Some(rx) => match rx.recv().await {
+                            Some(due) => due,
+                            None => break,
+                        },
+                        None if started.elapsed() < duration => Instant::now(),
+                        None => break,
+                    };
                     let key = match distribution {
                         KeyDistribution::Uniform => rng.random_range(0..keys),
                         KeyDistribution::Zipf if rng.random::<f64>() < 0.08 => TENANT,
@@ -320,9 +330,6 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
                         r.denied += 1;
                     }
                     r.fallback += u64::from(d.source == DecisionSource::LocalFallback);
-                    if let Some(iv) = per_task_interval {
-                        due += iv;
-                    }
                 }
                 r
             }));
@@ -340,6 +347,11 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
         fallback += r.fallback;
     }
     let elapsed = started.elapsed().as_secs_f64();
+    if let Some(pacer) = pacer {
+        pacer
+            .join()
+            .map_err(|_| anyhow::anyhow!("the pacer thread panicked"))?;
+    }
     let store_errors = StoreError::KINDS
         .into_iter()
         .map(|kind| {
@@ -428,6 +440,57 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
     })
 }
 
+/// Shortest sleep of the pacer between releases.
+const PACER_TICK: Duration = Duration::from_micros(100);
+
+/// Releases request `n` at `started + n / rate`, to task `n mod tasks`, until `duration`
+/// has passed, from a thread of its own that sleeps at least [`PACER_TICK`] between
+/// releases. Tokio's timer fires at whole milliseconds: tasks sleeping on it would leave
+/// in a burst at each millisecond, up to a millisecond after they were due, and the
+/// latency counted from when due would charge that to the limiter. Here a request leaves
+/// within a tick and the OS's wake-up slack (about 0.1 to 0.2 ms) of its due instant.
+///
+/// Each release goes as one message to a task on the runtime that hands the requests to
+/// their tasks: a wake from outside the runtime costs a syscall, one from inside it
+/// mostly does not.
+fn pace(
+    tasks: Vec<mpsc::UnboundedSender<Instant>>,
+    started: Instant,
+    rate: u64,
+    duration: Duration,
+) -> std::thread::JoinHandle<()> {
+    let (releases, mut rx) = mpsc::unbounded_channel::<(u64, Vec<Instant>)>();
+    tokio::spawn(async move {
+        while let Some((first, dues)) = rx.recv().await {
+            for (n, due) in (first..).zip(dues) {
+                // A task that has ended (none does before its channel closes) only loses
+                // its turn.
+                let _ = tasks[(n % tasks.len() as u64) as usize].send(due);
+            }
+        }
+    });
+    std::thread::spawn(move || {
+        let total = (duration.as_secs_f64() * rate as f64) as u64;
+        let due = |n: u64| started + Duration::from_secs_f64(n as f64 / rate as f64);
+        let mut n = 0u64;
+        while n < total {
+            let now = Instant::now();
+            let first = n;
+            let mut dues = Vec::new();
+            while n < total && due(n) <= now {
+                dues.push(due(n));
+                n += 1;
+            }
+            if !dues.is_empty() && releases.send((first, dues)).is_err() {
+                return;
+            }
+            if n < total {
+                std::thread::sleep(due(n).saturating_duration_since(now).max(PACER_TICK));
+            }
+        }
+    })
+}
+
 fn micros(d: Duration) -> u32 {
     d.as_micros().min(u128::from(u32::MAX)) as u32
 }
@@ -474,4 +537,41 @@ fn redis_benchmark_ceiling(url: &str, sha: &str, batch: usize) -> anyhow::Result
         .trim_matches('"')
         .parse()?;
     Ok(rps * batch as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_pacer_hands_each_task_its_turns_at_the_rate_and_ends_with_the_duration() {
+        let (tasks, mut inboxes): (Vec<_>, Vec<_>) =
+            (0..3).map(|_| mpsc::unbounded_channel()).unzip();
+        let started = Instant::now();
+        let pacer = pace(tasks, started, 1_000, Duration::from_millis(30));
+        let mut all = Vec::new();
+        for inbox in &mut inboxes {
+            let mut dues = Vec::new();
+            while let Some(due) = inbox.recv().await {
+                dues.push(due);
+            }
+            all.push(dues);
+        }
+        pacer.join().unwrap();
+        let received = Instant::now();
+        for (task, (dues, inbox)) in all.iter().zip(&mut inboxes).enumerate() {
+            // Request n is due n ms after the start and goes to task n mod 3.
+            let wanted: Vec<Instant> = (0..10)
+                .map(|k| started + Duration::from_millis(3 * k + task as u64))
+                .collect();
+            assert_eq!(dues.len(), wanted.len(), "task {task}");
+            for (due, want) in dues.iter().zip(&wanted) {
+                let off = due.max(want).duration_since(*due.min(want));
+                assert!(off < Duration::from_micros(1), "task {task}: {off:?}");
+            }
+            assert!(dues.iter().all(|d| *d <= received));
+            // The channel closed with the pacer: the task ends.
+            assert!(inbox.try_recv().is_err() && inbox.is_closed());
+        }
+    }
 }
