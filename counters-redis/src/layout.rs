@@ -138,6 +138,23 @@ impl Layout {
         s
     }
 
+    /// The Redis Cluster slot of `key`'s hash (the CRC16 of its hash tag, as
+    /// `CLUSTER KEYSLOT` of [`Self::hash`] answers), without building the hash's name.
+    pub fn slot(&self, key: &LimitKey) -> u16 {
+        // The longest tag: 32 hex digits, '#', a sub-key of three digits.
+        let mut buf = [0u8; 40];
+        let mut w = std::io::Cursor::new(&mut buf[..]);
+        let written = if key.sub_keys > 1 {
+            std::io::Write::write_fmt(&mut w, format_args!("{}#{}", key.key_id, key.sub_key))
+        } else {
+            std::io::Write::write_fmt(&mut w, format_args!("g{}", self.group(key)))
+        };
+        debug_assert!(written.is_ok(), "a hash tag is at most 36 bytes");
+        let len = usize::try_from(w.position()).unwrap_or(0);
+        // A tag holds no braces, so the slot of the tag alone is the slot of the name.
+        fred::util::redis_keyslot(&buf[..len])
+    }
+
     /// `key`'s field inside its hash: the key id's 16 bytes, the route class, the tier.
     pub fn field(&self, key: &LimitKey) -> [u8; FIELD_LEN] {
         let mut f = [0u8; FIELD_LEN];
@@ -236,6 +253,19 @@ mod tests {
             l.hash(&s),
             format!("rl:{{abababababababababababababababab#{}}}", s.sub_key)
         );
+    }
+
+    #[test]
+    fn a_keys_slot_is_the_slot_of_its_hashs_name() {
+        let l = Layout::new(4096).unwrap();
+        for b in [0u8, 7, 0xab, 0xff] {
+            let k = key(b);
+            assert_eq!(l.slot(&k), fred::util::redis_keyslot(l.hash(&k).as_bytes()));
+            for caller in [&b"203.0.113.9"[..], b"198.51.100.1", b"x"] {
+                let s = k.split(255, caller);
+                assert_eq!(l.slot(&s), fred::util::redis_keyslot(l.hash(&s).as_bytes()));
+            }
+        }
     }
 
     #[test]

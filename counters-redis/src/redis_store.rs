@@ -404,15 +404,14 @@ fn outcomes_from_reply(r: &[i64], wanted: usize) -> Result<Vec<CounterCheck>, St
 impl CounterStore for RedisStore {
     async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<CounterCheck, StoreError> {
         let inner = &*self.inner;
-        let hash = inner.layout.hash(key);
         let slot = if inner.clustered {
-            fred::util::redis_keyslot(hash.as_bytes())
+            inner.layout.slot(key)
         } else {
             0
         };
         let (reply, answer) = oneshot::channel();
         let pending = Pending {
-            hash,
+            hash: inner.layout.hash(key),
             field: inner.layout.field(key),
             limits: *limits,
             slot,
@@ -445,10 +444,7 @@ impl CounterStore for RedisStore {
 
     fn shard(&self, key: &LimitKey) -> usize {
         if self.inner.clustered {
-            let hash = self.inner.layout.hash(key);
-            self.inner
-                .shards
-                .of_slot(fred::util::redis_keyslot(hash.as_bytes()))
+            self.inner.shards.of_slot(self.inner.layout.slot(key))
         } else {
             0
         }
