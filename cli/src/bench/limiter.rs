@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use fred::prelude::*;
+use fred::types::InfoKind;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
@@ -108,6 +109,17 @@ pub struct LimiterBenchReport {
     /// do not pay for the groups themselves: `redis_bytes_per_key` is a key's whole cost
     /// only on an empty database.
     redis_keys_before: u64,
+    /// Redis's CPU time over the run ÷ the run's length: the cores Redis used (`INFO cpu`,
+    /// the whole server, so other clients' work counts too). Null for a cluster.
+    redis_cores: Option<f64>,
+    /// Redis's CPU time ÷ the decisions Redis made, µs.
+    redis_cpu_us_per_decision: Option<f64>,
+    /// Script calls over the run (`INFO commandstats`), and the decisions each carried.
+    redis_script_calls: Option<u64>,
+    decisions_per_script_call: Option<f64>,
+    /// The time Redis spent running the script ÷ the decisions Redis made, µs: the rest of
+    /// `redis_cpu_us_per_decision` is reading, parsing and answering the calls.
+    redis_script_us_per_decision: Option<f64>,
     /// redis-benchmark's decisions per second, one per call.
     redis_benchmark_evalsha_pipelined_per_s: Option<f64>,
     /// … and `redis_benchmark_batch` per call, as the store sends them under load.
@@ -177,6 +189,70 @@ async fn keys_memory(client: &Client) -> anyhow::Result<u64> {
         })
         .sum();
     Ok(stats.dataset_bytes + tables)
+}
+
+/// Redis's own account of its work: CPU time (`INFO cpu`) and the script's calls
+/// (`INFO commandstats`), so that a run shows whether Redis was the bottleneck.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct RedisWork {
+    /// `used_cpu_user` + `used_cpu_sys`, seconds.
+    cpu_s: f64,
+    /// `EVALSHA` calls, and the microseconds Redis spent running them.
+    script_calls: u64,
+    script_us: u64,
+}
+
+impl RedisWork {
+    async fn read(client: &Client) -> anyhow::Result<Self> {
+        let cpu: String = client.info(Some(InfoKind::Cpu)).await?;
+        let stats: String = client.info(Some(InfoKind::CommandStats)).await?;
+        Self::parse(&cpu, &stats)
+    }
+
+    /// From the text of `INFO cpu` and `INFO commandstats`.
+    fn parse(cpu: &str, stats: &str) -> anyhow::Result<Self> {
+        let field = |text: &str, name: &str| -> Option<String> {
+            text.lines()
+                .find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'))
+                .map(str::to_owned)
+        };
+        let seconds = |name: &str| -> anyhow::Result<f64> {
+            let v = field(cpu, name).with_context(|| format!("INFO cpu has no {name}"))?;
+            v.parse()
+                .with_context(|| format!("INFO cpu: {name} = {v:?} is not a number"))
+        };
+        let (mut script_calls, mut script_us) = (0, 0);
+        // Absent until the script's first call.
+        if let Some(line) = field(stats, "cmdstat_evalsha") {
+            for pair in line.split(',') {
+                let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+                let number = || {
+                    v.parse::<u64>().with_context(|| {
+                        format!("INFO commandstats: evalsha {k} = {v:?} is not a number")
+                    })
+                };
+                match k {
+                    "calls" => script_calls = number()?,
+                    "usec" => script_us = number()?,
+                    _ => {}
+                }
+            }
+        }
+        Ok(Self {
+            cpu_s: seconds("used_cpu_user")? + seconds("used_cpu_sys")?,
+            script_calls,
+            script_us,
+        })
+    }
+
+    /// The work done since `before`.
+    fn since(&self, before: &Self) -> Self {
+        Self {
+            cpu_s: (self.cpu_s - before.cpu_s).max(0.0),
+            script_calls: self.script_calls.saturating_sub(before.script_calls),
+            script_us: self.script_us.saturating_sub(before.script_us),
+        }
+    }
 }
 
 /// Runs the bench and prints its JSON.
@@ -263,6 +339,13 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
     let (dues, mut due_rx): (Vec<_>, Vec<_>) = (0..tasks_total)
         .map(|_| mpsc::unbounded_channel::<Instant>())
         .unzip();
+    // Redis's account of the run (a cluster's nodes would each need asking).
+    let clustered = url.starts_with("redis-cluster://");
+    let work_before = if clustered {
+        None
+    } else {
+        Some(RedisWork::read(probe.client()).await?)
+    };
     let started = Instant::now();
     let pacer = (args.rate > 0).then(|| pace(dues, started, args.rate, duration));
     let mut handles = Vec::new();
@@ -347,6 +430,10 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
         fallback += r.fallback;
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let work = match work_before {
+        Some(before) => Some(RedisWork::read(probe.client()).await?.since(&before)),
+        None => None,
+    };
     if let Some(pacer) = pacer {
         pacer
             .join()
@@ -404,6 +491,7 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
     };
     let (ceiling_single, ceiling_batched) = (ceiling(1), ceiling(CEILING_BATCH));
     let decisions = latencies.len() as u64;
+    let store_decisions = decisions.saturating_sub(fallback);
     let per_s = decisions as f64 / elapsed;
     Ok(LimiterBenchReport {
         bench: "limiter",
@@ -415,7 +503,7 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
         duration_s: elapsed,
         decisions,
         decisions_per_s: per_s,
-        store_decisions_per_s: decisions.saturating_sub(fallback) as f64 / elapsed,
+        store_decisions_per_s: store_decisions as f64 / elapsed,
         p50_ms: pct(0.50),
         p99_ms: pct(0.99),
         p999_ms: pct(0.999),
@@ -433,6 +521,13 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
             / redis_keys.max(1) as f64,
         redis_key_groups: probe.layout().groups(),
         redis_keys_before,
+        redis_cores: work.map(|w| w.cpu_s / elapsed),
+        redis_cpu_us_per_decision: work.map(|w| w.cpu_s * 1e6 / store_decisions.max(1) as f64),
+        redis_script_calls: work.map(|w| w.script_calls),
+        decisions_per_script_call: work
+            .map(|w| store_decisions as f64 / w.script_calls.max(1) as f64),
+        redis_script_us_per_decision: work
+            .map(|w| w.script_us as f64 / store_decisions.max(1) as f64),
         redis_benchmark_evalsha_pipelined_per_s: ceiling_single,
         redis_benchmark_evalsha_batched_per_s: ceiling_batched,
         redis_benchmark_batch: CEILING_BATCH,
@@ -542,6 +637,48 @@ fn redis_benchmark_ceiling(url: &str, sha: &str, batch: usize) -> anyhow::Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redis_work_is_read_from_info_and_nonsense_is_named() {
+        let cpu = "# CPU\r\nused_cpu_sys:1.250000\r\nused_cpu_user:2.500000\r\n\
+                   used_cpu_sys_children:0.000000\r\n";
+        let stats = "# Commandstats\r\ncmdstat_get:calls=3,usec=4,usec_per_call=1.33\r\n\
+                     cmdstat_evalsha:calls=63887,usec=7319618,usec_per_call=114.57,\
+                     rejected_calls=0,failed_calls=0\r\n";
+        let w = RedisWork::parse(cpu, stats).unwrap();
+        assert_eq!(
+            w,
+            RedisWork {
+                cpu_s: 3.75,
+                script_calls: 63_887,
+                script_us: 7_319_618
+            }
+        );
+        // Before the script's first call there is no line for it.
+        assert_eq!(
+            RedisWork::parse(cpu, "# Commandstats\r\n")
+                .unwrap()
+                .script_calls,
+            0
+        );
+        let later = RedisWork {
+            cpu_s: 5.0,
+            script_calls: 70_000,
+            script_us: 8_000_000,
+        };
+        assert_eq!(
+            later.since(&w),
+            RedisWork {
+                cpu_s: 1.25,
+                script_calls: 6_113,
+                script_us: 680_382
+            }
+        );
+        let e = RedisWork::parse("used_cpu_sys:x\r\nused_cpu_user:1\r\n", "").unwrap_err();
+        assert!(format!("{e:#}").contains("used_cpu_sys = \"x\""), "{e:#}");
+        let e = RedisWork::parse("used_cpu_user:1\r\n", "").unwrap_err();
+        assert!(format!("{e:#}").contains("no used_cpu_sys"), "{e:#}");
+    }
 
     #[tokio::test]
     async fn the_pacer_hands_each_task_its_turns_at_the_rate_and_ends_with_the_duration() {
