@@ -130,11 +130,7 @@ impl Layout {
     /// for a sub-key of a split key.
     pub fn hash(&self, key: &LimitKey) -> String {
         let mut s = String::with_capacity(40);
-        if key.sub_keys > 1 {
-            let _ = write!(s, "rl:{{{}#{}}}", key.key_id, key.sub_key);
-        } else {
-            let _ = write!(s, "rl:{{g{}}}", self.group(key));
-        }
+        let _ = write!(s, "rl:{{{}}}", Tag(self, key));
         s
     }
 
@@ -144,11 +140,7 @@ impl Layout {
         // The longest tag: 32 hex digits, '#', a sub-key of three digits.
         let mut buf = [0u8; 40];
         let mut w = std::io::Cursor::new(&mut buf[..]);
-        let written = if key.sub_keys > 1 {
-            std::io::Write::write_fmt(&mut w, format_args!("{}#{}", key.key_id, key.sub_key))
-        } else {
-            std::io::Write::write_fmt(&mut w, format_args!("g{}", self.group(key)))
-        };
+        let written = std::io::Write::write_fmt(&mut w, format_args!("{}", Tag(self, key)));
         debug_assert!(written.is_ok(), "a hash tag is at most 36 bytes");
         let len = usize::try_from(w.position()).unwrap_or(0);
         // A tag holds no braces, so the slot of the tag alone is the slot of the name.
@@ -205,6 +197,21 @@ impl Layout {
                     format!("{LAYOUT_KEY} = {r:?} is not a number of key groups"),
                 )
             })
+    }
+}
+
+/// The hash tag of a key's hash, the part between the braces that picks its slot:
+/// `g<group>`, or `<key id hex>#<sub key>` for a sub-key of a split key.
+struct Tag<'a>(&'a Layout, &'a LimitKey);
+
+impl std::fmt::Display for Tag<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Tag(layout, key) = *self;
+        if key.sub_keys > 1 {
+            write!(f, "{}#{}", key.key_id, key.sub_key)
+        } else {
+            write!(f, "g{}", layout.group(key))
+        }
     }
 }
 

@@ -334,20 +334,23 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
     );
     let duration = Duration::from_secs(args.duration);
     let zipf = Zipf::new(f64::from(args.keys), 1.0).context("zipf")?;
-    let tasks_total = args.instances as usize * args.concurrency as usize;
-    // Paced: each task takes the due instants the pacer hands it, one request each.
-    let (dues, mut due_rx): (Vec<_>, Vec<_>) = (0..tasks_total)
-        .map(|_| mpsc::unbounded_channel::<Instant>())
-        .unzip();
     // Redis's account of the run (a cluster's nodes would each need asking).
-    let clustered = url.starts_with("redis-cluster://");
-    let work_before = if clustered {
+    let work_before = if probe.client().is_clustered() {
         None
     } else {
         Some(RedisWork::read(probe.client()).await?)
     };
     let started = Instant::now();
-    let pacer = (args.rate > 0).then(|| pace(dues, started, args.rate, duration));
+    // Paced: each task takes the due instants the pacer hands it, one request each.
+    let (pacer, mut inboxes) = if args.rate > 0 {
+        let tasks_total = args.instances as usize * args.concurrency as usize;
+        let (dues, inboxes): (Vec<_>, Vec<_>) = (0..tasks_total)
+            .map(|_| mpsc::unbounded_channel::<Instant>())
+            .unzip();
+        (Some(pace(dues, started, args.rate, duration)), inboxes)
+    } else {
+        (None, Vec::new())
+    };
     let mut handles = Vec::new();
     for (i, limiter) in limiters.iter().enumerate() {
         for t in 0..args.concurrency {
@@ -355,7 +358,7 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
             let allowed_per_key = Arc::clone(&allowed_per_key);
             let (keys, distribution) = (args.keys, args.distribution);
             let seed = salt ^ ((i as u64) << 32) ^ u64::from(t);
-            let mut inbox = (args.rate > 0).then(|| due_rx.pop()).flatten();
+            let mut inbox = inboxes.pop();
             handles.push(tokio::spawn(async move {
                 let mut rng = SmallRng::seed_from_u64(seed);
                 let mut r = TaskResult {
