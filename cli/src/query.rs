@@ -48,6 +48,13 @@ pub struct EngineArgs {
     /// unchanged, MiB (0: none kept); ad-hoc SQL is never kept.
     #[arg(long, default_value_t = 64)]
     pub answer_cache_mib: usize,
+    /// The reports' parts kept, MiB (0: none kept): the first level of each report over raw
+    /// decisions (for the limit review, each key's row) over a day, computed once and kept
+    /// while the day's files and the policy are unchanged, so that a report reads its days'
+    /// parts instead of a week of decisions. A part larger than a quarter of this is computed
+    /// again by every report that needs it.
+    #[arg(long, default_value_t = 256)]
+    pub part_cache_mib: usize,
     /// Partitions each query runs on (default: the machine's cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -70,6 +77,7 @@ impl EngineArgs {
             budget_bytes: self.budget_mib.max(1) << 20,
             queue_timeout: Duration::from_secs(self.queue_timeout_s),
             answer_cache_bytes: self.answer_cache_mib << 20,
+            part_cache_bytes: self.part_cache_mib << 20,
         };
         let threads = self
             .threads
@@ -112,6 +120,11 @@ pub struct ServeArgs {
     /// password. Without tokens the service listens on loopback only.
     #[arg(long, env = "VERDICT_QUERY_TOKENS_FILE")]
     pub tokens_file: Option<PathBuf>,
+    /// How often the reports' parts of each closed day the raw table holds are made sure of,
+    /// computing those missing or changed (at start, then at this interval), seconds; 0:
+    /// never beforehand, each report computes the parts it needs. See --part-cache-mib.
+    #[arg(long, default_value_t = 300)]
+    pub warm_parts_every_s: u64,
 }
 
 /// Runs `verdict query …`.
@@ -132,14 +145,48 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(addr) => Some(verdict_query::pg::serve(&engine, tokens.clone(), addr).await?),
         None => None,
     };
+    let warming =
+        (args.warm_parts_every_s > 0 && engine.limits().part_cache_bytes > 0).then(|| {
+            tokio::spawn(warm_parts(
+                engine.clone(),
+                Duration::from_secs(args.warm_parts_every_s),
+            ))
+        });
     let state = Arc::new(AppState {
         engine,
         tokens,
         metrics: QueryMetrics::new(),
     });
     verdict_query::http::serve(state, args.listen, shutdown).await?;
+    if let Some(task) = warming {
+        task.abort();
+    }
     tracing::info!("query service stopped");
     Ok(())
+}
+
+/// Keeps the reports' parts of the closed days warm (see `verdict_query::parts`): at start,
+/// then every `every`.
+async fn warm_parts(engine: verdict_query::Engine, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let started = std::time::Instant::now();
+        match engine.warm_parts().await {
+            Ok(w) if w.computed > 0 => tracing::info!(
+                computed = w.computed,
+                kept = w.kept,
+                ms = started.elapsed().as_millis() as u64,
+                "the reports' parts of the closed days are kept"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(
+                error = %e,
+                "computing the reports' parts of the closed days failed; each report computes the parts it needs"
+            ),
+        }
+    }
 }
 
 /// How `verdict sql` prints rows.

@@ -35,6 +35,7 @@ use crate::error::QueryError;
 use crate::indicator::COUNT_INDICATORS;
 use crate::limits::Limits;
 use crate::pack::PACK_GROUP_KEYS;
+use crate::parts::{Parts, PartsExec, Warmed};
 use crate::pruning::RAW_SCAN_PRUNING;
 use crate::tables::{LAKE_URL, PoliciesTable, register};
 use crate::view::{AsOf, ReaderView};
@@ -52,6 +53,7 @@ pub struct Engine {
     policies: Arc<PoliciesTable>,
     budget: Budget,
     answers: Arc<Answers>,
+    parts: Arc<Parts>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -122,6 +124,8 @@ impl Engine {
         // The functions that make huge values from small queries are bounded (see
         // `crate::bounded_fns`).
         crate::bounded_fns::register(&base)?;
+        // The limit review's percentiles over its keys (see `crate::ranks`).
+        crate::ranks::register(&base);
         // Sums of `CASE WHEN p THEN 1 ELSE 0 END` counted with a filter instead (see
         // `crate::indicator`), and group keys packed into one integer (see `crate::pack`):
         // the reports' aggregations hash and compare one column rather than three or four.
@@ -132,6 +136,9 @@ impl Engine {
         base.register_object_store(url.as_ref(), Arc::clone(&view) as Arc<dyn ObjectStore>);
         let policies = Arc::new(policies);
         register(&base, Arc::clone(&policies))?;
+        // The limit review reads its range's kept parts (see `crate::parts`).
+        let parts = Arc::new(Parts::new(limits.part_cache_bytes, Arc::clone(&policies)));
+        parts.register(&base);
         Ok(Self {
             base,
             view,
@@ -141,6 +148,7 @@ impl Engine {
                 limits.queue_timeout,
             ),
             answers: Arc::new(Answers::new(limits.answer_cache_bytes)),
+            parts,
             limits,
             policies,
         })
@@ -149,6 +157,41 @@ impl Engine {
     /// The named reports' kept answers (see [`crate::answers`]).
     pub fn answers(&self) -> &Answers {
         &self.answers
+    }
+
+    /// The reports' kept parts (see [`crate::parts`]).
+    pub fn parts(&self) -> &Parts {
+        &self.parts
+    }
+
+    /// Makes sure that every level's part (see [`crate::parts::Level`]) of every closed day
+    /// (before today, UTC) the raw table holds is kept, computing the missing ones newest
+    /// first, as one query: it waits for a place in the budget and runs in a session of its
+    /// own, each day under the time limit.
+    pub async fn warm_parts(&self) -> Result<Warmed, QueryError> {
+        let _permit = self
+            .budget
+            .admit()
+            .await
+            .ok_or(QueryError::Busy { retry_after_s: 5 })?;
+        let ctx = self.session();
+        let today = chrono::Utc::now().date_naive();
+        let days: Vec<chrono::NaiveDate> = crate::parts::raw_days(&ctx)
+            .await
+            .map_err(|e| QueryError::from_datafusion(e, &self.limits))?
+            .into_iter()
+            .filter(|d| *d < today)
+            .collect();
+        let mut warmed = Warmed::default();
+        for day in days {
+            let one = tokio::time::timeout(self.limits.timeout, self.parts.warm(&ctx, &[day]))
+                .await
+                .map_err(|_| self.time_limit())?
+                .map_err(|e| QueryError::from_datafusion(e, &self.limits))?;
+            warmed.kept += one.kept;
+            warmed.computed += one.computed;
+        }
+        Ok(warmed)
     }
 
     /// A named report's answer as JSON ([`crate::format::json`], bounded like any JSON
@@ -418,9 +461,33 @@ impl Engine {
         name: &str,
         params: &std::collections::BTreeMap<String, String>,
     ) -> Result<String, QueryError> {
+        self.render(name, params, false).await
+    }
+
+    /// [`Self::report_sql`] as a statement over the lake's tables and `policies` only, which
+    /// DuckDB runs too (see [`crate::reports::render_portable`]).
+    pub async fn report_sql_portable(
+        &self,
+        name: &str,
+        params: &std::collections::BTreeMap<String, String>,
+    ) -> Result<String, QueryError> {
+        self.render(name, params, true).await
+    }
+
+    async fn render(
+        &self,
+        name: &str,
+        params: &std::collections::BTreeMap<String, String>,
+        portable: bool,
+    ) -> Result<String, QueryError> {
         let report = crate::reports::find(name)?;
         let names = self.names().await?;
-        crate::reports::render(&report, params, &names, chrono::Utc::now())
+        let now = chrono::Utc::now();
+        if portable {
+            crate::reports::render_portable(&report, params, &names, now)
+        } else {
+            crate::reports::render(&report, params, &names, now)
+        }
     }
 
     fn time_limit(&self) -> QueryError {
@@ -470,24 +537,32 @@ async fn collect_stream(
 /// order: what an answer kept for the plan's SQL depends on.
 fn scanned_files(plan: &dyn datafusion::physical_plan::ExecutionPlan) -> Vec<String> {
     let mut out = Vec::new();
+    // The limit review's kept parts: the files each was computed from.
+    if let Some(parts) = plan.downcast_ref::<PartsExec>() {
+        out.extend(parts.files().iter().cloned());
+    }
     if let Some(exec) = plan.downcast_ref::<DataSourceExec>()
         && let Some(config) = exec.data_source().downcast_ref::<FileScanConfig>()
     {
         for f in config.file_groups.iter().flat_map(|g| g.iter()) {
-            let m = &f.object_meta;
-            out.push(format!(
-                "{} {} {} {}",
-                m.location,
-                m.size,
-                m.last_modified.timestamp_millis(),
-                m.e_tag.as_deref().unwrap_or_default()
-            ));
+            out.push(describe(&f.object_meta));
         }
     }
     for child in plan.children() {
         out.extend(scanned_files(child.as_ref()));
     }
     out
+}
+
+/// A file as a kept answer's key lists it: path, size, modification time and tag.
+pub(crate) fn describe(m: &object_store::ObjectMeta) -> String {
+    format!(
+        "{} {} {} {}",
+        m.location,
+        m.size,
+        m.last_modified.timestamp_millis(),
+        m.e_tag.as_deref().unwrap_or_default()
+    )
 }
 
 /// Rows read by the data sources of an executed plan.

@@ -22,6 +22,9 @@ pub struct Limits {
     /// Bytes of the named reports' JSON answers kept while what they read is unchanged
     /// (see [`crate::answers`]); 0 keeps none.
     pub answer_cache_bytes: usize,
+    /// Bytes of the reports' parts kept while what they read is unchanged (see
+    /// [`crate::parts`]); 0 keeps none, and every report reads its whole range.
+    pub part_cache_bytes: usize,
 }
 
 impl Default for Limits {
@@ -34,6 +37,7 @@ impl Default for Limits {
             budget_bytes: 4 << 30,
             queue_timeout: Duration::from_secs(10),
             answer_cache_bytes: 64 << 20,
+            part_cache_bytes: 256 << 20,
         }
     }
 }

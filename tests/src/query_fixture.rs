@@ -397,19 +397,44 @@ pub async fn report_in(
     to: &str,
     params: &[(&str, &str)],
 ) -> Vec<serde_json::Value> {
-    let mut given: std::collections::BTreeMap<String, String> = [
-        ("from".to_string(), from.to_string()),
-        ("to".to_string(), to.to_string()),
-    ]
-    .into();
-    for (k, v) in params {
-        given.insert((*k).to_string(), (*v).to_string());
-    }
+    let given = given(from, to, params);
     let sql = engine
         .report_sql(name, &given)
         .await
         .unwrap_or_else(|e| panic!("report {name}: {e}"));
     rows(engine, &sql).await
+}
+
+/// A report's parameters: `from`, `to` and `params`.
+fn given(
+    from: &str,
+    to: &str,
+    params: &[(&str, &str)],
+) -> std::collections::BTreeMap<String, String> {
+    let mut given: std::collections::BTreeMap<String, String> =
+        [("from".into(), from.into()), ("to".into(), to.into())].into();
+    for (k, v) in params {
+        given.insert((*k).into(), (*v).into());
+    }
+    given
+}
+
+/// Report `name`'s rows over `from` to `to` with `params`, from the query service's
+/// statement (which reads the reports' kept parts, see `verdict_query::parts`) and from the
+/// portable one (which reads the decisions all the way).
+pub async fn served_and_portable(
+    engine: &verdict_query::Engine,
+    name: &str,
+    from: &str,
+    to: &str,
+    params: &[(&str, &str)],
+) -> (Vec<serde_json::Value>, Vec<serde_json::Value>) {
+    let given = given(from, to, params);
+    let served = engine.report_sql(name, &given).await.unwrap();
+    let portable = engine.report_sql_portable(name, &given).await.unwrap();
+    assert!(served.contains("_parts('"), "{served}");
+    assert!(!portable.contains("_parts('"), "{portable}");
+    (rows(engine, &served).await, rows(engine, &portable).await)
 }
 
 /// A sum of `n` terms: a flat expression `n` deep once parsed.

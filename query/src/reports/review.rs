@@ -2,16 +2,22 @@
 //! the distribution of the active keys' demand against the limit, refusals split and
 //! attributed, a verdict with its reason in words, and a recommended limit.
 //!
-//! It is one SQL statement over `decisions` and `policies`, portable to DuckDB (the benchmark
-//! runs the same text there), so it uses nothing but CTEs, window functions and arithmetic:
-//! percentiles are nearest-rank, taken as the smallest value whose rank is at least
-//! ⌈p·n⌉, rather than an engine's own percentile function.
+//! It is SQL over `decisions` and `policies` that uses nothing but CTEs, window functions and
+//! arithmetic: percentiles are nearest-rank, taken as the smallest value whose rank is at
+//! least ⌈p·n⌉, rather than an engine's own percentile function.
 //!
 //! The levels, each much smaller than the one before: decisions → per key × region × hour ×
 //! bucket span (a count and the quota only: the span level has the most groups, so it
 //! carries the fewest columns) → per key × region × hour → per key × hour → per key → per
 //! limit. Refusals are counted per key from the refused decisions alone, a few percent of
 //! the rows, and joined at the key level.
+//!
+//! The levels up to the key are nearly all of the work (seconds over a week of raw
+//! decisions), and they merge across midnights. So the query service reads each key's row
+//! from `review_parts(from, to)` ([`crate::parts`]): the range cut at midnights, each piece's
+//! rows computed by [`part_sql`] once and kept while the piece's files and the policy stay
+//! the same. The statement that reads the decisions all the way ([`KeysFrom::Decisions`])
+//! is the portable one, which the benchmark runs in DuckDB too, and gives the same rows.
 
 use super::{Args, QueryError};
 
@@ -75,22 +81,20 @@ fn percent(x: &str) -> String {
     format!("CAST(CAST(ROUND(100.0 * ({x})) AS BIGINT) AS VARCHAR)")
 }
 
-/// The review's common part, up to each key ranked within its limit: `WITH lim AS (…), …,
-/// ranked AS (…` (the last CTE left open, for the caller to close).
-fn keyed(range: &str, filters: &str, p: &ReviewParams) -> String {
-    let ReviewParams {
-        constrained_share,
-        engaged_use,
-        ..
-    } = *p;
-    let limit = LIMIT;
-    format!(
-        "WITH lim AS (
+/// The `lim` CTE: each limit of the policy in force, and its bucket's time scale.
+const LIM: &str = "lim AS (
   SELECT tier_id, route_class_id, capacity, refill_per_s, hourly_quota, mode,
     GREATEST(1.0, CAST(capacity AS DOUBLE) / GREATEST(refill_per_s, 0.001)) AS span_s
   FROM policies
   WHERE kind = 'limit'
-), d AS (
+)";
+
+/// The review's levels from the decisions within `range` (a condition on `x`, the decisions)
+/// and `filters` (`AND x.…` conditions) up to one row per key: `lim AS (…), …, per_key AS
+/// (…)`, with the key's requests, demand, peaks, quotas and refusals.
+fn per_key_from_decisions(range: &str, filters: &str) -> String {
+    format!(
+        "{LIM}, d AS (
   SELECT x.tier, x.route_class, x.key_id, x.region, x.date, x.hour, x.window_quota,
     CAST(FLOOR(date_part('epoch', x.event_time) / l.span_s) AS BIGINT) AS span
   FROM decisions x
@@ -121,18 +125,88 @@ fn keyed(range: &str, filters: &str, p: &ReviewParams) -> String {
     MIN(quota) AS quota_low, MAX(quota) AS quota_high
   FROM per_region_hour
   GROUP BY tier, route_class, key_id, date, hour
-), per_key AS (
+), per_key_hours AS (
   SELECT h.tier, h.route_class, h.key_id, SUM(h.requests) AS requests,
     MAX(h.demand) AS demand, MAX(h.requests) AS peak_hour, MAX(h.peak_span) AS peak_span,
     MIN(h.quota_low) AS quota_low, MAX(h.quota_high) AS quota_high
   FROM per_hour h
   GROUP BY h.tier, h.route_class, h.key_id
-), keyed AS (
+), per_key AS (
+  SELECT k.tier, k.route_class, k.key_id, k.requests, k.demand, k.peak_hour, k.peak_span,
+    k.quota_low, k.quota_high, COALESCE(r.denied, 0) AS denied,
+    COALESCE(r.would_deny, 0) AS would_deny, COALESCE(r.by_bucket, 0) AS by_bucket,
+    COALESCE(r.by_window, 0) AS by_window
+  FROM per_key_hours k
+  LEFT JOIN refused r ON r.tier = k.tier AND r.route_class = k.route_class
+    AND r.key_id = k.key_id
+)"
+    )
+}
+
+/// The SQL of one part of the review: every key's row over the decisions within `range` (a
+/// condition on `x`, the decisions), unfiltered, so that one part serves every filter.
+///
+/// Parts merge: a key's row over a range split at midnights is the sum of its requests and
+/// refusals and the maximum of its demand and peaks (the minimum of its lowest quota) over
+/// the parts, because every level below the key (the hour, the bucket's span) lies within
+/// one part. See [`crate::parts`], which keeps each day's part.
+pub fn part_sql(range: &str) -> String {
+    format!(
+        "WITH {}\nSELECT tier, route_class, key_id, requests, demand, peak_hour, peak_span, \
+         quota_low, quota_high, denied, would_deny, by_bucket, by_window FROM per_key",
+        per_key_from_decisions(range, "")
+    )
+}
+
+/// The `per_key` CTE over the kept parts `table` (a call of [`crate::parts::Level::Review`]'s
+/// function), with `filters` (`AND k.…` conditions).
+fn per_key_from_parts(table: &str, filters: &str) -> String {
+    format!(
+        "{LIM}, per_key AS (
+  SELECT tier, route_class, key_id, SUM(requests) AS requests, MAX(demand) AS demand,
+    MAX(peak_hour) AS peak_hour, MAX(peak_span) AS peak_span, MIN(quota_low) AS quota_low,
+    MAX(quota_high) AS quota_high, SUM(denied) AS denied, SUM(would_deny) AS would_deny,
+    SUM(by_bucket) AS by_bucket, SUM(by_window) AS by_window
+  FROM {table} k
+  WHERE TRUE{filters}
+  GROUP BY tier, route_class, key_id
+)"
+    )
+}
+
+/// Where the review reads each key's row from.
+#[derive(Debug, Clone)]
+pub(super) enum KeysFrom {
+    /// The decisions within a range (a condition on `x`) with `AND x.…` filters: one
+    /// statement, portable to DuckDB.
+    Decisions { range: String, filters: String },
+    /// The query service's kept parts (a call of their table function), with `AND k.…`
+    /// filters.
+    Parts { table: String, filters: String },
+}
+
+impl KeysFrom {
+    fn ctes(&self) -> String {
+        match self {
+            Self::Decisions { range, filters } => per_key_from_decisions(range, filters),
+            Self::Parts { table, filters } => per_key_from_parts(table, filters),
+        }
+    }
+}
+
+/// The review's common part, up to each key flagged engaged or constrained: `WITH lim AS
+/// (…), …, flagged AS (…)`.
+fn flagged(keys: &KeysFrom, p: &ReviewParams) -> String {
+    let ReviewParams {
+        constrained_share,
+        engaged_use,
+        ..
+    } = *p;
+    format!(
+        "WITH {ctes}, keyed AS (
   SELECT k.tier, k.route_class, o.key_id AS override_key, k.key_id, k.requests,
-    COALESCE(r.denied, 0) AS denied, COALESCE(r.would_deny, 0) AS would_deny,
-    COALESCE(r.by_bucket, 0) AS by_bucket, COALESCE(r.by_window, 0) AS by_window,
-    COALESCE(r.denied + r.would_deny, 0) AS refused, k.demand,
-    k.peak_hour, k.quota_low, k.quota_high, l.span_s,
+    k.denied, k.would_deny, k.by_bucket, k.by_window, k.denied + k.would_deny AS refused,
+    k.demand, k.peak_hour, k.quota_low, k.quota_high, l.span_s,
     COALESCE(o.capacity, l.capacity) AS capacity,
     COALESCE(o.refill_per_s, l.refill_per_s) AS refill_per_s,
     COALESCE(o.hourly_quota, l.hourly_quota) AS hourly_quota,
@@ -140,8 +214,6 @@ fn keyed(range: &str, filters: &str, p: &ReviewParams) -> String {
     CAST(k.peak_span AS DOUBLE) / GREATEST(1, COALESCE(o.capacity, l.capacity)) AS burst
   FROM per_key k
   JOIN lim l ON l.tier_id = k.tier AND l.route_class_id = k.route_class
-  LEFT JOIN refused r ON r.tier = k.tier AND r.route_class = k.route_class
-    AND r.key_id = k.key_id
   LEFT JOIN policies o ON o.kind = 'override' AND o.key_id = k.key_id
     AND o.route_class_id = k.route_class
 ), flagged AS (
@@ -149,7 +221,17 @@ fn keyed(range: &str, filters: &str, p: &ReviewParams) -> String {
     (demand >= {engaged_use} OR burst >= {engaged_use}) AS engaged,
     (refused > 0 AND refused >= {constrained_share} * requests) AS constrained
   FROM keyed
-), ranked AS (
+)",
+        ctes = keys.ctes(),
+    )
+}
+
+/// The review's common part, up to each key ranked within its limit: `WITH lim AS (…), …,
+/// ranked AS (…` (the last CTE left open, for the caller to close).
+fn keyed(keys: &KeysFrom, p: &ReviewParams) -> String {
+    let limit = LIMIT;
+    format!(
+        "{flagged}, ranked AS (
   SELECT *,
     COUNT(*) OVER (PARTITION BY {limit}) AS n,
     SUM(CASE WHEN engaged THEN 1 ELSE 0 END) OVER (PARTITION BY {limit}) AS n_engaged,
@@ -160,7 +242,8 @@ fn keyed(range: &str, filters: &str, p: &ReviewParams) -> String {
     ROW_NUMBER() OVER (PARTITION BY {limit}, engaged ORDER BY peak_hour, key_id) AS rn_e_peak_hour,
     ROW_NUMBER() OVER (PARTITION BY {limit} ORDER BY peak_hour, key_id) AS rn_peak_hour,
     ROW_NUMBER() OVER (PARTITION BY {limit} ORDER BY refused DESC, key_id) AS rn_refused
-  FROM flagged"
+  FROM flagged",
+        flagged = flagged(keys, p),
     )
 }
 
@@ -169,7 +252,7 @@ const LIMIT: &str = "tier, route_class, override_key";
 
 /// The SQL of `limit-outliers`: per limit, the top 1 % of its keys by refusals (at least
 /// one, and only keys that were refused), with their demand and burst.
-pub(super) fn outliers_sql(range: &str, filters: &str, p: &ReviewParams) -> String {
+pub(super) fn outliers_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
     format!(
         "{ctes}
 )
@@ -183,13 +266,38 @@ FROM (SELECT *, SUM(refused) OVER (PARTITION BY {LIMIT}) AS limit_refused FROM r
 LEFT JOIN policies pl ON pl.kind = 'limit' AND pl.tier_id = r.tier AND pl.route_class_id = r.route_class
 WHERE r.refused > 0 AND r.rn_refused <= GREATEST(1, CEIL(0.01 * r.n))
 ORDER BY r.tier, r.route_class, r.override_key NULLS FIRST, r.refused DESC, r.key_id",
-        ctes = keyed(range, filters, p),
+        ctes = keyed(keys, p),
     )
 }
 
-/// The review's SQL over the decisions within `range` (a condition on `x`, the decisions)
-/// and `filters` (`AND x.…` conditions).
-pub(super) fn review_sql(range: &str, filters: &str, p: &ReviewParams) -> String {
+/// The nearest-rank percentile `q` of `v` among a limit's keys (only the engaged ones when
+/// `engaged`): the smallest value ranked at least ⌈q·n⌉, by the window functions' ranks
+/// (`rn_…` of `ranked`) or by `verdict_nearest_rank` (see `crate::ranks`).
+fn nearest_rank(windows: bool, v: &str, q: f64, engaged: bool) -> String {
+    if windows {
+        let (cond, rn, n) = if engaged {
+            ("engaged AND ", format!("rn_e_{v}"), "n_engaged")
+        } else {
+            ("", format!("rn_{v}"), "n")
+        };
+        return format!("MIN(CASE WHEN {cond}{rn} >= CEIL({q} * {n}) THEN {v} END)");
+    }
+    let x = if engaged {
+        format!("CASE WHEN engaged THEN CAST({v} AS DOUBLE) END")
+    } else {
+        format!("CAST({v} AS DOUBLE)")
+    };
+    let value = format!("verdict_nearest_rank({x}, {q})");
+    // `peak_hour` is a count: back to a whole number, as the windows give it.
+    if v == "peak_hour" {
+        format!("CAST({value} AS BIGINT)")
+    } else {
+        value
+    }
+}
+
+/// The review's SQL over each key's row from `keys`.
+pub(super) fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
     let ReviewParams {
         percentile,
         too_low_share,
@@ -200,27 +308,38 @@ pub(super) fn review_sql(range: &str, filters: &str, p: &ReviewParams) -> String
     } = *p;
     let pct_name = format!("p{}", (percentile * 100.0).round() as i64);
     let limit = LIMIT;
-    // The nearest-rank percentile `q` of `v`, ranked by `rn` among `n` rows (and only the rows
-    // where `cond` holds, when given).
-    let nearest = |v: &str, rn: &str, n: &str, q: f64, cond: &str| {
-        format!("MIN(CASE WHEN {cond}{rn} >= CEIL({q} * {n}) THEN {v} END)")
-    };
+    // Keys read from the decisions are ranked with window functions (the portable
+    // statement); keys read from kept parts with the service's own aggregates, which give
+    // the same values (see `crate::ranks`).
+    let windows = matches!(keys, KeysFrom::Decisions { .. });
+    let nearest = |v: &str, q: f64, engaged: bool| nearest_rank(windows, v, q, engaged);
     let mut dist = String::new();
-    for (column, v, rn) in [
-        ("demand", "demand", "rn_demand"),
-        ("burst", "burst", "rn_burst"),
-    ] {
+    for v in ["demand", "burst"] {
         for (suffix, q) in [("p50", 0.5), ("p90", 0.9), ("p99", 0.99)] {
-            dist += &format!(",\n    {} AS {column}_{suffix}", nearest(v, rn, "n", q, ""));
+            dist += &format!(",\n    {} AS {v}_{suffix}", nearest(v, q, false));
         }
-        dist += &format!(",\n    MAX({v}) AS {column}_max");
+        dist += &format!(",\n    MAX({v}) AS {v}_max");
     }
-    let engaged = |v: &str, rn: &str, q: f64| nearest(v, rn, "n_engaged", q, "engaged AND ");
-    let typical_demand = engaged("demand", "rn_e_demand", percentile);
-    let typical_burst = engaged("burst", "rn_e_burst", percentile);
-    let peak_hour_p99 = engaged("peak_hour", "rn_e_peak_hour", 0.99);
-    let peak_burst_p99 = engaged("burst", "rn_e_burst", 0.99);
-    let all_peak_hour_p99 = nearest("peak_hour", "rn_peak_hour", "n", 0.99, "");
+    let typical_demand = nearest("demand", percentile, true);
+    let typical_burst = nearest("burst", percentile, true);
+    let peak_hour_p99 = nearest("peak_hour", 0.99, true);
+    let peak_burst_p99 = nearest("burst", 0.99, true);
+    let all_peak_hour_p99 = nearest("peak_hour", 0.99, false);
+    let (ctes, source, outlier_keys, outlier_refused) = if windows {
+        (
+            format!("{}\n)", keyed(keys, p)),
+            "ranked",
+            "CAST(MAX(GREATEST(1, CEIL(0.01 * n))) AS BIGINT)",
+            "SUM(CASE WHEN rn_refused <= GREATEST(1, CEIL(0.01 * n)) THEN refused ELSE 0 END)",
+        )
+    } else {
+        (
+            flagged(keys, p),
+            "flagged",
+            "CAST(GREATEST(1, CEIL(0.01 * COUNT(*))) AS BIGINT)",
+            "CAST(verdict_top_sum(CAST(refused AS DOUBLE), 0.01) AS BIGINT)",
+        )
+    };
     let verdict = format!(
         "CASE WHEN l.override_key IS NULL AND l.keys < {min_keys} THEN 'not enough data'
        WHEN (l.typical_demand > 1.0 OR l.typical_burst > 1.0)
@@ -268,8 +387,7 @@ pub(super) fn review_sql(range: &str, filters: &str, p: &ReviewParams) -> String
         "COALESCE(v.peak_burst_p99, v.burst_p99) * {headroom} * v.capacity"
     ));
     format!(
-        "{ctes}
-), per_limit AS (
+        "{ctes}, per_limit AS (
   SELECT {limit}, MAX(mode) AS mode, MAX(capacity) AS capacity,
     MAX(refill_per_s) AS refill_per_s, MAX(hourly_quota) AS hourly_quota, MAX(span_s) AS span_s,
     MIN(quota_low) AS quota_low, MAX(quota_high) AS quota_high,
@@ -278,14 +396,14 @@ pub(super) fn review_sql(range: &str, filters: &str, p: &ReviewParams) -> String
     SUM(requests) AS requests, SUM(denied) AS denied, SUM(would_deny) AS would_deny,
     SUM(by_bucket) AS refused_by_bucket, SUM(by_window) AS refused_by_window,
     SUM(refused) AS refused,
-    CAST(MAX(GREATEST(1, CEIL(0.01 * n))) AS BIGINT) AS outlier_keys,
-    SUM(CASE WHEN rn_refused <= GREATEST(1, CEIL(0.01 * n)) THEN refused ELSE 0 END) AS outlier_refused{dist},
+    {outlier_keys} AS outlier_keys,
+    {outlier_refused} AS outlier_refused{dist},
     {typical_demand} AS typical_demand,
     {typical_burst} AS typical_burst,
     {peak_hour_p99} AS peak_hour_p99,
     {peak_burst_p99} AS peak_burst_p99,
     {all_peak_hour_p99} AS all_peak_hour_p99
-  FROM ranked
+  FROM {source}
   GROUP BY {limit}
 ), judged AS (
   SELECT l.*, {verdict} AS verdict, {reason} AS reason
@@ -308,7 +426,6 @@ SELECT v.tier AS tier_id, p.tier, v.route_class AS route_class_id, p.route_class
        ELSE v.refill_per_s END AS recommended_refill_per_s
 FROM judged v
 LEFT JOIN policies p ON p.kind = 'limit' AND p.tier_id = v.tier AND p.route_class_id = v.route_class
-ORDER BY v.tier, v.route_class, v.override_key NULLS FIRST",
-        ctes = keyed(range, filters, p),
+ORDER BY v.tier, v.route_class, v.override_key NULLS FIRST"
     )
 }

@@ -15,7 +15,7 @@ use verdict_query::{Engine, Limits, PoliciesTable};
 use verdict_query::{recommend, whatif};
 use verdict_schemas::layout::HourPartition;
 use verdict_schemas::{DecisionEvent, Verdict};
-use verdict_tests::query_fixture::report_in;
+use verdict_tests::query_fixture::{report_in, served_and_portable};
 use verdict_tests::review_world::{
     HOURS, START_MS, TIERS, decide_all, limits, policy_text, snapshot_of, world, write_world,
 };
@@ -391,4 +391,99 @@ async fn the_demand_history_finds_the_limit_too_high_from_the_rollup_alone() {
     let p99 = high["demand_p99"].as_f64().unwrap();
     assert!((0.04..0.06).contains(&p99), "{high}");
     assert_eq!(high["key_hours"], 120, "{high}");
+}
+
+/// Parts of two days: the world's events on its day, and the same keys again the next day
+/// with every other event left out, so a key's row merges two different days.
+async fn two_days() -> (Vec<DecisionEvent>, Engine, tempfile::TempDir) {
+    let events = world(2, 1).events().await;
+    let mut all = events.clone();
+    all.extend(events.iter().step_by(2).map(|e| DecisionEvent {
+        event_time_ms: e.event_time_ms + 86_400_000,
+        ..*e
+    }));
+    let (engine, dir) = lake(&all).await;
+    (all, engine, dir)
+}
+
+/// The review from the kept parts of a range cut at midnights gives the rows of the review
+/// that reads the decisions all the way: over whole days, over a range that starts and ends
+/// inside hours, and filtered; the closed days' parts stay kept, and a day whose files
+/// change is computed again and its new decisions counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_review_from_kept_parts_is_the_review_from_the_decisions() {
+    let (events, engine, dir) = two_days().await;
+    // Both days are closed: the warming computes every level's part of each.
+    let warmed = engine.warm_parts().await.unwrap();
+    assert_eq!((warmed.kept, warmed.computed), (0, 2), "{warmed:?}");
+    let day = |d: i64, ms: i64| {
+        chrono::DateTime::from_timestamp_millis(START_MS + d * 86_400_000 + ms)
+            .unwrap()
+            .to_rfc3339()
+    };
+    let ranges = [
+        (day(0, 0), day(2, 0)),
+        (day(0, 5_400_000), day(1, 8_100_000)),
+        (day(0, 0), day(0, 7_200_000)),
+    ];
+    let tier = TIERS[0].to_string();
+    for (from, to) in &ranges {
+        for filter in [vec![], vec![("tier", tier.as_str())]] {
+            for name in ["wrong-limits", "limit-outliers"] {
+                let mut params = filter.clone();
+                if name == "wrong-limits" {
+                    params.push(("min_keys", "2"));
+                }
+                let (served, portable) =
+                    served_and_portable(&engine, name, from, to, &params).await;
+                assert!(
+                    !portable.is_empty(),
+                    "{name} {from} {to} {params:?}: no rows"
+                );
+                assert_eq!(served, portable, "{name} {from} {to} {params:?}");
+            }
+        }
+    }
+    println!("{} decisions over two days", events.len());
+
+    // And the reviews above left them kept.
+    let warmed = engine.warm_parts().await.unwrap();
+    assert_eq!((warmed.kept, warmed.computed), (2, 0), "{warmed:?}");
+
+    // A late file into the second day: its part is computed again, the first day's is not,
+    // and the review counts the new decisions.
+    let whole = (day(0, 0), day(2, 0));
+    let requests =
+        |rows: &[Value]| -> i64 { rows.iter().map(|r| r["requests"].as_i64().unwrap()).sum() };
+    let params = [("min_keys", "2")];
+    let review = || served_and_portable(&engine, "wrong-limits", &whole.0, &whole.1, &params);
+    let (before, _) = review().await;
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+    let late: Vec<DecisionEvent> = events
+        .iter()
+        .filter(|e| e.event_time_ms < START_MS + 3_600_000)
+        .take(500)
+        .map(|e| DecisionEvent {
+            event_time_ms: e.event_time_ms + 86_400_000,
+            ..*e
+        })
+        .collect();
+    let hour = HourPartition::from_event_time_ms(START_MS + 86_400_000).unwrap();
+    // From a topic of its own: the raw table writes each Kafka offset once.
+    verdict_tests::rollup_check::write_raw_hour(
+        &store,
+        "verdict.decisions.late",
+        hour,
+        &late,
+        2,
+        1_000_000,
+    )
+    .await;
+    let warmed = engine.warm_parts().await.unwrap();
+    assert_eq!((warmed.kept, warmed.computed), (1, 1), "{warmed:?}");
+    let (after, portable) = review().await;
+    assert_eq!(after, portable);
+    let counted = late.iter().filter(|e| (e.source as u8) < 2).count() as i64;
+    assert_eq!(requests(&after) - requests(&before), counted);
 }

@@ -5,6 +5,7 @@ use serde_json::Value;
 use verdict_query::Limits;
 use verdict_tests::query_fixture::{
     ROOMY, STEADY, STEADY_OVER, TIGHT, TRIAL, TRIAL_REFUSED, key_hex, known_engine, report, rows,
+    served_and_portable,
 };
 
 fn s(v: &Value, field: &str) -> String {
@@ -560,4 +561,46 @@ async fn the_denial_rate_from_the_raw_decisions_and_from_the_rollup_agree() {
         bad.contains("parameter source: \"lake\" is not one of auto, raw, rollup"),
         "{bad}"
     );
+}
+
+/// Each report over raw decisions gives the same rows from the query service's statement,
+/// which reads its first level from parts kept per day, as from the portable statement that
+/// reads the decisions all the way: over whole days, over a range cut inside hours on both
+/// sides of a midnight, and filtered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reports_from_kept_parts_give_the_rows_of_the_decisions() {
+    let (engine, _store, _dir) = known_engine("parts", Limits::default()).await;
+    let reports = [
+        (
+            "wrong-limits",
+            vec![("min_keys", "5")],
+            vec![("tier", "tight")],
+        ),
+        ("limit-outliers", vec![], vec![("route_class", "read")]),
+        ("shadow-impact", vec![], vec![("tier", "trial")]),
+        ("policy-changes", vec![], vec![("tier", "steady")]),
+        ("degraded", vec![], vec![("region", "1")]),
+        (
+            "denial-rate",
+            vec![("source", "raw")],
+            vec![("tier", "steady")],
+        ),
+    ];
+    let ranges = [
+        ("2026-11-29T00:00:00Z", "2026-12-01T00:00:00Z"),
+        ("2026-11-29T22:30:00Z", "2026-11-30T10:45:00Z"),
+    ];
+    for (name, params, filter) in &reports {
+        for (from, to) in ranges {
+            for extra in [vec![], filter.clone()] {
+                let mut given = params.clone();
+                given.extend(extra);
+                let (served, portable) = served_and_portable(&engine, name, from, to, &given).await;
+                assert_eq!(served, portable, "{name} {from} {to} {given:?}");
+                if from.ends_with("00:00:00Z") && given.len() == params.len() {
+                    assert!(!served.is_empty(), "{name} has no rows over {from} to {to}");
+                }
+            }
+        }
+    }
 }

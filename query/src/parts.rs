@@ -1,0 +1,617 @@
+//! The reports' kept parts: a report over the raw decisions reads its first level (each
+//! key's row for the limit review, each version's counts for `policy-changes`, …) from parts
+//! computed once per day and kept, through a table function such as `review_parts(from, to)`.
+//!
+//! The first levels of the reports over raw decisions are nearly all of their work: seconds
+//! for the limit review over a week, for a page that analysts open again and again over
+//! ranges that overlap. Each [`Level`] is one report's first level, which merges across
+//! midnights: the range is cut at midnights (UTC) into pieces; each piece's rows are
+//! computed from the decisions, unfiltered (one part serves every filter), and kept for the
+//! same SQL reading the same files under the same policy (the rules of [`crate::answers`]:
+//! a flush, a compaction or a late event into a day is another list of files, so that day's
+//! part is computed again). The report then merges the parts' rows, which is exact: what
+//! lies below the merged level (a key's hour, the bucket's span) lies within one piece.
+//!
+//! A part is computed when a query first needs it, inside the query's own session (its
+//! memory pool and deadline), or beforehand by [`Parts::warm`], which `verdict query serve`
+//! runs in the background for every closed day the raw table holds, at start and then
+//! periodically, so that the page's first load finds the week's parts kept.
+//!
+//! The files a query's parts were computed from are listed by the plan's [`PartsExec`], so
+//! an answer kept for the report's SQL (see [`crate::answers`]) is dropped when they change.
+//! Every report keeps a portable statement too ([`crate::reports::render_portable`]), which
+//! reads the decisions all the way, as DuckDB does in the benchmark, with the same rows.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use async_trait::async_trait;
+use bytes::Bytes;
+use chrono::{DateTime, Duration, Timelike, Utc};
+use datafusion::catalog::{Session, TableFunctionImpl, TableProvider};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DataFusionError, Result as DfResult, ScalarValue};
+use datafusion::datasource::TableType;
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::execution::{SendableRecordBatchStream, SessionState, TaskContext};
+use datafusion::logical_expr::Expr;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, ReplaceChildrenOptions,
+};
+use datafusion::prelude::SessionContext;
+
+use datafusion::execution::object_store::ObjectStoreUrl;
+use futures::StreamExt;
+use verdict_schemas::layout::RAW_PREFIX;
+
+use crate::answers::{AnswerKey, Answers};
+use crate::reports::{Range, parse_time, part_sql};
+use crate::tables::LAKE_URL;
+use crate::tables::PoliciesTable;
+
+/// A report's first level, kept in parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// The limit review's (`wrong-limits`, `limit-outliers`): each key's requests, demand,
+    /// peaks, quotas and refusals.
+    Review,
+    /// `shadow-impact`'s: each key of a shadow limit, its requests and would-deny.
+    Shadow,
+    /// `policy-changes`': each limit's requests, refusals and first decision per policy
+    /// version.
+    Versions,
+    /// `degraded`'s: each hour and region's decisions, of the fallback and the kill switch.
+    Degraded,
+    /// `denial-rate`'s (over raw decisions, without a key): each limit's hourly counts.
+    Rates,
+}
+
+impl Level {
+    /// Every level.
+    pub const ALL: [Level; 5] = [
+        Self::Review,
+        Self::Shadow,
+        Self::Versions,
+        Self::Degraded,
+        Self::Rates,
+    ];
+
+    /// Its table function's name in SQL.
+    pub fn function(self) -> &'static str {
+        match self {
+            Self::Review => "review_parts",
+            Self::Shadow => "shadow_parts",
+            Self::Versions => "version_parts",
+            Self::Degraded => "degraded_parts",
+            Self::Rates => "rate_parts",
+        }
+    }
+
+    /// The call of its table function over `range`, as a report's SQL reads it.
+    pub fn call(self, range: &Range) -> String {
+        format!(
+            "{}('{}', '{}')",
+            self.function(),
+            literal(range.from),
+            literal(range.to)
+        )
+    }
+
+    /// The SQL of its part over the decisions within `piece`.
+    fn sql(self, piece: &Range) -> String {
+        match self {
+            Self::Review => part_sql(&piece.sql("x.event_time", true)),
+            Self::Shadow => crate::reports::shadow_part_sql(piece),
+            Self::Versions => crate::reports::versions_part_sql(piece),
+            Self::Degraded => crate::reports::degraded_part_sql(piece),
+            Self::Rates => crate::reports::rates_part_sql(piece),
+        }
+    }
+
+    /// The columns of its rows.
+    pub fn schema(self) -> SchemaRef {
+        let ts = || DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into()));
+        let key = || DataType::FixedSizeBinary(16);
+        let columns: Vec<(&str, DataType)> = match self {
+            Self::Review => vec![
+                ("tier", DataType::UInt8),
+                ("route_class", DataType::UInt8),
+                ("key_id", key()),
+                ("requests", DataType::Int64),
+                ("demand", DataType::Float64),
+                ("peak_hour", DataType::Int64),
+                ("peak_span", DataType::Int64),
+                ("quota_low", DataType::UInt32),
+                ("quota_high", DataType::UInt32),
+                ("denied", DataType::Int64),
+                ("would_deny", DataType::Int64),
+                ("by_bucket", DataType::Int64),
+                ("by_window", DataType::Int64),
+            ],
+            Self::Shadow => vec![
+                ("tier", DataType::UInt8),
+                ("route_class", DataType::UInt8),
+                ("key_id", key()),
+                ("requests", DataType::Int64),
+                ("would_deny", DataType::Int64),
+                ("would_deny_by_bucket", DataType::Int64),
+                ("would_deny_by_window", DataType::Int64),
+            ],
+            Self::Versions => vec![
+                ("tier", DataType::UInt8),
+                ("route_class", DataType::UInt8),
+                ("policy_version", DataType::Int64),
+                ("requests", DataType::Int64),
+                ("refused", DataType::Int64),
+                ("first_seen", ts()),
+            ],
+            Self::Degraded => vec![
+                ("date", DataType::Date32),
+                ("hour", DataType::Int32),
+                ("region", DataType::UInt16),
+                ("decisions", DataType::Int64),
+                ("local_fallback", DataType::Int64),
+                ("kill_switch", DataType::Int64),
+            ],
+            Self::Rates => vec![
+                ("hour", ts()),
+                ("tier", DataType::UInt8),
+                ("route_class", DataType::UInt8),
+                ("requests", DataType::Int64),
+                ("denied", DataType::Int64),
+                ("would_deny", DataType::Int64),
+                ("policy_version", DataType::Int64),
+            ],
+        };
+        Arc::new(Schema::new(
+            columns
+                .into_iter()
+                .map(|(name, t)| Field::new(name, t, true))
+                .collect::<Vec<_>>(),
+        ))
+    }
+}
+
+/// `t` as the reports pass it to a level's table function.
+pub fn literal(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
+}
+
+/// The range cut at midnights (UTC): whole days, and the pieces of days at its ends.
+pub fn pieces(range: Range) -> Vec<Range> {
+    let mut out = Vec::new();
+    let mut from = range.from;
+    while from < range.to {
+        let midnight = from.date_naive().and_hms_opt(0, 0, 0).map(|t| t.and_utc());
+        let next = midnight.map_or(range.to, |m| m + Duration::days(1));
+        let to = next.min(range.to);
+        out.push(Range { from, to });
+        from = to;
+    }
+    out
+}
+
+/// The kept parts.
+#[derive(Debug)]
+pub struct Parts {
+    kept: Answers,
+    policies: Arc<PoliciesTable>,
+}
+
+/// What [`Parts::warm`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Warmed {
+    /// Days whose part was kept already.
+    pub kept: usize,
+    /// Days whose part was computed.
+    pub computed: usize,
+}
+
+impl Parts {
+    /// Keeps up to `max_bytes` of parts (0: none; every review computes its parts), under
+    /// the policy of `policies`.
+    pub fn new(max_bytes: usize, policies: Arc<PoliciesTable>) -> Self {
+        Self {
+            kept: Answers::new(max_bytes),
+            policies,
+        }
+    }
+
+    /// The rows of `level` in each of `pieces` (none crossing a midnight), in `ctx`: kept, or
+    /// computed and kept; with the files they were computed from, and how many were kept from
+    /// before.
+    ///
+    /// A part is kept under the raw files of its hours as the session's view of the lake
+    /// lists them (one listing for all the pieces: finding a kept part plans nothing), so a
+    /// commit into another hour of the day leaves a part of closed hours kept.
+    pub async fn parts(
+        &self,
+        ctx: &SessionContext,
+        level: Level,
+        pieces: &[Range],
+    ) -> DfResult<(Vec<RecordBatch>, Vec<String>, usize)> {
+        // The policy first: a part computed while the policy changes is kept under the old
+        // one, and so computed again under the new.
+        let policy = self.policies.snapshot().await?;
+        let by_day = raw_files_by_day(ctx).await?;
+        let (mut batches, mut files, mut kept) = (Vec::new(), Vec::new(), 0);
+        for piece in pieces {
+            // The hours the piece touches (it never crosses a midnight).
+            let first = piece.from.hour();
+            let last = (piece.to - Duration::milliseconds(1)).hour();
+            let day_files: Vec<String> = by_day
+                .get(&piece.from.date_naive())
+                .into_iter()
+                .flatten()
+                .filter(|(hour, _)| (first..=last).contains(hour))
+                .map(|(_, file)| file.clone())
+                .collect();
+            // No files in those hours: no rows, nothing to plan.
+            if day_files.is_empty() {
+                kept += 1;
+                continue;
+            }
+            let sql = level.sql(piece);
+            let key = AnswerKey::new(&sql, day_files.clone(), policy.clone());
+            files.extend(day_files);
+            if let Some((body, _)) = self.kept.get(&key) {
+                batches.extend(decode(body)?);
+                kept += 1;
+                continue;
+            }
+            let plan = ctx.sql(&sql).await?.create_physical_plan().await?;
+            let part = datafusion::physical_plan::collect(plan, ctx.task_ctx())
+                .await?
+                .into_iter()
+                .map(|b| conform(&level.schema(), b))
+                .collect::<DfResult<Vec<_>>>()?;
+            if self.kept.enabled() {
+                let rows = part.iter().map(RecordBatch::num_rows).sum();
+                self.kept.put(key, encode(&level.schema(), &part)?, rows);
+            }
+            batches.extend(part);
+        }
+        Ok((batches, files, kept))
+    }
+
+    /// Makes sure every level's part of each whole day in `days` is kept (computing those
+    /// that are not) in `ctx`, newest first, stopping at the first error.
+    pub async fn warm(&self, ctx: &SessionContext, days: &[chrono::NaiveDate]) -> DfResult<Warmed> {
+        let mut warmed = Warmed::default();
+        let mut days = days.to_vec();
+        days.sort_unstable_by(|a, b| b.cmp(a));
+        for day in days {
+            let Some(from) = day.and_hms_opt(0, 0, 0).map(|t| t.and_utc()) else {
+                continue;
+            };
+            let started = std::time::Instant::now();
+            let piece = Range {
+                from,
+                to: from + Duration::days(1),
+            };
+            let mut computed = 0;
+            for level in Level::ALL {
+                let (_, _, kept) = self.parts(ctx, level, &[piece]).await?;
+                computed += usize::from(kept == 0);
+            }
+            if computed == 0 {
+                warmed.kept += 1;
+            } else {
+                warmed.computed += 1;
+                tracing::info!(
+                    %day,
+                    levels = computed,
+                    ms = started.elapsed().as_millis() as u64,
+                    "computed the reports' parts of a day"
+                );
+            }
+        }
+        Ok(warmed)
+    }
+
+    /// Registers each level's table function in `ctx`, reading and keeping parts here.
+    pub fn register(self: &Arc<Self>, ctx: &SessionContext) {
+        for level in Level::ALL {
+            ctx.register_udtf(
+                level.function(),
+                Arc::new(PartsFunction {
+                    level,
+                    parts: Arc::clone(self),
+                }),
+            );
+        }
+    }
+}
+
+/// The raw table's files, as the session's view of the lake lists them, by day, each with
+/// its hour (and described as [`crate::engine::describe`] does).
+async fn raw_files_by_day(
+    ctx: &SessionContext,
+) -> DfResult<std::collections::HashMap<chrono::NaiveDate, Vec<(u32, String)>>> {
+    let url = ObjectStoreUrl::parse(LAKE_URL)?;
+    let store = ctx.runtime_env().object_store(&url)?;
+    let prefix = object_store::path::Path::from(RAW_PREFIX);
+    let mut listed = store.list(Some(&prefix));
+    let mut by_day: std::collections::HashMap<chrono::NaiveDate, Vec<(u32, String)>> =
+        std::collections::HashMap::new();
+    while let Some(meta) = listed.next().await {
+        let meta = meta?;
+        let (mut day, mut hour) = (None, None);
+        for part in meta.location.parts() {
+            let part = part.as_ref();
+            if let Some(date) = part.strip_prefix("date=") {
+                day = chrono::NaiveDate::parse_from_str(date, "%Y-%m-%d").ok();
+            } else if let Some(h) = part.strip_prefix("hour=") {
+                hour = h.parse::<u32>().ok();
+            }
+        }
+        if let (Some(day), Some(hour)) = (day, hour) {
+            by_day
+                .entry(day)
+                .or_default()
+                .push((hour, crate::engine::describe(&meta)));
+        }
+    }
+    for files in by_day.values_mut() {
+        files.sort_unstable();
+    }
+    Ok(by_day)
+}
+
+/// The days the raw table holds, as the session's view of the lake lists them, newest
+/// first.
+pub async fn raw_days(ctx: &SessionContext) -> DfResult<Vec<chrono::NaiveDate>> {
+    let mut days: Vec<chrono::NaiveDate> = raw_files_by_day(ctx).await?.into_keys().collect();
+    days.sort_unstable_by(|a, b| b.cmp(a));
+    Ok(days)
+}
+
+/// `batch` with `schema`'s types (an engine rule may widen an integer on the way).
+fn conform(schema: &SchemaRef, batch: RecordBatch) -> DfResult<RecordBatch> {
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(column, field)| {
+            if column.data_type() == field.data_type() {
+                Ok(Arc::clone(column))
+            } else {
+                arrow::compute::cast(column, field.data_type())
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
+}
+
+fn encode(schema: &SchemaRef, batches: &[RecordBatch]) -> DfResult<Bytes> {
+    let mut out = Vec::new();
+    let mut writer = arrow::ipc::writer::StreamWriter::try_new(&mut out, schema)?;
+    for batch in batches {
+        writer.write(batch)?;
+    }
+    writer.finish()?;
+    drop(writer);
+    Ok(Bytes::from(out))
+}
+
+fn decode(body: Bytes) -> DfResult<Vec<RecordBatch>> {
+    let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(body), None)?;
+    Ok(reader.collect::<Result<Vec<_>, _>>()?)
+}
+
+/// A level's table function, `review_parts(from, to)` and the like: two times (RFC 3339, or
+/// as the reports take them).
+#[derive(Debug)]
+struct PartsFunction {
+    level: Level,
+    parts: Arc<Parts>,
+}
+
+impl TableFunctionImpl for PartsFunction {
+    fn call_with_args(
+        &self,
+        args: datafusion::catalog::TableFunctionArgs,
+    ) -> DfResult<Arc<dyn TableProvider>> {
+        let function = self.level.function();
+        let time = |i: usize, name: &str| -> DfResult<DateTime<Utc>> {
+            match args.exprs().get(i) {
+                Some(Expr::Literal(ScalarValue::Utf8(Some(text)), _)) => parse_time(name, text)
+                    .map_err(|e| DataFusionError::Plan(format!("{function}: {e}"))),
+                _ => Err(DataFusionError::Plan(format!(
+                    "{function} takes two times as text, from and to, such as \
+                     {function}('2026-11-23', '2026-11-30')"
+                ))),
+            }
+        };
+        if args.exprs().len() != 2 {
+            return Err(DataFusionError::Plan(format!(
+                "{function} takes two arguments (from, to), not {}",
+                args.exprs().len()
+            )));
+        }
+        let (from, to) = (time(0, "from")?, time(1, "to")?);
+        if from >= to {
+            return Err(DataFusionError::Plan(format!(
+                "{function}: the range is empty ({from} is not before {to})"
+            )));
+        }
+        Ok(Arc::new(PartsTable {
+            level: self.level,
+            range: Range { from, to },
+            parts: Arc::clone(&self.parts),
+        }))
+    }
+}
+
+/// A level's parts of one range, as a table.
+#[derive(Debug)]
+struct PartsTable {
+    level: Level,
+    range: Range,
+    parts: Arc<Parts>,
+}
+
+#[async_trait]
+impl TableProvider for PartsTable {
+    fn schema(&self) -> SchemaRef {
+        self.level.schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Temporary
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let state = state
+            .as_any()
+            .downcast_ref::<SessionState>()
+            .ok_or_else(|| {
+                DataFusionError::Internal(format!("{} outside a session", self.level.function()))
+            })?;
+        // The query's own session: its memory pool, its view of the lake (time travel too).
+        let ctx = SessionContext::new_with_state(state.clone());
+        let threads = state.config().target_partitions().max(1);
+        let mut partitions = vec![Vec::new(); threads];
+        let (batches, files, _) = self
+            .parts
+            .parts(&ctx, self.level, &pieces(self.range))
+            .await?;
+        for (i, batch) in batches.into_iter().enumerate() {
+            partitions[i % threads].push(batch);
+        }
+        let inner: Arc<dyn ExecutionPlan> = MemorySourceConfig::try_new_exec(
+            &partitions,
+            self.level.schema(),
+            projection.cloned(),
+        )?;
+        Ok(Arc::new(PartsExec { inner, files }))
+    }
+}
+
+/// The kept parts of a query, and the files they were computed from.
+#[derive(Debug)]
+pub struct PartsExec {
+    inner: Arc<dyn ExecutionPlan>,
+    files: Vec<String>,
+}
+
+impl PartsExec {
+    /// The files the parts were computed from (path, size, time and tag).
+    pub fn files(&self) -> &[String] {
+        &self.files
+    }
+}
+
+impl DisplayAs for PartsExec {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "PartsExec: parts of {} files", self.files.len())
+    }
+}
+
+impl ExecutionPlan for PartsExec {
+    fn name(&self) -> &'static str {
+        "PartsExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.inner.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        _: Vec<Arc<dyn ExecutionPlan>>,
+        _: ReplaceChildrenOptions,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        self.inner.execute(partition, context)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(text: &str) -> DateTime<Utc> {
+        parse_time("t", text).unwrap()
+    }
+
+    #[test]
+    fn a_range_is_cut_at_each_midnight() {
+        let range = Range {
+            from: t("2026-11-23T10:30:00Z"),
+            to: t("2026-11-26T02:00:00Z"),
+        };
+        let got: Vec<(String, String)> = pieces(range)
+            .into_iter()
+            .map(|p| (literal(p.from), literal(p.to)))
+            .collect();
+        let want = [
+            ("2026-11-23T10:30:00.000Z", "2026-11-24T00:00:00.000Z"),
+            ("2026-11-24T00:00:00.000Z", "2026-11-25T00:00:00.000Z"),
+            ("2026-11-25T00:00:00.000Z", "2026-11-26T00:00:00.000Z"),
+            ("2026-11-26T00:00:00.000Z", "2026-11-26T02:00:00.000Z"),
+        ];
+        let want: Vec<(String, String)> = want
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        assert_eq!(got, want);
+        // Within one day: one piece, the range itself.
+        let day = Range {
+            from: t("2026-11-23T01:00:00Z"),
+            to: t("2026-11-23T05:00:00Z"),
+        };
+        assert_eq!(pieces(day), vec![day]);
+        // Whole days: one piece each.
+        let week = Range {
+            from: t("2026-11-23"),
+            to: t("2026-11-30"),
+        };
+        let got = pieces(week);
+        assert_eq!(got.len(), 7);
+        assert!(
+            got.iter()
+                .all(|p| p.to - p.from == Duration::days(1) && p.from.time() == Default::default())
+        );
+    }
+
+    #[test]
+    fn a_literal_is_read_back_as_the_same_time() {
+        let at = t("2026-11-23T10:30:00.250Z");
+        assert_eq!(parse_time("from", &literal(at)).unwrap(), at);
+    }
+}
