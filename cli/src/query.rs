@@ -218,6 +218,11 @@ pub struct SqlArgs {
     /// Print the report's SQL instead of running it.
     #[arg(long, requires = "report")]
     pub show_sql: bool,
+    /// The report's portable statement: it reads the decisions all the way instead of the
+    /// query service's kept parts (`review_parts(…)` and the like), and runs in other engines
+    /// (DuckDB, Spark SQL) on the lake's tables; same rows, slower.
+    #[arg(long, requires = "report")]
+    pub portable: bool,
     /// Time travel: `decisions` reads this version of the raw table's Delta log (the other
     /// tables as they are now), to reproduce an answer given earlier.
     #[arg(long, conflicts_with = "as_of")]
@@ -249,7 +254,11 @@ pub async fn sql(args: SqlArgs) -> anyhow::Result<()> {
         (Some(sql), _) => sql.clone(),
         (None, Some(report)) => {
             let params: BTreeMap<String, String> = args.params.iter().cloned().collect();
-            engine.report_sql(report, &params).await?
+            if args.portable {
+                engine.report_sql_portable(report, &params).await?
+            } else {
+                engine.report_sql(report, &params).await?
+            }
         }
         (None, None) => anyhow::bail!("give a query, or --report NAME (see --help)"),
     };

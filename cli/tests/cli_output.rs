@@ -1,6 +1,6 @@
 //! What a user reads from `verdict`, as snapshots (insta): the top-level `--help`, and
 //! `verdict sql`'s tables over the known-answer lake in a local folder (a query and a named
-//! report). A change to any of them shows as a diff to review (`cargo insta review`, or
+//! report, and that report's SQL, served and portable). A change to any of them shows as a diff to review (`cargo insta review`, or
 //! `INSTA_UPDATE=always`), not as a silent change.
 
 use std::process::{Command, Output};
@@ -79,4 +79,19 @@ fn sql_prints_a_query_and_a_report_as_tables() {
     ]
     .concat();
     insta::assert_snapshot!("sql_report_wrong_limits_table", stdout(&verdict(&report)));
+
+    // Its SQL: the service's reads the kept parts of the day; the portable one the
+    // decisions, as other engines can.
+    let served = stdout(&verdict(&[&report[..], &["--show-sql"]].concat()));
+    assert!(
+        served.contains(
+            "FROM review_parts('2026-11-30T00:00:00.000Z', '2026-12-01T00:00:00.000Z') k"
+        ),
+        "{served}"
+    );
+    let portable = stdout(&verdict(
+        &[&report[..], &["--show-sql", "--portable"]].concat(),
+    ));
+    assert!(!portable.contains("_parts("), "{portable}");
+    assert!(portable.contains("FROM decisions x"), "{portable}");
 }
