@@ -159,15 +159,10 @@ impl Engine {
         &self.answers
     }
 
-    /// The reports' kept parts (see [`crate::parts`]).
-    pub fn parts(&self) -> &Parts {
-        &self.parts
-    }
-
     /// Makes sure that every level's part (see [`crate::parts::Level`]) of every closed day
     /// (before today, UTC) the raw table holds is kept, computing the missing ones newest
     /// first, as one query: it waits for a place in the budget and runs in a session of its
-    /// own, each day under the time limit.
+    /// own under one listing of the lake, each day under the time limit.
     pub async fn warm_parts(&self) -> Result<Warmed, QueryError> {
         let _permit = self
             .budget
@@ -175,21 +170,23 @@ impl Engine {
             .await
             .ok_or(QueryError::Busy { retry_after_s: 5 })?;
         let ctx = self.session();
+        let df_err = |e| QueryError::from_datafusion(e, &self.limits);
+        let listing = self.parts.listing(&ctx).await.map_err(df_err)?;
         let today = chrono::Utc::now().date_naive();
-        let days: Vec<chrono::NaiveDate> = crate::parts::raw_days(&ctx)
-            .await
-            .map_err(|e| QueryError::from_datafusion(e, &self.limits))?
-            .into_iter()
-            .filter(|d| *d < today)
-            .collect();
         let mut warmed = Warmed::default();
-        for day in days {
-            let one = tokio::time::timeout(self.limits.timeout, self.parts.warm(&ctx, &[day]))
-                .await
-                .map_err(|_| self.time_limit())?
-                .map_err(|e| QueryError::from_datafusion(e, &self.limits))?;
-            warmed.kept += one.kept;
-            warmed.computed += one.computed;
+        for day in listing.days().into_iter().filter(|d| *d < today) {
+            let computed = tokio::time::timeout(
+                self.limits.timeout,
+                self.parts.warm_day(&ctx, day, &listing),
+            )
+            .await
+            .map_err(|_| self.time_limit())?
+            .map_err(df_err)?;
+            if computed {
+                warmed.computed += 1;
+            } else {
+                warmed.kept += 1;
+            }
         }
         Ok(warmed)
     }

@@ -13,7 +13,7 @@
 //! lies below the merged level (a key's hour, the bucket's span) lies within one piece.
 //!
 //! A part is computed when a query first needs it, inside the query's own session (its
-//! memory pool and deadline), or beforehand by [`Parts::warm`], which `verdict query serve`
+//! memory pool and deadline), or beforehand by [`Parts::warm_day`], which `verdict query serve`
 //! runs in the background for every closed day the raw table holds, at start and then
 //! periodically, so that the page's first load finds the week's parts kept.
 //!
@@ -29,7 +29,9 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use async_trait::async_trait;
 use bytes::Bytes;
-use chrono::{DateTime, Duration, Timelike, Utc};
+use std::collections::HashMap;
+
+use chrono::{DateTime, Duration, NaiveDate, Timelike, Utc};
 use datafusion::catalog::{Session, TableFunctionImpl, TableProvider};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result as DfResult, ScalarValue};
@@ -45,7 +47,7 @@ use datafusion::prelude::SessionContext;
 
 use datafusion::execution::object_store::ObjectStoreUrl;
 use futures::StreamExt;
-use verdict_schemas::layout::RAW_PREFIX;
+use verdict_schemas::layout::{HourPartition, RAW_PREFIX};
 
 use crate::answers::{AnswerKey, Answers};
 use crate::reports::{Range, parse_time, part_sql};
@@ -201,13 +203,42 @@ pub struct Parts {
     policies: Arc<PoliciesTable>,
 }
 
-/// What [`Parts::warm`] did.
+/// What a warming did (see `Engine::warm_parts`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Warmed {
-    /// Days whose part was kept already.
+    /// Days whose parts were all kept already.
     pub kept: usize,
-    /// Days whose part was computed.
+    /// Days with a part computed.
     pub computed: usize,
+}
+
+/// What the parts are kept under: the policy, and the raw table's files by day, each with
+/// its hour, as one listing of a session's view of the lake found them.
+#[derive(Debug)]
+pub struct Listing {
+    policy: Option<Arc<verdict_limiter::PolicySnapshot>>,
+    by_day: HashMap<NaiveDate, Vec<(u8, String)>>,
+}
+
+impl Listing {
+    /// The days the raw table holds, newest first.
+    pub fn days(&self) -> Vec<NaiveDate> {
+        let mut days: Vec<NaiveDate> = self.by_day.keys().copied().collect();
+        days.sort_unstable_by(|a, b| b.cmp(a));
+        days
+    }
+
+    /// The files of `piece`'s hours (it never crosses a midnight).
+    fn files(&self, piece: &Range) -> Vec<String> {
+        let hours = piece.from.hour()..=(piece.to - Duration::milliseconds(1)).hour();
+        self.by_day
+            .get(&piece.from.date_naive())
+            .into_iter()
+            .flatten()
+            .filter(|(hour, _)| hours.contains(&u32::from(*hour)))
+            .map(|(_, file)| file.clone())
+            .collect()
+    }
 }
 
 impl Parts {
@@ -220,96 +251,104 @@ impl Parts {
         }
     }
 
+    /// What parts computed in `ctx` now are kept under. The policy is read first: a part
+    /// computed while the policy changes is kept under the old one, and so computed again
+    /// under the new; likewise a part computed from files committed after the listing.
+    pub async fn listing(&self, ctx: &SessionContext) -> DfResult<Listing> {
+        let policy = self.policies.snapshot().await?;
+        let url = ObjectStoreUrl::parse(LAKE_URL)?;
+        let store = ctx.runtime_env().object_store(&url)?;
+        let mut listed = store.list(Some(&object_store::path::Path::from(RAW_PREFIX)));
+        let mut by_day: HashMap<NaiveDate, Vec<(u8, String)>> = HashMap::new();
+        while let Some(meta) = listed.next().await {
+            let meta = meta?;
+            if let Ok(hour) = HourPartition::from_path(meta.location.as_ref()) {
+                by_day
+                    .entry(hour.date())
+                    .or_default()
+                    .push((hour.hour(), crate::engine::describe(&meta)));
+            }
+        }
+        for files in by_day.values_mut() {
+            files.sort_unstable();
+        }
+        Ok(Listing { policy, by_day })
+    }
+
     /// The rows of `level` in each of `pieces` (none crossing a midnight), in `ctx`: kept, or
-    /// computed and kept; with the files they were computed from, and how many were kept from
-    /// before.
+    /// computed and kept; with the files they were computed from, and how many were
+    /// computed.
     ///
-    /// A part is kept under the raw files of its hours as the session's view of the lake
-    /// lists them (one listing for all the pieces: finding a kept part plans nothing), so a
-    /// commit into another hour of the day leaves a part of closed hours kept.
+    /// A part is kept under the raw files of its hours in `listing` (finding a kept part
+    /// plans nothing), so a commit into another hour of the day leaves a part of closed
+    /// hours kept.
     pub async fn parts(
         &self,
         ctx: &SessionContext,
         level: Level,
         pieces: &[Range],
+        listing: &Listing,
     ) -> DfResult<(Vec<RecordBatch>, Vec<String>, usize)> {
-        // The policy first: a part computed while the policy changes is kept under the old
-        // one, and so computed again under the new.
-        let policy = self.policies.snapshot().await?;
-        let by_day = raw_files_by_day(ctx).await?;
-        let (mut batches, mut files, mut kept) = (Vec::new(), Vec::new(), 0);
+        let schema = level.schema();
+        let (mut batches, mut files, mut computed) = (Vec::new(), Vec::new(), 0);
         for piece in pieces {
-            // The hours the piece touches (it never crosses a midnight).
-            let first = piece.from.hour();
-            let last = (piece.to - Duration::milliseconds(1)).hour();
-            let day_files: Vec<String> = by_day
-                .get(&piece.from.date_naive())
-                .into_iter()
-                .flatten()
-                .filter(|(hour, _)| (first..=last).contains(hour))
-                .map(|(_, file)| file.clone())
-                .collect();
+            let piece_files = listing.files(piece);
             // No files in those hours: no rows, nothing to plan.
-            if day_files.is_empty() {
-                kept += 1;
+            if piece_files.is_empty() {
                 continue;
             }
             let sql = level.sql(piece);
-            let key = AnswerKey::new(&sql, day_files.clone(), policy.clone());
-            files.extend(day_files);
+            let key = AnswerKey::new(&sql, piece_files.clone(), listing.policy.clone());
+            files.extend(piece_files);
             if let Some((body, _)) = self.kept.get(&key) {
                 batches.extend(decode(body)?);
-                kept += 1;
                 continue;
             }
             let plan = ctx.sql(&sql).await?.create_physical_plan().await?;
             let part = datafusion::physical_plan::collect(plan, ctx.task_ctx())
                 .await?
                 .into_iter()
-                .map(|b| conform(&level.schema(), b))
+                .map(|b| conform(&schema, b))
                 .collect::<DfResult<Vec<_>>>()?;
             if self.kept.enabled() {
                 let rows = part.iter().map(RecordBatch::num_rows).sum();
-                self.kept.put(key, encode(&level.schema(), &part)?, rows);
+                self.kept.put(key, encode(&schema, &part)?, rows);
             }
+            computed += 1;
             batches.extend(part);
         }
-        Ok((batches, files, kept))
+        Ok((batches, files, computed))
     }
 
-    /// Makes sure every level's part of each whole day in `days` is kept (computing those
-    /// that are not) in `ctx`, newest first, stopping at the first error.
-    pub async fn warm(&self, ctx: &SessionContext, days: &[chrono::NaiveDate]) -> DfResult<Warmed> {
-        let mut warmed = Warmed::default();
-        let mut days = days.to_vec();
-        days.sort_unstable_by(|a, b| b.cmp(a));
-        for day in days {
-            let Some(from) = day.and_hms_opt(0, 0, 0).map(|t| t.and_utc()) else {
-                continue;
-            };
-            let started = std::time::Instant::now();
-            let piece = Range {
-                from,
-                to: from + Duration::days(1),
-            };
-            let mut computed = 0;
-            for level in Level::ALL {
-                let (_, _, kept) = self.parts(ctx, level, &[piece]).await?;
-                computed += usize::from(kept == 0);
-            }
-            if computed == 0 {
-                warmed.kept += 1;
-            } else {
-                warmed.computed += 1;
-                tracing::info!(
-                    %day,
-                    levels = computed,
-                    ms = started.elapsed().as_millis() as u64,
-                    "computed the reports' parts of a day"
-                );
-            }
+    /// Makes sure every level's part of the whole `day` is kept, computing those that are
+    /// not, in `ctx` under `listing`; whether any was computed.
+    pub async fn warm_day(
+        &self,
+        ctx: &SessionContext,
+        day: NaiveDate,
+        listing: &Listing,
+    ) -> DfResult<bool> {
+        let Some(from) = day.and_hms_opt(0, 0, 0).map(|t| t.and_utc()) else {
+            return Ok(false);
+        };
+        let started = std::time::Instant::now();
+        let piece = [Range {
+            from,
+            to: from + Duration::days(1),
+        }];
+        let mut computed = 0;
+        for level in Level::ALL {
+            computed += self.parts(ctx, level, &piece, listing).await?.2;
         }
-        Ok(warmed)
+        if computed > 0 {
+            tracing::info!(
+                %day,
+                levels = computed,
+                ms = started.elapsed().as_millis() as u64,
+                "computed the reports' parts of a day"
+            );
+        }
+        Ok(computed > 0)
     }
 
     /// Registers each level's table function in `ctx`, reading and keeping parts here.
@@ -324,49 +363,6 @@ impl Parts {
             );
         }
     }
-}
-
-/// The raw table's files, as the session's view of the lake lists them, by day, each with
-/// its hour (and described as [`crate::engine::describe`] does).
-async fn raw_files_by_day(
-    ctx: &SessionContext,
-) -> DfResult<std::collections::HashMap<chrono::NaiveDate, Vec<(u32, String)>>> {
-    let url = ObjectStoreUrl::parse(LAKE_URL)?;
-    let store = ctx.runtime_env().object_store(&url)?;
-    let prefix = object_store::path::Path::from(RAW_PREFIX);
-    let mut listed = store.list(Some(&prefix));
-    let mut by_day: std::collections::HashMap<chrono::NaiveDate, Vec<(u32, String)>> =
-        std::collections::HashMap::new();
-    while let Some(meta) = listed.next().await {
-        let meta = meta?;
-        let (mut day, mut hour) = (None, None);
-        for part in meta.location.parts() {
-            let part = part.as_ref();
-            if let Some(date) = part.strip_prefix("date=") {
-                day = chrono::NaiveDate::parse_from_str(date, "%Y-%m-%d").ok();
-            } else if let Some(h) = part.strip_prefix("hour=") {
-                hour = h.parse::<u32>().ok();
-            }
-        }
-        if let (Some(day), Some(hour)) = (day, hour) {
-            by_day
-                .entry(day)
-                .or_default()
-                .push((hour, crate::engine::describe(&meta)));
-        }
-    }
-    for files in by_day.values_mut() {
-        files.sort_unstable();
-    }
-    Ok(by_day)
-}
-
-/// The days the raw table holds, as the session's view of the lake lists them, newest
-/// first.
-pub async fn raw_days(ctx: &SessionContext) -> DfResult<Vec<chrono::NaiveDate>> {
-    let mut days: Vec<chrono::NaiveDate> = raw_files_by_day(ctx).await?.into_keys().collect();
-    days.sort_unstable_by(|a, b| b.cmp(a));
-    Ok(days)
 }
 
 /// `batch` with `schema`'s types (an engine rule may widen an integer on the way).
@@ -481,9 +477,10 @@ impl TableProvider for PartsTable {
         let ctx = SessionContext::new_with_state(state.clone());
         let threads = state.config().target_partitions().max(1);
         let mut partitions = vec![Vec::new(); threads];
+        let listing = self.parts.listing(&ctx).await?;
         let (batches, files, _) = self
             .parts
-            .parts(&ctx, self.level, &pieces(self.range))
+            .parts(&ctx, self.level, &pieces(self.range), &listing)
             .await?;
         for (i, batch) in batches.into_iter().enumerate() {
             partitions[i % threads].push(batch);

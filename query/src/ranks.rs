@@ -86,12 +86,7 @@ impl AggregateUDFImpl for Ranked {
     }
 
     fn accumulator(&self, _: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        Ok(Box::new(Values {
-            pick: self.pick,
-            values: Vec::new(),
-            rows: 0,
-            q: None,
-        }))
+        Ok(Box::new(Values::new(self.pick)))
     }
 }
 
@@ -105,6 +100,15 @@ struct Values {
 }
 
 impl Values {
+    fn new(pick: Pick) -> Self {
+        Self {
+            pick,
+            values: Vec::new(),
+            rows: 0,
+            q: None,
+        }
+    }
+
     fn take_q(&mut self, q: &Float64Array) {
         if self.q.is_none() {
             self.q = q.iter().flatten().next();
@@ -197,23 +201,13 @@ mod tests {
         let (a, b) = x.split_at(x.len() / 2);
         let mut parts = Vec::new();
         for half in [a, b] {
-            let mut acc = Values {
-                pick,
-                values: Vec::new(),
-                rows: 0,
-                q: None,
-            };
+            let mut acc = Values::new(pick);
             let values: ArrayRef = Arc::new(Float64Array::from(half.to_vec()));
             let qs: ArrayRef = Arc::new(Float64Array::from(vec![q; half.len()]));
             acc.update_batch(&[values, qs]).unwrap();
             parts.push(acc.state().unwrap());
         }
-        let mut total = Values {
-            pick,
-            values: Vec::new(),
-            rows: 0,
-            q: None,
-        };
+        let mut total = Values::new(pick);
         for state in parts {
             let arrays: Vec<ArrayRef> = state.iter().map(|s| s.to_array().unwrap()).collect();
             total.merge_batch(&arrays).unwrap();

@@ -713,7 +713,7 @@ fn review_keys(a: &Args<'_>, now: DateTime<Utc>) -> Result<KeysFrom, QueryError>
         }
     } else {
         KeysFrom::Parts {
-            table: Level::Review.call(&range),
+            range,
             filters: a.filters("k.")?,
         }
     })
@@ -788,7 +788,13 @@ ORDER BY l.tier, l.route_class",
 
 /// `level`'s kept parts of `range` merged: `aggregates` over them (`k`, with `AND k.…`
 /// `filters`) grouped by `group`, a report's first level as its portable statement has it.
-fn merged(level: Level, range: &Range, group: &str, aggregates: &str, filters: &str) -> String {
+pub(super) fn merged(
+    level: Level,
+    range: &Range,
+    group: &str,
+    aggregates: &str,
+    filters: &str,
+) -> String {
     format!(
         "SELECT {group}, {aggregates}
   FROM {} k
@@ -969,13 +975,17 @@ ORDER BY r.tier, r.route_class, r.policy_version",
     ))
 }
 
+/// Each hour and region's decisions, and those of the fallback and the kill switch, as SQL
+/// up to its `FROM` (the decisions, grouped by `date, hour, region`).
+const DEGRADED_COUNTS: &str = "SELECT date, hour, region, COUNT(*) AS decisions,
+  SUM(CASE WHEN source = 1 THEN 1 ELSE 0 END) AS local_fallback,
+  SUM(CASE WHEN source = 2 THEN 1 ELSE 0 END) AS kill_switch";
+
 /// The kept part of `degraded` over the decisions within `range` (see [`crate::parts`]):
-/// each hour and region's decisions, and those of the fallback and the kill switch.
+/// [`DEGRADED_COUNTS`].
 pub fn degraded_part_sql(range: &Range) -> String {
     format!(
-        "SELECT date, hour, region, COUNT(*) AS decisions,
-  SUM(CASE WHEN source = 1 THEN 1 ELSE 0 END) AS local_fallback,
-  SUM(CASE WHEN source = 2 THEN 1 ELSE 0 END) AS kill_switch
+        "{DEGRADED_COUNTS}
 FROM decisions
 WHERE {}
 GROUP BY date, hour, region",
@@ -993,9 +1003,7 @@ fn degraded_sql(a: &Args<'_>, now: DateTime<Utc>) -> Result<String, QueryError> 
     };
     if a.portable {
         return Ok(format!(
-            "SELECT date, hour, region, COUNT(*) AS decisions,
-  SUM(CASE WHEN source = 1 THEN 1 ELSE 0 END) AS local_fallback,
-  SUM(CASE WHEN source = 2 THEN 1 ELSE 0 END) AS kill_switch,
+            "{DEGRADED_COUNTS},
   CAST(SUM(CASE WHEN source IN (1, 2) THEN 1 ELSE 0 END) AS DOUBLE) / COUNT(*) AS degraded_share
 FROM decisions
 WHERE {range}{region}

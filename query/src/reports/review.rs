@@ -19,7 +19,8 @@
 //! the same. The statement that reads the decisions all the way ([`KeysFrom::Decisions`])
 //! is the portable one, which the benchmark runs in DuckDB too, and gives the same rows.
 
-use super::{Args, QueryError};
+use super::{Args, QueryError, Range, merged};
+use crate::parts::Level;
 
 /// The review's thresholds, checked (see the report's parameters for their meaning).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -158,20 +159,20 @@ pub fn part_sql(range: &str) -> String {
     )
 }
 
-/// The `per_key` CTE over the kept parts `table` (a call of [`crate::parts::Level::Review`]'s
-/// function), with `filters` (`AND k.…` conditions).
-fn per_key_from_parts(table: &str, filters: &str) -> String {
-    format!(
-        "{LIM}, per_key AS (
-  SELECT tier, route_class, key_id, SUM(requests) AS requests, MAX(demand) AS demand,
+/// The `per_key` CTE over the review's kept parts of `range`, with `filters` (`AND k.…`
+/// conditions).
+fn per_key_from_parts(range: &Range, filters: &str) -> String {
+    let merged = merged(
+        Level::Review,
+        range,
+        "tier, route_class, key_id",
+        "SUM(requests) AS requests, MAX(demand) AS demand,
     MAX(peak_hour) AS peak_hour, MAX(peak_span) AS peak_span, MIN(quota_low) AS quota_low,
     MAX(quota_high) AS quota_high, SUM(denied) AS denied, SUM(would_deny) AS would_deny,
-    SUM(by_bucket) AS by_bucket, SUM(by_window) AS by_window
-  FROM {table} k
-  WHERE TRUE{filters}
-  GROUP BY tier, route_class, key_id
-)"
-    )
+    SUM(by_bucket) AS by_bucket, SUM(by_window) AS by_window",
+        filters,
+    );
+    format!("{LIM}, per_key AS (\n  {merged}\n)")
 }
 
 /// Where the review reads each key's row from.
@@ -180,16 +181,15 @@ pub(super) enum KeysFrom {
     /// The decisions within a range (a condition on `x`) with `AND x.…` filters: one
     /// statement, portable to DuckDB.
     Decisions { range: String, filters: String },
-    /// The query service's kept parts (a call of their table function), with `AND k.…`
-    /// filters.
-    Parts { table: String, filters: String },
+    /// The query service's kept parts of a range, with `AND k.…` filters.
+    Parts { range: Range, filters: String },
 }
 
 impl KeysFrom {
     fn ctes(&self) -> String {
         match self {
             Self::Decisions { range, filters } => per_key_from_decisions(range, filters),
-            Self::Parts { table, filters } => per_key_from_parts(table, filters),
+            Self::Parts { range, filters } => per_key_from_parts(range, filters),
         }
     }
 }
