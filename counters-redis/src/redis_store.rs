@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::layout::{FIELD_LEN, Layout};
 use crate::shards::{self, NodeSettings, ShardClients, Shards};
 
-use verdict_limiter::{CounterCheck, CounterStore, LimitKey, Limits, StoreError};
+use verdict_limiter::{CounterCheck, CounterStore, LimitKey, Limits, Located, StoreError};
 
 /// The decision script (see the file for its arguments and reply).
 pub const DECISION_SCRIPT: &str = include_str!("redis.lua");
@@ -401,14 +401,23 @@ fn outcomes_from_reply(r: &[i64], wanted: usize) -> Result<Vec<CounterCheck>, St
         .collect()
 }
 
+/// A key's place is its hash's slot in Redis Cluster (0 outside one): it picks the shard's
+/// breaker, the lane, and the batch of one script call.
 impl CounterStore for RedisStore {
+    type Place = u16;
+
     async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<CounterCheck, StoreError> {
+        self.check_located(key, self.locate(key).place, limits)
+            .await
+    }
+
+    async fn check_located(
+        &self,
+        key: &LimitKey,
+        slot: u16,
+        limits: &Limits,
+    ) -> Result<CounterCheck, StoreError> {
         let inner = &*self.inner;
-        let slot = if inner.clustered {
-            inner.layout.slot(key)
-        } else {
-            0
-        };
         let (reply, answer) = oneshot::channel();
         let pending = Pending {
             hash: inner.layout.hash(key),
@@ -442,11 +451,15 @@ impl CounterStore for RedisStore {
         self.inner.shards.count
     }
 
-    fn shard(&self, key: &LimitKey) -> usize {
+    fn locate(&self, key: &LimitKey) -> Located<u16> {
         if self.inner.clustered {
-            self.inner.shards.of_slot(self.inner.layout.slot(key))
+            let slot = self.inner.layout.slot(key);
+            Located {
+                shard: self.inner.shards.of_slot(slot),
+                place: slot,
+            }
         } else {
-            0
+            Located { shard: 0, place: 0 }
         }
     }
 }

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use verdict_counters_redis::RedisStore;
 use verdict_limiter::moving::MovingStore;
-use verdict_limiter::{CounterCheck, CounterStore, LimitKey, Limits, MemoryStore, StoreError};
+use verdict_limiter::{
+    CounterCheck, CounterStore, LimitKey, Limits, Located, MemoryStore, StoreError,
+};
 
 /// The store, chosen at start.
 #[derive(Debug, Clone)]
@@ -18,10 +20,26 @@ pub enum GatewayStore {
     Moving(Arc<MovingStore<RedisStore, RedisStore>>),
 }
 
+/// A key's place is Redis's (its hash slot); memory and a move have none.
 impl CounterStore for GatewayStore {
+    type Place = u16;
+
     async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<CounterCheck, StoreError> {
         match self {
             Self::Redis(r) => r.check(key, limits).await,
+            Self::Memory(m) => m.check(key, limits).await,
+            Self::Moving(m) => m.check(key, limits).await,
+        }
+    }
+
+    async fn check_located(
+        &self,
+        key: &LimitKey,
+        slot: u16,
+        limits: &Limits,
+    ) -> Result<CounterCheck, StoreError> {
+        match self {
+            Self::Redis(r) => r.check_located(key, slot, limits).await,
             Self::Memory(m) => m.check(key, limits).await,
             Self::Moving(m) => m.check(key, limits).await,
         }
@@ -37,11 +55,17 @@ impl CounterStore for GatewayStore {
         }
     }
 
-    fn shard(&self, key: &LimitKey) -> usize {
+    fn locate(&self, key: &LimitKey) -> Located<u16> {
         match self {
-            Self::Redis(r) => r.shard(key),
-            Self::Memory(m) => m.shard(key),
-            Self::Moving(m) => m.shard(key),
+            Self::Redis(r) => r.locate(key),
+            Self::Memory(m) => Located {
+                shard: m.locate(key).shard,
+                place: 0,
+            },
+            Self::Moving(m) => Located {
+                shard: m.locate(key).shard,
+                place: 0,
+            },
         }
     }
 

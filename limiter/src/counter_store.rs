@@ -121,14 +121,42 @@ impl std::error::Error for StoreError {
     }
 }
 
+/// Where a key's counters are, found once per decision ([`CounterStore::locate`]): the
+/// limiter picks the shard's breaker by `shard`, and the store reaches the counters by
+/// `place`, so the two cannot disagree and neither is computed twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Located<P> {
+    /// The shard holding the counters, below [`CounterStore::shards`].
+    pub shard: usize,
+    /// What the store needs beyond the key to reach them (a Redis Cluster's hash slot).
+    pub place: P,
+}
+
 /// One atomic read-decide-write per call.
 pub trait CounterStore: Send + Sync + 'static {
+    /// What [`Self::locate`] finds of a key beyond its shard, handed back to
+    /// [`Self::check_located`]: a Redis Cluster's hash slot; `()` for a store with one place.
+    type Place: Copy + Default + Send + Sync + 'static;
+
     /// Decides one request of `key` under `limits`.
     fn check(
         &self,
         key: &LimitKey,
         limits: &Limits,
     ) -> impl Future<Output = Result<CounterCheck, StoreError>> + Send;
+
+    /// The same, for a key already located at `place` ([`Self::locate`]): what the limiter
+    /// calls, having located the key for its breaker. A store whose place costs nothing to
+    /// find need not override it.
+    fn check_located(
+        &self,
+        key: &LimitKey,
+        place: Self::Place,
+        limits: &Limits,
+    ) -> impl Future<Output = Result<CounterCheck, StoreError>> + Send {
+        let _ = place;
+        self.check(key, limits)
+    }
 
     /// How many shards the counters are spread over, each of which can fail on its own (the
     /// masters of a Redis Cluster). The limiter keeps a breaker per shard, so a shard that
@@ -137,10 +165,13 @@ pub trait CounterStore: Send + Sync + 'static {
         1
     }
 
-    /// The shard holding `key`'s counters, below [`Self::shards`].
-    fn shard(&self, key: &LimitKey) -> usize {
+    /// Where `key`'s counters are: its shard, below [`Self::shards`], and its place.
+    fn locate(&self, key: &LimitKey) -> Located<Self::Place> {
         let _ = key;
-        0
+        Located {
+            shard: 0,
+            place: Self::Place::default(),
+        }
     }
 
     /// Whether a call can fail, so that the limiter keeps its local fallback ready to take

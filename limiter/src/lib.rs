@@ -41,7 +41,7 @@ pub mod sources;
 
 pub use algo::{CounterCheck, CounterState, Limits, decide};
 pub use clock::{Clock, FakeClock, ScaledClock, SystemClock};
-pub use counter_store::{CounterStore, StoreError, StoreProblem};
+pub use counter_store::{CounterStore, Located, StoreError, StoreProblem};
 pub use events::{
     ChannelSink, EventQueue, EventReceiver, EventSink, Handoff, event_queue, spawn_drain,
 };

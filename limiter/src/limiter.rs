@@ -359,12 +359,12 @@ impl<S: CounterStore> Limiter<S> {
     /// part of what the store last said was left of the key.
     async fn decide(&self, key: &LimitKey, limits: &Limits) -> (CounterCheck, DecisionSource) {
         let now = self.clock.now_ms();
-        let shard = self.store.shard(key).min(self.breakers.len() - 1);
-        let breaker = &self.breakers[shard];
+        let at = self.store.locate(key);
+        let breaker = &self.breakers[at.shard.min(self.breakers.len() - 1)];
         let admit = breaker.admit(now);
         if admit != Admit::Fallback {
             let started = Instant::now();
-            let result = self.store.check(key, limits).await;
+            let result = self.store.check_located(key, at.place, limits).await;
             self.metrics
                 .store_latency
                 .observe(started.elapsed().as_secs_f64());

@@ -133,6 +133,8 @@ fn evict(map: &mut HashMap<LimitKey, CounterState>, now: i64, idle_ms: i64) {
 }
 
 impl CounterStore for MemoryStore {
+    type Place = ();
+
     async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<CounterCheck, StoreError> {
         Ok(self.decide(key, limits))
     }

@@ -85,7 +85,11 @@ impl<A: CounterStore, B: CounterStore + Clone> MovingStore<A, B> {
     }
 }
 
+/// A move is one shard: its two stores need not share a layout, so each locates the key
+/// itself.
 impl<A: CounterStore, B: CounterStore + Clone> CounterStore for MovingStore<A, B> {
+    type Place = ();
+
     async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<CounterCheck, StoreError> {
         match self.phase() {
             Phase::Old => self.old.check(key, limits).await,

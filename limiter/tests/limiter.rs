@@ -9,7 +9,7 @@ use std::time::Duration;
 use verdict_limiter::breaker::{BreakerConfig, BreakerState};
 use verdict_limiter::policy::parse_toml;
 use verdict_limiter::{
-    CounterCheck, CounterStore, FakeClock, Limiter, LimiterConfig, LimiterMetrics, Limits,
+    CounterCheck, CounterStore, FakeClock, Limiter, LimiterConfig, LimiterMetrics, Limits, Located,
     MemoryStore, PolicyHandle, PolicySnapshot, Request, StoreError, event_queue, http_answer,
 };
 use verdict_limiter::{EventReceiver, LimitKey};
@@ -357,6 +357,8 @@ struct Flaky {
 }
 
 impl CounterStore for Flaky {
+    type Place = ();
+
     async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<CounterCheck, StoreError> {
         if self.failing.load(Ordering::SeqCst) {
             Err(StoreError::timeout(Duration::from_millis(5)))
@@ -501,8 +503,10 @@ struct OddShardDown {
 }
 
 impl CounterStore for OddShardDown {
+    type Place = ();
+
     async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<CounterCheck, StoreError> {
-        if self.shard(key) == 1 {
+        if self.locate(key).shard == 1 {
             Err(StoreError::timeout(Duration::from_millis(5)).deciding(key))
         } else {
             Ok(self.inner.decide(key, limits))
@@ -513,8 +517,11 @@ impl CounterStore for OddShardDown {
         2
     }
 
-    fn shard(&self, key: &LimitKey) -> usize {
-        usize::from(key.key_id.0[15] % 2)
+    fn locate(&self, key: &LimitKey) -> Located<()> {
+        Located {
+            shard: usize::from(key.key_id.0[15] % 2),
+            place: (),
+        }
     }
 }
 

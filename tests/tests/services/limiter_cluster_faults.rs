@@ -278,7 +278,7 @@ fn assert_latency(samples: &[Sample], slack: Duration) {
 fn shards(l: &Limiter<RedisStore>) -> Vec<usize> {
     let store_of = |k: u8| {
         let key = LimitKey::new(key(k), RouteClassId(0), TierId(0));
-        l.store().shard(&key)
+        l.store().locate(&key).shard
     };
     (0..KEYS).map(store_of).collect()
 }

@@ -88,7 +88,7 @@ async fn concurrent_requests_over_many_slots_each_get_their_own_answer() {
     assert_eq!(store.shards(), 3);
     let pairs: BTreeSet<(usize, String)> = keys
         .iter()
-        .map(|k| (store.shard(k), owner(&store, &hash(k))))
+        .map(|k| (store.locate(k).shard, owner(&store, &hash(k))))
         .collect();
     assert_eq!(pairs.len(), 3, "one shard per master: {pairs:?}");
     let mut tasks = tokio::task::JoinSet::new();
