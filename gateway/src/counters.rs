@@ -25,11 +25,8 @@ impl CounterStore for GatewayStore {
     type Place = u16;
 
     async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<CounterCheck, StoreError> {
-        match self {
-            Self::Redis(r) => r.check(key, limits).await,
-            Self::Memory(m) => m.check(key, limits).await,
-            Self::Moving(m) => m.check(key, limits).await,
-        }
+        self.check_located(key, self.locate(key).place, limits)
+            .await
     }
 
     async fn check_located(
@@ -56,17 +53,12 @@ impl CounterStore for GatewayStore {
     }
 
     fn locate(&self, key: &LimitKey) -> Located<u16> {
-        match self {
-            Self::Redis(r) => r.locate(key),
-            Self::Memory(m) => Located {
-                shard: m.locate(key).shard,
-                place: 0,
-            },
-            Self::Moving(m) => Located {
-                shard: m.locate(key).shard,
-                place: 0,
-            },
-        }
+        let shard = match self {
+            Self::Redis(r) => return r.locate(key),
+            Self::Memory(m) => m.locate(key).shard,
+            Self::Moving(m) => m.locate(key).shard,
+        };
+        Located { shard, place: 0 }
     }
 
     fn can_fail(&self) -> bool {
