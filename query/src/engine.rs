@@ -136,7 +136,8 @@ impl Engine {
         base.register_object_store(url.as_ref(), Arc::clone(&view) as Arc<dyn ObjectStore>);
         let policies = Arc::new(policies);
         register(&base, Arc::clone(&policies))?;
-        // The limit review reads its range's kept parts (see `crate::parts`).
+        // The reports over raw decisions read their first level from kept parts (see
+        // `crate::parts`).
         let parts = Arc::new(Parts::new(limits.part_cache_bytes, Arc::clone(&policies)));
         parts.register(&base);
         Ok(Self {
@@ -534,7 +535,7 @@ async fn collect_stream(
 /// order: what an answer kept for the plan's SQL depends on.
 fn scanned_files(plan: &dyn datafusion::physical_plan::ExecutionPlan) -> Vec<String> {
     let mut out = Vec::new();
-    // The limit review's kept parts: the files each was computed from.
+    // The reports' kept parts: the files each was computed from.
     if let Some(parts) = plan.downcast_ref::<PartsExec>() {
         out.extend(parts.files().iter().cloned());
     }

@@ -975,22 +975,23 @@ ORDER BY r.tier, r.route_class, r.policy_version",
     ))
 }
 
-/// Each hour and region's decisions, and those of the fallback and the kill switch, as SQL
-/// up to its `FROM` (the decisions, grouped by `date, hour, region`).
-const DEGRADED_COUNTS: &str = "SELECT date, hour, region, COUNT(*) AS decisions,
-  SUM(CASE WHEN source = 1 THEN 1 ELSE 0 END) AS local_fallback,
-  SUM(CASE WHEN source = 2 THEN 1 ELSE 0 END) AS kill_switch";
-
-/// The kept part of `degraded` over the decisions within `range` (see [`crate::parts`]):
-/// [`DEGRADED_COUNTS`].
-pub fn degraded_part_sql(range: &Range) -> String {
+/// Each hour and region's decisions, and those of the fallback and the kill switch, over the
+/// decisions within `range` (a condition on them) with `filters`, and `columns` after the
+/// counts (`, …`).
+fn degraded_counts(range: &str, filters: &str, columns: &str) -> String {
     format!(
-        "{DEGRADED_COUNTS}
+        "SELECT date, hour, region, COUNT(*) AS decisions,
+  SUM(CASE WHEN source = 1 THEN 1 ELSE 0 END) AS local_fallback,
+  SUM(CASE WHEN source = 2 THEN 1 ELSE 0 END) AS kill_switch{columns}
 FROM decisions
-WHERE {}
-GROUP BY date, hour, region",
-        range.sql("event_time", true)
+WHERE {range}{filters}
+GROUP BY date, hour, region"
     )
+}
+
+/// The kept part of `degraded` over the decisions within `range` (see [`crate::parts`]).
+pub fn degraded_part_sql(range: &Range) -> String {
+    degraded_counts(&range.sql("event_time", true), "", "")
 }
 
 /// The SQL of `degraded`.
@@ -1002,16 +1003,16 @@ fn degraded_sql(a: &Args<'_>, now: DateTime<Utc>) -> Result<String, QueryError> 
             .unwrap_or_default())
     };
     if a.portable {
+        let counts = degraded_counts(
+            &range.sql("event_time", true),
+            &region("")?,
+            ",
+  CAST(SUM(CASE WHEN source IN (1, 2) THEN 1 ELSE 0 END) AS DOUBLE) / COUNT(*) AS degraded_share",
+        );
         return Ok(format!(
-            "{DEGRADED_COUNTS},
-  CAST(SUM(CASE WHEN source IN (1, 2) THEN 1 ELSE 0 END) AS DOUBLE) / COUNT(*) AS degraded_share
-FROM decisions
-WHERE {range}{region}
-GROUP BY date, hour, region
+            "{counts}
 HAVING SUM(CASE WHEN source IN (1, 2) THEN 1 ELSE 0 END) > 0
-ORDER BY date, hour, region",
-            range = range.sql("event_time", true),
-            region = region("")?
+ORDER BY date, hour, region"
         ));
     }
     // An hour lies within one part: the parts' rows are the hours already.

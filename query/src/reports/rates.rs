@@ -17,24 +17,25 @@ use crate::parts::Level;
 /// How long the raw table keeps decisions (the retention job's window).
 pub const RAW_DAYS: i64 = 7;
 
-/// Each limit's hourly counts, as SQL up to its `FROM` (the decisions, grouped by
-/// `date_trunc('hour', event_time), tier, route_class`).
-const HOURLY_COUNTS: &str = "SELECT date_trunc('hour', event_time) AS hour, tier, route_class,
+/// Each limit's hourly counts over the decisions within `range` (a condition on them) with
+/// `filters`, and `columns` after the counts (`, …`).
+fn hourly_counts(range: &str, filters: &str, columns: &str) -> String {
+    format!(
+        "SELECT date_trunc('hour', event_time) AS hour, tier, route_class,
     COUNT(*) AS requests,
     SUM(CASE WHEN verdict = 1 THEN 1 ELSE 0 END) AS denied,
     SUM(CASE WHEN verdict = 2 THEN 1 ELSE 0 END) AS would_deny,
-    MAX(policy_version) AS policy_version";
+    MAX(policy_version) AS policy_version{columns}
+  FROM decisions
+  WHERE {range} AND source IN (0, 1){filters}
+  GROUP BY date_trunc('hour', event_time), tier, route_class"
+    )
+}
 
 /// The kept part of `denial-rate` over the decisions within `range` (see [`crate::parts`]):
 /// each limit's hourly counts.
 pub fn rates_part_sql(range: &Range) -> String {
-    format!(
-        "{HOURLY_COUNTS}
-  FROM decisions
-  WHERE {} AND source IN (0, 1)
-  GROUP BY date_trunc('hour', event_time), tier, route_class",
-        range.sql("event_time", true)
-    )
+    hourly_counts(&range.sql("event_time", true), "", "")
 }
 
 /// Where a range's series is read from.
@@ -63,16 +64,11 @@ pub(super) fn denial_rate_sql(a: &Args<'_>, now: DateTime<Utc>) -> Result<String
     let by_key = a.raw("key").is_some();
     let counts = match source {
         // A key's history is the key's decisions alone; the kept parts count every key.
-        Source::Raw if a.portable || by_key => {
-            format!(
-                "{}, 'raw' AS source
-  FROM decisions
-  WHERE {range} AND source IN (0, 1){filters}
-  GROUP BY date_trunc('hour', event_time), tier, route_class",
-                HOURLY_COUNTS,
-                range = range.sql("event_time", true)
-            )
-        }
+        Source::Raw if a.portable || by_key => hourly_counts(
+            &range.sql("event_time", true),
+            &filters,
+            ", 'raw' AS source",
+        ),
         // An hour lies within one part: the parts' rows are the hours already.
         Source::Raw => format!(
             "SELECT hour, tier, route_class, requests, denied, would_deny, policy_version,
