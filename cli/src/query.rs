@@ -335,6 +335,12 @@ pub struct WhatIfArgs {
     /// have refused.
     #[arg(long, conflicts_with = "candidate")]
     pub recommended: bool,
+    /// With --recommended: write the policy in force with every proven recommendation put
+    /// in to this file (the limiter's TOML, which `verdict gateway --policy-file` and
+    /// `verdict what-if --policy` take), and print the `verdict policy set-limit` commands
+    /// that would put the same into the PostgreSQL policy.
+    #[arg(long, value_name = "CANDIDATE.toml", requires = "recommended")]
+    pub write_policy: Option<PathBuf>,
     /// A parameter of the review, with --recommended: name=value (repeatable), e.g.
     /// -p headroom=1.2 -p tier=free.
     #[arg(short = 'p', long = "param", value_parser = parse_param, requires = "recommended")]
@@ -369,8 +375,33 @@ pub async fn what_if(args: WhatIfArgs) -> anyhow::Result<()> {
             params.insert("from".into(), range.from.to_rfc3339());
             params.insert("to".into(), range.to.to_rfc3339());
             let answer = verdict_query::recommend::replay(&engine, &params, now, args.keys).await?;
+            let mut text = verdict_query::recommend::render(&answer);
+            if let Some(path) = &args.write_policy {
+                let toml = verdict_limiter::policy::to_toml(&answer.candidate)
+                    .context("writing the recommended policy as TOML")?;
+                std::fs::write(
+                    path,
+                    format!(
+                        "# The policy in force with the limit review's proven recommendations, \
+                         from {} to {}.\n{toml}",
+                        range.from.to_rfc3339(),
+                        range.to.to_rfc3339()
+                    ),
+                )
+                .with_context(|| format!("writing {}", path.display()))?;
+                let commands = answer.set_limit_commands();
+                text += &format!("Wrote the recommended policy to {}.\n", path.display());
+                if commands.is_empty() {
+                    text += "No limit changes: nothing to set in the PostgreSQL policy.\n";
+                } else {
+                    text += "To put it into the PostgreSQL policy:\n";
+                    for c in commands {
+                        text += &format!("  {c}\n");
+                    }
+                }
+            }
             (
-                verdict_query::recommend::render(&answer),
+                text,
                 serde_json::to_string_pretty(&answer)?,
                 answer.what_if.decisions,
             )

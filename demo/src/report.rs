@@ -184,8 +184,10 @@ pub(crate) async fn ask(
         7,
     )?;
     let review = verdict_query::recommend::read(&batches)?;
-    report.recommendation =
-        Some(verdict_query::recommend::replay_review(engine, review, replay_range, 0).await?);
+    let targets = verdict_query::prove::Targets::from_params(&range)?;
+    report.recommendation = Some(
+        verdict_query::recommend::replay_review(engine, review, replay_range, targets, 0).await?,
+    );
     let sql = engine.report_sql("shadow-impact", &range).await?;
     report.shadow_impact = rows(engine, &sql)
         .await?

@@ -623,6 +623,11 @@ pub fn parse_toml(text: &str) -> Result<PolicyDocument, PolicyError> {
     toml::from_str(text).map_err(|e| err("file".into(), "toml", e.to_string().trim_end()))
 }
 
+/// Writes a policy document as TOML, the form [`parse_toml`] reads (a policy file).
+pub fn to_toml(doc: &PolicyDocument) -> Result<String, PolicyError> {
+    toml::to_string(doc).map_err(|e| err("file".into(), "toml", e.to_string().trim_end()))
+}
+
 /// The snapshot in force, swapped atomically when a source delivers a new valid one, and
 /// when it was last confirmed (its age is a metric: a stale policy is a silent problem).
 #[derive(Debug, Clone)]
@@ -886,6 +891,14 @@ sub_keys = 4
             .unwrap_err()
             .to_string();
         assert!(e.contains("shade"), "{e}");
+    }
+
+    #[test]
+    fn a_policy_written_as_toml_reads_back_the_same() {
+        let doc = parse_toml(EXAMPLE).unwrap();
+        let written = to_toml(&doc).unwrap();
+        assert_eq!(parse_toml(&written).unwrap(), doc, "{written}");
+        PolicySnapshot::build(parse_toml(&written).unwrap()).unwrap();
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod limits;
 pub mod pack;
 pub mod parts;
 pub mod pg;
+pub mod prove;
 pub mod pruning;
 pub mod ranks;
 pub mod recommend;

@@ -21,6 +21,7 @@ use verdict_schemas::KeyId;
 
 use crate::engine::Engine;
 use crate::error::QueryError;
+use crate::prove::{self, Proven, Targets};
 use crate::reports::Range;
 use crate::whatif::{self, LimitName, WhatIf};
 
@@ -47,6 +48,10 @@ pub struct Recommendation {
     pub recommended_capacity: i64,
     /// The recommended refill, tokens per second.
     pub recommended_refill_per_s: f64,
+    /// Refusals in the range in which the bucket refused.
+    pub refused_by_bucket: i64,
+    /// Refusals in the range in which the window (the hourly quota) refused.
+    pub refused_by_window: i64,
 }
 
 impl Recommendation {
@@ -77,6 +82,7 @@ pub fn read(batches: &[RecordBatch]) -> Result<Vec<Recommendation>, QueryError> 
         let refill = column("refill_per_s", &DataType::Float64)?;
         let rec_refill = column("recommended_refill_per_s", &DataType::Float64)?;
         let verdict = column("verdict", &DataType::Utf8)?;
+        let (by_bucket, by_window) = (ints("refused_by_bucket")?, ints("refused_by_window")?);
         let key = batch.column_by_name("override_key").ok_or_else(|| {
             QueryError::Invalid("the review's answer has no column override_key".into())
         })?;
@@ -100,6 +106,8 @@ pub fn read(batches: &[RecordBatch]) -> Result<Vec<Recommendation>, QueryError> 
                 recommended_quota: i64s(&rec_quota, i),
                 recommended_capacity: i64s(&rec_capacity, i),
                 recommended_refill_per_s: f64s(&rec_refill, i),
+                refused_by_bucket: i64s(&by_bucket, i),
+                refused_by_window: i64s(&by_window, i),
             });
         }
     }
@@ -132,7 +140,7 @@ pub fn apply(
             .ok_or_else(|| unknown("route class", r.route_class_id))?;
         let (capacity, refill_per_s, hourly_quota) = (
             r.recommended_capacity,
-            r.recommended_refill_per_s.max(0.001),
+            round_refill(r.recommended_refill_per_s).max(0.001),
             r.recommended_quota,
         );
         match &r.override_key {
@@ -220,12 +228,67 @@ pub struct RecommendedLimit {
 /// The recommendation replayed.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Replayed {
-    /// The review's rows.
+    /// The review's rows, each recommendation proven ([`crate::prove`]).
     pub review: Vec<Recommendation>,
+    /// Each row's proof: which part was wrong, whether the target was met, and what the
+    /// limit in force and the recommendation refused in the replay of the row's own keys.
+    pub proven: Vec<Proven>,
     /// Per tier × route class (overrides counted in their tier's), in the replay's order.
     pub limits: Vec<RecommendedLimit>,
     /// The replay itself, with the keys whose refusals change most.
     pub what_if: WhatIf,
+    /// The policy in force with every proven recommendation put in: what
+    /// `verdict what-if --recommended --write-policy` writes.
+    #[serde(skip)]
+    pub candidate: PolicyDocument,
+}
+
+impl Replayed {
+    /// The `verdict policy set-limit` commands that put the proven recommendations into a
+    /// PostgreSQL policy, one per limit or override changed.
+    pub fn set_limit_commands(&self) -> Vec<String> {
+        let doc = &self.candidate;
+        let name = |id: u8, tiers: bool| {
+            if tiers {
+                doc.tiers
+                    .iter()
+                    .find(|t| t.id == id)
+                    .map(|t| t.name.clone())
+            } else {
+                doc.route_classes
+                    .iter()
+                    .find(|r| r.id == id)
+                    .map(|r| r.name.clone())
+            }
+            .unwrap_or_else(|| format!("#{id}"))
+        };
+        self.review
+            .iter()
+            .filter(|r| r.changes())
+            .map(|r| {
+                let key = r
+                    .override_key
+                    .as_ref()
+                    .map(|k| format!(" --key {k}"))
+                    .unwrap_or_default();
+                format!(
+                    "verdict policy set-limit --policy-postgres \"$VERDICT_POLICY_POSTGRES\" \
+                     --tier {} --route-class {}{key} --hourly-quota {} --capacity {} \
+                     --refill-per-s {}",
+                    name(r.tier_id, true),
+                    name(r.route_class_id, false),
+                    r.recommended_quota,
+                    r.recommended_capacity,
+                    round_refill(r.recommended_refill_per_s),
+                )
+            })
+            .collect()
+    }
+}
+
+/// A refill as a policy writes it: three decimals at most (the limiter's resolution).
+fn round_refill(r: f64) -> f64 {
+    (r * 1000.0).round() / 1000.0
 }
 
 /// Runs the review over `params` (its parameters, `from` and `to` included), puts its
@@ -246,17 +309,20 @@ pub async fn replay(
     let mut params = params.clone();
     params.insert("from".into(), range.from.to_rfc3339());
     params.insert("to".into(), range.to.to_rfc3339());
+    let targets = Targets::from_params(&params)?;
     let sql = engine.report_sql("wrong-limits", &params).await?;
     let (_, batches) = engine.collect(&sql, usize::MAX).await?;
-    replay_review(engine, read(&batches)?, range, keys).await
+    replay_review(engine, read(&batches)?, range, targets, keys).await
 }
 
-/// Puts the recommendations of `review` (the review's rows over `range`, see [`read`]) into
-/// the policy in force and replays `range` under them.
+/// Proves the recommendations of `review` (the review's rows over `range`, see [`read`],
+/// judged with `targets`), puts them into the policy in force and replays `range` under
+/// them.
 pub async fn replay_review(
     engine: &Engine,
     review: Vec<Recommendation>,
     range: Range,
+    targets: Targets,
     keys: usize,
 ) -> Result<Replayed, QueryError> {
     let in_force = engine
@@ -271,6 +337,8 @@ pub async fn replay_review(
                     .into(),
             )
         })?;
+    let proven = prove::prove(engine, &in_force, &review, range, targets).await?;
+    let review: Vec<Recommendation> = proven.iter().map(|p| p.recommendation.clone()).collect();
     let candidate = apply(in_force.document(), &review)?;
     let what_if = whatif::what_if(engine, candidate.clone(), range, keys).await?;
     let limits = what_if
@@ -312,8 +380,10 @@ pub async fn replay_review(
         .collect();
     Ok(Replayed {
         review,
+        proven,
         limits,
         what_if,
+        candidate: candidate.document().clone(),
     })
 }
 
@@ -379,6 +449,48 @@ pub fn render(r: &Replayed) -> String {
             o.recommended_quota,
             o.capacity,
             o.recommended_capacity
+        );
+    }
+    t += "Each recommendation, proven by replaying its own keys' requests (refused: requests, keys):\n";
+    for p in &r.proven {
+        let rec = &p.recommendation;
+        let Some(wrong) = p.wrong else { continue };
+        let route = r
+            .limits
+            .iter()
+            .find(|l| l.limit.route_class_id == rec.route_class_id)
+            .map_or_else(
+                || format!("#{}", rec.route_class_id),
+                |l| l.limit.route_label(),
+            );
+        let tier = r
+            .limits
+            .iter()
+            .find(|l| l.limit.tier_id == rec.tier_id)
+            .map_or_else(|| format!("#{}", rec.tier_id), |l| l.limit.tier_label());
+        let whose = rec
+            .override_key
+            .as_ref()
+            .map_or_else(|| format!("{tier} {route}"), |k| format!("key {k} {route}"));
+        t += &format!(
+            "  {whose} ({}, {}): quota {} → {}, bucket {} → {} (refill {} → {}/s); in force {} / {}, recommended {} / {}{}\n",
+            rec.verdict,
+            wrong.as_str(),
+            rec.hourly_quota,
+            rec.recommended_quota,
+            rec.capacity,
+            rec.recommended_capacity,
+            round_refill(rec.refill_per_s),
+            round_refill(rec.recommended_refill_per_s),
+            pct(p.in_force.unwrap_or_default().share_of_requests),
+            pct(p.in_force.unwrap_or_default().share_of_keys),
+            pct(p.recommended.unwrap_or_default().share_of_requests),
+            pct(p.recommended.unwrap_or_default().share_of_keys),
+            if p.met {
+                ""
+            } else {
+                " (no round value within reach met the target: kept)"
+            },
         );
     }
     t += &format!("Caveat: {}.\n", w.caveat);

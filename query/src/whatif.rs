@@ -220,6 +220,31 @@ impl Replay {
         Ok(())
     }
 
+    /// What the candidate did with everything fed so far, over all its limits: requests,
+    /// refusals, keys (key × route class) and keys refused at least once; and the keys it
+    /// constrained, as the review counts them (refused at least once and at least
+    /// `constrained_share` of their requests), sorted.
+    pub fn outcome(&self, constrained_share: f64) -> (Counts, Vec<(KeyId, u8)>) {
+        let mut total = Counts::default();
+        for (_, replayed) in self.limits.values() {
+            total.requests += replayed.requests;
+            total.refused += replayed.refused;
+            total.would_deny += replayed.would_deny;
+            total.refused_by_bucket += replayed.refused_by_bucket;
+            total.refused_by_window += replayed.refused_by_window;
+        }
+        let mut constrained = Vec::new();
+        for (&key, t) in &self.keys {
+            total.keys += 1;
+            total.keys_refused += u64::from(t.replayed > 0);
+            if t.replayed > 0 && t.replayed as f64 >= constrained_share * t.requests as f64 {
+                constrained.push(key);
+            }
+        }
+        constrained.sort_unstable();
+        (total, constrained)
+    }
+
     /// Requests replayed so far.
     pub fn decisions(&self) -> u64 {
         self.limits.values().map(|(_, c)| c.requests).sum()

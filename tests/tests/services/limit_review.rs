@@ -304,9 +304,15 @@ async fn the_recommendation_replayed_says_what_it_would_have_refused() {
             let ((now, rec), (refused_now, refused_rec)) =
                 (l.hourly_quota, l.share_of_requests_refused);
             match verdict {
-                // Raised: it refuses less, of requests and of keys.
+                // Raised (the quota, the bucket or both; neither lowered): it refuses less,
+                // of requests and of keys.
                 "too low" => {
-                    assert!(rec > now, "seed {seed}: {l:?}");
+                    assert!(
+                        rec >= now
+                            && l.capacity.1 >= l.capacity.0
+                            && (rec > now || l.capacity.1 > l.capacity.0),
+                        "seed {seed}: {l:?}"
+                    );
                     assert!(refused_rec < refused_now, "seed {seed}: {l:?}");
                     assert!(
                         l.share_of_keys_refused.1 < l.share_of_keys_refused.0,
@@ -324,6 +330,45 @@ async fn the_recommendation_replayed_says_what_it_would_have_refused() {
                     (now, l.capacity.0),
                     "seed {seed}: {l:?}"
                 ),
+            }
+        }
+        // Each judged row's recommendation was proven against its target, and what its
+        // replay refused is what the real limiter refuses under it (the tiers' rows above).
+        for p in &answer.proven {
+            let r = &p.recommendation;
+            let (in_force, recommended) = (
+                p.in_force.unwrap_or_default(),
+                p.recommended.unwrap_or_default(),
+            );
+            match r.verdict.as_str() {
+                "too low" => {
+                    assert!(p.met, "seed {seed}: {p:?}");
+                    assert!(
+                        recommended.share_of_keys_constrained < 0.1,
+                        "seed {seed}: {p:?}"
+                    );
+                    assert!(
+                        r.recommended_quota >= r.hourly_quota
+                            && r.recommended_capacity >= r.capacity,
+                        "seed {seed}: never lower than in force: {p:?}"
+                    );
+                    assert!(
+                        recommended.share_of_requests < in_force.share_of_requests
+                            && recommended.share_of_keys <= in_force.share_of_keys,
+                        "seed {seed}: {p:?}"
+                    );
+                }
+                "too high" => {
+                    assert!(
+                        recommended.share_of_requests
+                            <= in_force.share_of_requests
+                                + verdict_query::prove::REQUESTS_TOLERANCE
+                            && recommended.share_of_keys
+                                <= in_force.share_of_keys + verdict_query::prove::KEYS_TOLERANCE,
+                        "seed {seed}: {p:?}"
+                    );
+                }
+                _ => assert!(p.wrong.is_none() && !r.changes(), "seed {seed}: {p:?}"),
             }
         }
         // The override the review judged is changed in the candidate's overrides.
