@@ -74,6 +74,15 @@ pub struct GatewayArgs {
     /// The decisions topic.
     #[arg(long, default_value = "verdict.decisions.v1")]
     pub kafka_topic: String,
+    /// After SIGTERM (or Ctrl-C) the gateway stops accepting at once; requests in flight
+    /// get this many seconds to finish before it stops anyway.
+    #[arg(long, default_value_t = 10)]
+    pub shutdown_grace_secs: u64,
+    /// Then the events still queued get this many seconds to reach Kafka and be
+    /// acknowledged; what is not is counted in verdict_events_failed_total and said in the
+    /// log, so that decisions = events sent + failed + dropped, always.
+    #[arg(long, default_value_t = 10)]
+    pub event_flush_secs: u64,
     /// Events the queue holds before it drops.
     #[arg(long, default_value_t = 65_536)]
     pub event_queue: usize,
@@ -208,11 +217,13 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     }
     let BuiltGateway { gateway, events } =
         builder.build(store, handle.clone(), Arc::clone(&metrics), keys);
+    let flush = Duration::from_secs(args.event_flush_secs);
     let drain = match &args.kafka_brokers {
         Some(brokers) => Some(drain_to_kafka(
             events,
             brokers,
             &args.kafka_topic,
+            flush,
             &metrics,
         )?),
         None => {
@@ -229,18 +240,60 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(listen = %listener.local_addr()?, upstream = %args.upstream, "gateway listening");
     let shutdown = crate::signals::shutdown_signal()?;
-    verdict_gateway::serve(listener, Arc::clone(&gateway), shutdown).await?;
-    // Dropping the gateway closes the event queue; the drain flushes to Kafka.
+    let (signalled, on_signal) = tokio::sync::oneshot::channel::<()>();
+    let server = verdict_gateway::serve(listener, Arc::clone(&gateway), async move {
+        shutdown.await;
+        let _ = signalled.send(());
+    });
+    let grace = Duration::from_secs(args.shutdown_grace_secs);
+    tokio::select! {
+        served = server => served?,
+        () = async {
+            if on_signal.await.is_ok() {
+                tokio::time::sleep(grace).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        } => tracing::warn!(?grace, "requests still in flight after the grace period; stopping without them"),
+    }
+    // Dropping the gateway closes the event queue; the drain hands what is queued to Kafka
+    // and waits for the acknowledgements (up to `flush`).
     drop(gateway);
     if let Some(d) = drain {
-        let _ = tokio::time::timeout(Duration::from_secs(15), d).await;
+        // The queue's last events reach the producer in far less than a second; the
+        // margin is for that.
+        let abort = d.abort_handle();
+        if tokio::time::timeout(flush + Duration::from_secs(5), d)
+            .await
+            .is_err()
+        {
+            abort.abort();
+        }
     }
-    tracing::info!("gateway stopped");
+    let decisions = metrics.decisions_total();
+    let accounted =
+        metrics.events_sent.get() + metrics.events_failed.get() + metrics.events_dropped.get();
+    if decisions > accounted {
+        // Still queued or unacknowledged when the drain gave up: lost, and said so.
+        metrics.events_failed.inc_by(decisions - accounted);
+        tracing::error!(
+            lost = decisions - accounted,
+            "decision events not delivered to Kafka by the flush deadline"
+        );
+    }
+    tracing::info!(
+        decisions,
+        events_sent = metrics.events_sent.get(),
+        events_failed = metrics.events_failed.get(),
+        events_dropped = metrics.events_dropped.get(),
+        "gateway stopped"
+    );
     Ok(())
 }
 
 /// Drains a gateway's events into Kafka (`brokers`, `topic`), the production producer; the
-/// task ends, flushed, when the gateway is dropped.
+/// task ends when the gateway is dropped, flushed (for up to `close_timeout`; what is
+/// unacknowledged then counts as failed).
 ///
 /// # Errors
 /// When librdkafka refuses the configuration.
@@ -248,12 +301,14 @@ pub fn drain_to_kafka(
     events: EventReceiver,
     brokers: &str,
     topic: &str,
+    close_timeout: Duration,
     metrics: &Arc<LimiterMetrics>,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let sink = KafkaSink::new(
         &KafkaSinkConfig {
             brokers: brokers.to_owned(),
             topic: topic.to_owned(),
+            close_timeout,
             ..KafkaSinkConfig::default()
         },
         Arc::clone(metrics),

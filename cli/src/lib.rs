@@ -95,13 +95,16 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// Logs to stderr; `RUST_LOG` chooses the level (default `info`).
+/// Logs to stderr; `RUST_LOG` chooses the level (default `info`). Colours only on a
+/// terminal: a log written to a file or read by a supervisor stays plain text.
 pub fn init_logging() {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .try_init();
 }

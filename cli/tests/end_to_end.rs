@@ -444,3 +444,148 @@ async fn the_whole_flow_on_the_real_services() {
     assert_eq!(verdict("pro").as_deref(), Some("too high"), "{report}");
     services.stop();
 }
+
+/// The policy of the SIGTERM test: one tier far from its limits, one route class.
+const ROOMY_POLICY: &str = r#"
+[[tiers]]
+id = 0
+name = "pro"
+[[route_classes]]
+id = 0
+name = "api"
+prefixes = ["/v1"]
+[[limits]]
+tier = "pro"
+route_class = "*"
+capacity = 1000000
+refill_per_s = 100000.0
+hourly_quota = 1000000000
+"#;
+
+/// The value of `field=` in a log line.
+fn log_field(line: &str, field: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{field}=")))
+        .and_then(|v| v.trim_end_matches(',').parse().ok())
+        .unwrap_or_else(|| panic!("no {field}= in {line:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_stopped_under_load_answers_what_it_accepted_and_flushes_every_event() {
+    require(Service::Kafka);
+    let dir = tempfile::tempdir().unwrap();
+    let topic = unique_name("sigterm-decisions");
+    let keys_file = dir.path().join("keys.csv");
+    std::fs::write(
+        &keys_file,
+        format!("api_key,key_id,tier\nk1,{},pro\n", KeyId([7; 16])),
+    )
+    .unwrap();
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(&policy, ROOMY_POLICY).unwrap();
+    let log = dir.path().join("gateway.log");
+    let up = verdict_demo::spawn_upstream().await.unwrap().port();
+    let port = spare_port();
+    let mut gateway = verdict(&[
+        "gateway",
+        "--upstream",
+        &format!("http://127.0.0.1:{up}"),
+        "--keys-file",
+        keys_file.to_str().unwrap(),
+        "--policy-file",
+        policy.to_str().unwrap(),
+        "--kafka-brokers",
+        &kafka_brokers(),
+        "--kafka-topic",
+        &topic,
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+    ])
+    .env("RUST_LOG", "info")
+    .stdout(Stdio::null())
+    .stderr(std::fs::File::create(&log).unwrap())
+    .spawn()
+    .expect("start verdict gateway");
+    let http = reqwest::Client::new();
+    eventually(Duration::from_secs(30), "the gateway listening", || async {
+        http.get(format!("http://127.0.0.1:{port}/healthz"))
+            .send()
+            .await
+            .is_ok()
+    })
+    .await;
+
+    // 16 clients in a closed loop for 3 s; SIGTERM a second into it (the requests after it
+    // find no listener and fail at the client).
+    let make: MakeRequest = Arc::new(move |i| {
+        axum::http::Request::get(format!("http://127.0.0.1:{port}/v1/items/{i}"))
+            .header("x-api-key", "k1")
+            .body(axum::body::Body::empty())
+            .unwrap()
+    });
+    let load = tokio::spawn(async move {
+        load::run(
+            &LoadSpec::closed(Duration::from_secs(3), 16),
+            make,
+            Arc::default(),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let pid = gateway.id().to_string();
+    let signalled = std::time::Instant::now();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = tokio::task::spawn_blocking(move || gateway.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    let stopped_in = signalled.elapsed();
+    let report = load.await.unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let last = text
+        .lines()
+        .rfind(|l| l.contains("gateway stopped"))
+        .unwrap_or_else(|| panic!("no final account in the log:\n{text}"));
+    let decisions = log_field(last, "decisions");
+    let sent = log_field(last, "events_sent");
+    let (failed, dropped) = (
+        log_field(last, "events_failed"),
+        log_field(last, "events_dropped"),
+    );
+    let answered = report.count(StatusCode::OK) + report.count(StatusCode::TOO_MANY_REQUESTS);
+    eprintln!(
+        "stopped {stopped_in:?} after SIGTERM ({status}); {answered} answered, {} failed at the client; {decisions} decisions: {sent} events sent, {failed} failed, {dropped} dropped",
+        report.failed
+    );
+    assert!(status.success(), "{status}\n{text}");
+    assert!(
+        stopped_in < Duration::from_secs(10),
+        "the grace period is 10 s and nothing was slow: {stopped_in:?}"
+    );
+    assert!(answered > 1_000, "the load ran: {report:?}");
+    assert!(
+        decisions >= answered,
+        "{answered} answered, {decisions} decided"
+    );
+    assert_eq!(decisions, sent + failed + dropped, "{last}");
+    assert_eq!((failed, dropped), (0, 0), "{last}");
+
+    // What the gateway counted as sent is what the topic holds.
+    let consumer = verdict_tests::kafka_consumer(&topic);
+    let mut records = 0u64;
+    let mut wait = Duration::from_secs(60);
+    while let Ok(m) = tokio::time::timeout(wait, consumer.recv()).await {
+        m.expect("a record");
+        records += 1;
+        if records >= sent {
+            wait = Duration::from_secs(3);
+        }
+    }
+    assert_eq!(records, sent, "the topic holds every event sent, once");
+}

@@ -11,13 +11,19 @@
 --          layout.rs)
 -- ARGV[1]  the time to use instead of the server's TIME, ms, or '' (tests only)
 -- ARGV[2]  TTL of a hash, in windows (two)
--- then five per request i, from ARGV[3 + 5 * (i - 1)]:
+-- ARGV[3]  C, how many of the keys are charges (they come first)
+-- then six per charge j (KEYS[j], j <= C), from ARGV[4 + 6 * (j - 1)]:
+--          field, capacity, refill, quota, window (as for a request), and the count of
+--          requests admitted elsewhere (the local fallback) to count here
+-- then five per request i (KEYS[C + i]), from ARGV[4 + 6 * C + 5 * (i - 1)]:
 --          field: key id (16 bytes), route class, tier (one limit key's state in the hash),
 --          capacity (tokens), refill (units per ms; 1 token = 1e6 units),
 --          quota per window, window (ms)
 --
--- Returns six integers per request: {allowed (0/1), denied bits (1 bucket, 2 window),
--- remaining tokens, remaining window, retry-after ms, now ms}.
+-- Returns six integers per request (none per charge): {allowed (0/1), denied bits (1
+-- bucket, 2 window), remaining tokens, remaining window, retry-after ms, now ms}.
+-- A charge takes its count from the bucket (into debt, down to minus the capacity) and
+-- adds it to the window's count, always writing: the same arithmetic as algo.rs (`charge`).
 -- State: struct "<ddII": tokens (units), last allowed ms, count in last's window, count in
 -- the window before. A denial writes nothing; the TTL is refreshed once per window.
 -- The empty field of a hash holds the window in which the script last swept it: removed
@@ -64,8 +70,10 @@ local function sweep(hash, horizon)
   end
 end
 
--- Decides one request.
-local function decide(hash, field, cap, rate, q, w)
+-- A limit key's state at the call's instant: {packed (false for a key never seen), now,
+-- tokens refilled to now, window index of the last write and of now, previous and current
+-- window's counts rolled to now, offset into the current window}.
+local function load(hash, field, cap, rate, w)
   local now = clock
   local tokens, last, cur, prev = cap, now, 0, 0
   local packed = redis.call('HGET', hash, field)
@@ -98,7 +106,37 @@ local function decide(hash, field, cap, rate, q, w)
   else
     p, c = 0, 0
   end
-  local e = now - i_now * w
+  return packed, now, tokens, i_last, i_now, p, c, now - i_now * w
+end
+
+-- Writes a key's new state.
+local function store(hash, field, packed, now, tokens, i_last, i_now, p, c, w)
+  redis.call('HSET', hash, field, struct.pack('<ddII', tokens, now, c, p))
+  -- The TTL (two windows) is set at the first write of each window: a hash written in
+  -- every window never expires, and one idle for a whole window expires when every
+  -- state in it is stale. Refreshing it on every request would cost a third of the
+  -- script. The hash is swept once a window, at the first such write.
+  if not packed or i_now ~= i_last then
+    redis.call('PEXPIRE', hash, w * ttl_windows)
+    local swept = tostring(i_now)
+    if redis.call('HGET', hash, '') ~= swept then
+      sweep(hash, now - w * ttl_windows)
+      redis.call('HSET', hash, '', swept)
+    end
+  end
+end
+
+-- Counts `count` requests admitted elsewhere.
+local function charge(hash, field, cap, rate, w, count)
+  local packed, now, tokens, i_last, i_now, p, c = load(hash, field, cap, rate, w)
+  tokens = math.max(tokens - count * UNITS, -cap)
+  c = math.min(c + count, 1000000000)
+  store(hash, field, packed, now, tokens, i_last, i_now, p, c, w)
+end
+
+-- Decides one request.
+local function decide(hash, field, cap, rate, q, w)
+  local packed, now, tokens, i_last, i_now, p, c, e = load(hash, field, cap, rate, w)
   local used = p * (w - e) + c * w
 
   local bucket_ok = tokens >= UNITS
@@ -107,19 +145,7 @@ local function decide(hash, field, cap, rate, q, w)
   if bucket_ok and window_ok then
     tokens = tokens - UNITS
     c = c + 1
-    redis.call('HSET', hash, field, struct.pack('<ddII', tokens, now, c, p))
-    -- The TTL (two windows) is set at the first write of each window: a hash written in
-    -- every window never expires, and one idle for a whole window expires when every
-    -- state in it is stale. Refreshing it on every request would cost a third of the
-    -- script. The hash is swept once a window, at the first such write.
-    if not packed or i_now ~= i_last then
-      redis.call('PEXPIRE', hash, w * ttl_windows)
-      local swept = tostring(i_now)
-      if redis.call('HGET', hash, '') ~= swept then
-        sweep(hash, now - w * ttl_windows)
-        redis.call('HSET', hash, '', swept)
-      end
-    end
+    store(hash, field, packed, now, tokens, i_last, i_now, p, c, w)
     answer(1, 0, math.floor(tokens / UNITS), math.floor(math.max(q * w - used - w, 0) / w), 0, now)
     return
   end
@@ -162,12 +188,18 @@ local function decide(hash, field, cap, rate, q, w)
   if not window_ok then bits = bits + 2 end
   local retry = math.max(bucket_wait, window_wait)
   if retry > 4294967295 then retry = 4294967295 end
-  answer(0, bits, math.floor(tokens / UNITS), math.floor(math.max(q * w - used, 0) / w), retry, now)
+  answer(0, bits, math.floor(math.max(tokens, 0) / UNITS), math.floor(math.max(q * w - used, 0) / w), retry, now)
 end
 
-for i = 1, #KEYS do
-  local a = 3 + 5 * (i - 1)
-  decide(KEYS[i], ARGV[a], tonumber(ARGV[a + 1]) * UNITS, tonumber(ARGV[a + 2]),
+local charges = tonumber(ARGV[3])
+for j = 1, charges do
+  local a = 4 + 6 * (j - 1)
+  charge(KEYS[j], ARGV[a], tonumber(ARGV[a + 1]) * UNITS, tonumber(ARGV[a + 2]),
+    tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]))
+end
+for i = 1, #KEYS - charges do
+  local a = 4 + 6 * charges + 5 * (i - 1)
+  decide(KEYS[charges + i], ARGV[a], tonumber(ARGV[a + 1]) * UNITS, tonumber(ARGV[a + 2]),
     tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]))
 end
 return out

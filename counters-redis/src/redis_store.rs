@@ -11,8 +11,8 @@
 //! requests of one call share a slot.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use fred::prelude::*;
 use fred::types::scripts::Script;
@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::layout::{FIELD_LEN, Layout};
 use crate::shards::{self, NodeSettings, ShardClients, Shards};
 
-use verdict_limiter::{CounterCheck, CounterStore, LimitKey, Limits, Located, StoreError};
+use verdict_limiter::{Charge, CounterCheck, CounterStore, LimitKey, Limits, Located, StoreError};
 
 /// The decision script (see the file for its arguments and reply).
 pub const DECISION_SCRIPT: &str = include_str!("redis.lua");
@@ -30,6 +30,15 @@ pub const DECISION_SCRIPT: &str = include_str!("redis.lua");
 /// at once (the limiter's fallback then decides) rather than queue what the deadline would
 /// refuse anyway.
 const LANE_QUEUE: usize = 8_192;
+
+/// How many times `max_batch` a lane takes into one call while more requests wait behind
+/// it: an overloaded lane decides more per call (the script's fixed cost is most of a small
+/// call) before any request waits past its deadline.
+const BACKLOG_BATCH_FACTOR: usize = 4;
+
+/// Charges a lane keeps through failed calls, to send with the next one; past this, or
+/// older than their key's window, they are dropped (and counted).
+const CARRY_MAX: usize = 65_536;
 
 /// The deadline of each command while connecting: the handshakes and `SCRIPT LOAD`.
 pub const SETUP_TIMEOUT: Duration = Duration::from_secs(1);
@@ -90,11 +99,20 @@ struct Inner {
     caller: Caller,
     /// `shards.count × lanes_per_shard` lanes, the lanes of shard `s` from `s × lanes_per_shard`.
     lanes: Vec<mpsc::Sender<Pending>>,
+    /// Each lane's recent call time, µs (averaged): with what waits in its queue, how long
+    /// a request queued now would wait.
+    lane_rtt_us: Vec<Arc<AtomicU64>>,
+    /// Most requests a lane takes into one call while more wait behind it.
+    lane_call_max: usize,
     lanes_per_shard: usize,
     next_lane: AtomicUsize,
     clustered: bool,
     layout: Layout,
     shards: Arc<Shards>,
+    /// Charges the lanes dropped ([`RedisStore::charges_dropped`]).
+    charges_dropped: Arc<AtomicU64>,
+    /// How late this process wakes its tasks now, µs ([`spawn_lag_meter`]).
+    lag_us: Arc<AtomicU64>,
     /// Kept for the lanes' and the watcher's sake: they hold it weakly or by clone.
     _masters: Arc<ShardClients>,
 }
@@ -107,13 +125,66 @@ struct Caller {
     timeout: Duration,
 }
 
-/// One request waiting in a lane.
+/// One item waiting in a lane: a request to decide, or a charge to count.
 struct Pending {
     hash: String,
     field: [u8; FIELD_LEN],
     limits: Limits,
     slot: u16,
-    reply: oneshot::Sender<Result<CounterCheck, StoreError>>,
+    op: Op,
+}
+
+enum Op {
+    /// Decide one request and send the answer.
+    Decide {
+        reply: oneshot::Sender<Result<CounterCheck, StoreError>>,
+        /// Who has the request: [`WAITING`] in the lane's queue, then [`SENT`] by the lane
+        /// or [`ABANDONED`] by its caller at the deadline, whichever comes first. So a
+        /// caller knows whether its deadline passed in this process (overload) or at Redis
+        /// (failure), and an abandoned request is never sent.
+        claim: Arc<AtomicU8>,
+        /// When it was queued: its deadline is `since` + the store's timeout.
+        since: Instant,
+    },
+    /// Count `count` requests admitted elsewhere; kept through failed calls until `until`.
+    Charge { count: u32, until: Instant },
+}
+
+const WAITING: u8 = 0;
+const SENT: u8 = 1;
+const ABANDONED: u8 = 2;
+
+impl Pending {
+    fn is_charge(&self) -> bool {
+        matches!(self.op, Op::Charge { .. })
+    }
+
+    /// For a request: whether the lane may still send it (its caller has not given up),
+    /// claiming it as sent. A charge is always sent.
+    fn take_for_call(&self) -> bool {
+        match &self.op {
+            Op::Decide { claim, .. } => claim
+                .compare_exchange(WAITING, SENT, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok(),
+            Op::Charge { .. } => true,
+        }
+    }
+
+    /// Whether this is a request whose deadline comes before `cutoff`.
+    fn due_before(&self, cutoff: Instant, timeout: Duration) -> bool {
+        matches!(self.op, Op::Decide { since, .. } if since + timeout <= cutoff)
+    }
+
+    /// Answers a request as overloaded at once, unless its caller already gave up.
+    fn shed(self, timeout: Duration) {
+        if let Op::Decide { reply, claim, .. } = self.op
+            && claim
+                .compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            let _ = reply.send(Err(StoreError::overloaded(timeout)));
+        }
+    }
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -178,28 +249,38 @@ impl RedisStore {
         };
         // Each shard has lanes of its own, so a shard that stalls holds up only its keys.
         let lanes_per_shard = cfg.connections.max(1) * cfg.calls_per_connection.max(1);
-        let lanes = (0..shards.count * lanes_per_shard)
+        let charges_dropped = Arc::new(AtomicU64::new(0));
+        let lag_us = Arc::new(AtomicU64::new(0));
+        spawn_lag_meter(Arc::downgrade(&lag_us));
+        let (lanes, lane_rtt_us): (Vec<_>, Vec<_>) = (0..shards.count * lanes_per_shard)
             .map(|i| {
                 let (tx, rx) = mpsc::channel(LANE_QUEUE);
+                let rtt = Arc::new(AtomicU64::new(0));
                 let at = LaneAt {
                     masters: Arc::clone(&masters),
                     shard: i / lanes_per_shard,
                     index: i % lanes_per_shard,
+                    dropped: Arc::clone(&charges_dropped),
+                    rtt_us: Arc::clone(&rtt),
                 };
                 tokio::spawn(lane(rx, at, caller.clone(), max_batch));
-                tx
+                (tx, rtt)
             })
-            .collect();
+            .unzip();
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
                 caller,
                 lanes,
+                lane_rtt_us,
+                lane_call_max: max_batch * BACKLOG_BATCH_FACTOR,
                 lanes_per_shard,
                 next_lane: AtomicUsize::new(0),
                 clustered,
                 layout: cfg.layout,
                 shards,
+                charges_dropped,
+                lag_us,
                 _masters: masters,
             }),
         })
@@ -250,31 +331,98 @@ impl RedisStore {
             .caller
             .call(
                 self.inner.pool.next(),
+                std::iter::empty(),
                 items.iter().map(|(h, f, l)| (h.as_str(), &f[..], l)),
                 Some(now_ms),
             )
             .await
     }
+
+    /// Counts `count` requests of `key` admitted elsewhere, at a given time, in a call of its
+    /// own (the test hook of a charge).
+    pub async fn charge_at(
+        &self,
+        key: &LimitKey,
+        limits: &Limits,
+        count: u32,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let layout = &self.inner.layout;
+        let (hash, field) = (layout.hash(key), layout.field(key));
+        self.inner
+            .caller
+            .call(
+                self.inner.pool.next(),
+                std::iter::once((hash.as_str(), &field[..], limits, count)),
+                std::iter::empty(),
+                Some(now_ms),
+            )
+            .await
+            .map(drop)
+    }
+
+    /// Charges dropped by the lanes: carried through failed calls until they were older
+    /// than their key's window, or more than a lane keeps.
+    pub fn charges_dropped(&self) -> u64 {
+        self.inner.charges_dropped.load(Ordering::Relaxed)
+    }
+
+    /// How late this process has recently woken a task that slept (a decaying maximum).
+    pub fn lag(&self) -> Duration {
+        Duration::from_micros(self.inner.lag_us.load(Ordering::Relaxed))
+    }
+
+    /// The lane of a key at `slot`: its shard's lanes, spread by slot in a cluster; in turn
+    /// outside one.
+    fn lane_of(&self, slot: u16) -> usize {
+        let inner = &*self.inner;
+        if inner.clustered {
+            inner.shards.of_slot(slot) * inner.lanes_per_shard
+                + usize::from(slot) % inner.lanes_per_shard
+        } else {
+            inner.next_lane.fetch_add(1, Ordering::Relaxed) % inner.lanes.len()
+        }
+    }
+
+    /// How long a request queued now on `lane` would take to be answered: the calls for what
+    /// waits ahead of it and its own, at the lane's recent call time. Zero when nothing
+    /// waits: the request goes at once, and its call tells the lane how long calls take now
+    /// (a lane never stays shut on an old estimate).
+    fn expected_wait(&self, lane: usize) -> Duration {
+        let inner = &*self.inner;
+        let queued = LANE_QUEUE - inner.lanes[lane].capacity();
+        if queued == 0 {
+            return Duration::ZERO;
+        }
+        let calls = (queued.div_ceil(inner.lane_call_max) + 1) as u64;
+        Duration::from_micros(inner.lane_rtt_us[lane].load(Ordering::Relaxed) * calls)
+    }
 }
 
+/// A charge as the script takes it: hash, field, limits, count.
+type ChargeItem<'a> = (&'a str, &'a [u8], &'a Limits, u32);
+/// A request as the script takes it: hash, field, limits.
+type DecideItem<'a> = (&'a str, &'a [u8], &'a Limits);
+
 impl Caller {
-    /// One script call deciding `items` (hash, field, limits) in order.
-    async fn call<'a, I>(
+    /// One script call counting `charges`, then deciding `decisions` in order.
+    async fn call<'a, C, D>(
         &self,
         client: &Client,
-        items: I,
+        charges: C,
+        decisions: D,
         now_ms: Option<i64>,
     ) -> Result<Vec<CounterCheck>, StoreError>
     where
-        I: Iterator<Item = (&'a str, &'a [u8], &'a Limits)> + Clone,
+        C: Iterator<Item = ChargeItem<'a>> + Clone,
+        D: Iterator<Item = DecideItem<'a>> + Clone,
     {
-        let (keys, args) = self.arguments(items.clone(), now_ms);
-        let wanted = keys.len();
+        let (keys, args, wanted) = self.arguments(charges.clone(), decisions.clone(), now_ms);
         let reply = match client.evalsha(self.script.sha1().clone(), keys, args).await {
             Err(e) if e.details().starts_with("NOSCRIPT") => {
                 // Redis restarted or its scripts were flushed: load it and try once more.
                 self.script.load(client).await.map_err(|e| self.error(&e))?;
-                let (keys, args) = self.arguments(items, now_ms);
+                let (keys, args, _) = self.arguments(charges, decisions, now_ms);
                 client.evalsha(self.script.sha1().clone(), keys, args).await
             }
             other => other,
@@ -283,25 +431,41 @@ impl Caller {
         outcomes_from_reply(&reply, wanted)
     }
 
+    /// The script's keys and arguments (see `redis.lua`), and how many requests it decides.
     fn arguments<'a>(
         &self,
-        items: impl Iterator<Item = (&'a str, &'a [u8], &'a Limits)>,
+        charges: impl Iterator<Item = ChargeItem<'a>>,
+        decisions: impl Iterator<Item = DecideItem<'a>>,
         now_ms: Option<i64>,
-    ) -> (Vec<Key>, Vec<Value>) {
-        let (lower, _) = items.size_hint();
+    ) -> (Vec<Key>, Vec<Value>, usize) {
+        let (lower, _) = decisions.size_hint();
         let mut keys = Vec::with_capacity(lower);
-        let mut args: Vec<Value> = Vec::with_capacity(2 + 5 * lower);
+        let mut args: Vec<Value> = Vec::with_capacity(3 + 5 * lower);
         args.push(now_ms.map_or_else(|| Value::from(""), Value::from));
         args.push(self.ttl_windows.into());
-        for (hash, field, limits) in items {
-            keys.push(Key::from(hash));
+        args.push(0.into());
+        let limit_args = |args: &mut Vec<Value>, field: &[u8], limits: &Limits| {
             args.push(field.into());
             args.push(i64::from(limits.capacity).into());
             args.push(limits.refill_units_per_ms.into());
             args.push(i64::from(limits.quota).into());
             args.push(limits.window_ms.into());
+        };
+        let mut charged = 0i64;
+        for (hash, field, limits, count) in charges {
+            keys.push(Key::from(hash));
+            limit_args(&mut args, field, limits);
+            args.push(i64::from(count).into());
+            charged += 1;
         }
-        (keys, args)
+        args[2] = charged.into();
+        let mut wanted = 0;
+        for (hash, field, limits) in decisions {
+            keys.push(Key::from(hash));
+            limit_args(&mut args, field, limits);
+            wanted += 1;
+        }
+        (keys, args, wanted)
     }
 
     fn error(&self, e: &Error) -> StoreError {
@@ -312,27 +476,76 @@ impl Caller {
     }
 }
 
-/// Where a lane sends its calls: the `index`-th connection of `shard`'s current master.
+/// Measures how late the runtime wakes a task: a task that sleeps 1 ms at a time and keeps
+/// the worst overshoot, decaying by an eighth a tick (a stall is forgotten within tens of
+/// milliseconds of its end). Ends when the store is dropped.
+fn spawn_lag_meter(lag_us: std::sync::Weak<AtomicU64>) {
+    const TICK: Duration = Duration::from_millis(1);
+    tokio::spawn(async move {
+        loop {
+            let slept = Instant::now();
+            tokio::time::sleep(TICK).await;
+            let Some(lag) = lag_us.upgrade() else { return };
+            let over =
+                u64::try_from(slept.elapsed().saturating_sub(TICK).as_micros()).unwrap_or(u64::MAX);
+            let kept = lag.load(Ordering::Relaxed);
+            lag.store(over.max(kept - kept / 8), Ordering::Relaxed);
+        }
+    });
+}
+
+/// Where a lane sends its calls: the `index`-th connection of `shard`'s current master;
+/// and where it counts the charges it drops.
 struct LaneAt {
     masters: Arc<ShardClients>,
     shard: usize,
     index: usize,
+    dropped: Arc<AtomicU64>,
+    /// Where it says how long its calls take.
+    rtt_us: Arc<AtomicU64>,
 }
 
-/// A lane: takes what waits (up to `max_batch`), decides it in one call per slot, answers,
-/// and takes again. Requests whose caller has given up (the deadline passed) are not sent.
-/// A failed call rings the watcher, which looks whether the shard's master has changed.
+/// A lane: takes what waits (up to `max_batch`, or `BACKLOG_BATCH_FACTOR` times that while
+/// more wait behind it), decides it in one call per slot, answers, and takes again.
+/// Requests whose caller has given up (the deadline passed while they waited here) are not
+/// sent. Charges ride with the requests; those of a failed call are carried to the next
+/// one. A failed call rings the watcher, which looks whether the shard's master has changed.
 async fn lane(mut rx: mpsc::Receiver<Pending>, at: LaneAt, caller: Caller, max_batch: usize) {
-    let mut batch: Vec<Pending> = Vec::with_capacity(max_batch);
+    let mut batch: Vec<Pending> = Vec::with_capacity(max_batch * BACKLOG_BATCH_FACTOR);
+    let mut carry: Vec<Pending> = Vec::new();
+    // How long this lane's calls take, averaged: a request is sent only if it has that
+    // much of its deadline left.
+    let mut rtt = Duration::ZERO;
     while rx.recv_many(&mut batch, max_batch).await > 0 {
-        batch.retain(|p| !p.reply.is_closed());
+        if !rx.is_empty() {
+            rx.recv_many(&mut batch, max_batch * (BACKLOG_BATCH_FACTOR - 1))
+                .await;
+        }
+        // What cannot be answered in time by a call made now is shed: answered as
+        // overloaded at once, rather than sent to miss its deadline and count against
+        // Redis. A call is taken to need the lane's recent call time, at most half the
+        // deadline: that time includes this process's own delays, which overload inflates.
+        let cutoff = Instant::now() + rtt.min(caller.timeout / 2);
+        for late in batch.extract_if(.., |p| p.due_before(cutoff, caller.timeout)) {
+            late.shed(caller.timeout);
+        }
+        batch.retain(Pending::take_for_call);
+        if !carry.is_empty() {
+            let now = Instant::now();
+            let before = carry.len();
+            carry.retain(|p| matches!(p.op, Op::Charge { until, .. } if until > now));
+            at.dropped
+                .fetch_add((before - carry.len()) as u64, Ordering::Relaxed);
+            batch.append(&mut carry);
+        }
         let Some(first) = batch.first().map(|p| p.slot) else {
             continue;
         };
         let client = at.masters.client(at.shard, at.index);
+        let call_started = Instant::now();
         let ok = if batch.iter().all(|p| p.slot == first) {
             // One slot (always, outside a cluster): one call, made here.
-            answer(&caller, &client, &mut batch).await
+            answer(&caller, &client, &mut batch, &mut carry).await
         } else {
             batch.sort_by_key(|p| p.slot);
             let mut calls = tokio::task::JoinSet::new();
@@ -341,36 +554,82 @@ async fn lane(mut rx: mpsc::Receiver<Pending>, at: LaneAt, caller: Caller, max_b
                 let same = batch.iter().take_while(|p| p.slot == slot).count();
                 let mut group: Vec<Pending> = batch.drain(..same).collect();
                 let (caller, client) = (caller.clone(), client.clone());
-                calls.spawn(async move { answer(&caller, &client, &mut group).await });
+                calls.spawn(async move {
+                    let mut failed = Vec::new();
+                    let ok = answer(&caller, &client, &mut group, &mut failed).await;
+                    (ok, failed)
+                });
             }
-            calls.join_all().await.into_iter().all(|ok| ok)
+            let mut ok = true;
+            for (group_ok, mut failed) in calls.join_all().await {
+                ok &= group_ok;
+                carry.append(&mut failed);
+            }
+            ok
         };
+        // A failed call's time says nothing of how long an answer takes.
+        if ok {
+            rtt = (rtt * 7 + call_started.elapsed()) / 8;
+            at.rtt_us.store(
+                u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
+        }
+        if carry.len() > CARRY_MAX {
+            let over = carry.len() - CARRY_MAX;
+            carry.drain(..over);
+            at.dropped.fetch_add(over as u64, Ordering::Relaxed);
+        }
         if !ok {
             at.masters.look.notify_one();
         }
     }
 }
 
-/// Decides `group` in one call, sends each request its answer, and leaves `group` empty;
+/// Counts the charges of `group` and decides its requests in one call, sends each request
+/// its answer, moves the charges of a failed call to `failed`, and leaves `group` empty;
 /// whether the call succeeded.
-async fn answer(caller: &Caller, client: &Client, group: &mut Vec<Pending>) -> bool {
-    let items = group
-        .iter()
-        .map(|p| (p.hash.as_str(), &p.field[..], &p.limits));
-    match caller.call(client, items, None).await {
-        Ok(outcomes) => {
-            for (p, o) in group.drain(..).zip(outcomes) {
-                let _ = p.reply.send(Ok(o));
-            }
-            true
-        }
-        Err(e) => {
-            for p in group.drain(..) {
-                let _ = p.reply.send(Err(e.clone()));
-            }
-            false
+async fn answer(
+    caller: &Caller,
+    client: &Client,
+    group: &mut Vec<Pending>,
+    failed: &mut Vec<Pending>,
+) -> bool {
+    // Charges first (the script's order); the requests keep their order of arrival.
+    group.sort_by_key(|p| !p.is_charge());
+    let charges = group.iter().take_while(|p| p.is_charge()).count();
+    let result = caller
+        .call(
+            client,
+            group[..charges].iter().map(|p| {
+                let count = match p.op {
+                    Op::Charge { count, .. } => count,
+                    Op::Decide { .. } => 0,
+                };
+                (p.hash.as_str(), &p.field[..], &p.limits, count)
+            }),
+            group[charges..]
+                .iter()
+                .map(|p| (p.hash.as_str(), &p.field[..], &p.limits)),
+            None,
+        )
+        .await;
+    let ok = result.is_ok();
+    let mut answers = match result {
+        Ok(outcomes) => outcomes.into_iter().map(Ok).collect::<Vec<_>>(),
+        Err(e) => vec![Err(e); group.len() - charges],
+    };
+    for (p, a) in group.drain(charges..).zip(answers.drain(..)) {
+        if let Op::Decide { reply, .. } = p.op {
+            let _ = reply.send(a);
         }
     }
+    if ok {
+        group.clear();
+    } else {
+        failed.append(group);
+    }
+    ok
 }
 
 /// Reads the script's reply, six integers per request: `{allowed, bits, remaining tokens,
@@ -418,19 +677,26 @@ impl CounterStore for RedisStore {
         limits: &Limits,
     ) -> Result<CounterCheck, StoreError> {
         let inner = &*self.inner;
+        let lane = self.lane_of(slot);
+        let timeout = inner.caller.timeout;
+        // Overloaded already: what waits ahead and this request's own call would take the
+        // whole deadline. Answered now, so the fallback decides at once instead of after
+        // the deadline (and a request let in can still be answered in time).
+        if self.expected_wait(lane) >= timeout {
+            return Err(StoreError::overloaded(timeout).deciding(key));
+        }
         let (reply, answer) = oneshot::channel();
+        let claim = Arc::new(AtomicU8::new(WAITING));
         let pending = Pending {
             hash: inner.layout.hash(key),
             field: inner.layout.field(key),
             limits: *limits,
             slot,
-            reply,
-        };
-        let lane = if inner.clustered {
-            inner.shards.of_slot(slot) * inner.lanes_per_shard
-                + usize::from(slot) % inner.lanes_per_shard
-        } else {
-            inner.next_lane.fetch_add(1, Ordering::Relaxed) % inner.lanes.len()
+            op: Op::Decide {
+                reply,
+                claim: Arc::clone(&claim),
+                since: Instant::now(),
+            },
         };
         match inner.lanes[lane].try_send(pending) {
             Ok(()) => {}
@@ -439,12 +705,53 @@ impl CounterStore for RedisStore {
             }
             Err(mpsc::error::TrySendError::Closed(_)) => return Err(lane_stopped().deciding(key)),
         }
-        let timeout = inner.caller.timeout;
         match tokio::time::timeout(timeout, answer).await {
             Ok(Ok(result)) => result.map_err(|e| e.deciding(key)),
             Ok(Err(_)) => Err(lane_stopped().deciding(key)),
-            Err(_) => Err(StoreError::timeout(timeout).deciding(key)),
+            // Still in the lane's queue: this process could not get to it in time (the
+            // lane will not send it now). Sent while this process wakes its tasks late by
+            // half the deadline or more: the answer may well have come, unread; overload
+            // too. Otherwise Redis did not answer in time: a failure.
+            Err(_) => match claim.compare_exchange(
+                WAITING,
+                ABANDONED,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => Err(StoreError::overloaded(timeout).deciding(key)),
+                Err(_) if self.lag() * 2 >= timeout => {
+                    Err(StoreError::overloaded(timeout).deciding(key))
+                }
+                Err(_) => Err(StoreError::timeout(timeout).deciding(key)),
+            },
         }
+    }
+
+    /// Hands each charge to its key's lane, which counts it with its next call; what a full
+    /// lane cannot take is handed back.
+    fn charge(&self, charges: Vec<Charge<u16>>) -> Vec<Charge<u16>> {
+        let layout = &self.inner.layout;
+        let mut refused = Vec::new();
+        for c in charges {
+            let pending = Pending {
+                hash: layout.hash(&c.key),
+                field: layout.field(&c.key),
+                limits: c.limits,
+                slot: c.place,
+                op: Op::Charge {
+                    count: c.count,
+                    until: Instant::now()
+                        + Duration::from_millis(u64::try_from(c.limits.window_ms).unwrap_or(0)),
+                },
+            };
+            if self.inner.lanes[self.lane_of(c.place)]
+                .try_send(pending)
+                .is_err()
+            {
+                refused.push(c);
+            }
+        }
+        refused
     }
 
     fn shards(&self) -> usize {

@@ -26,6 +26,9 @@ pub struct KafkaSinkConfig {
     pub topic: String,
     /// How long the producer lingers to batch, ms.
     pub linger_ms: u32,
+    /// At close, how long the events not yet acknowledged may take to be; what is still
+    /// unacknowledged then is counted as failed.
+    pub close_timeout: Duration,
 }
 
 impl Default for KafkaSinkConfig {
@@ -34,6 +37,7 @@ impl Default for KafkaSinkConfig {
             brokers: "127.0.0.1:9092".into(),
             topic: "verdict.decisions.v1".into(),
             linger_ms: 5,
+            close_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -69,6 +73,7 @@ impl ProducerContext for DeliveryCounter {
 pub struct KafkaSink {
     producer: Arc<ThreadedProducer<DeliveryCounter>>,
     topic: String,
+    close_timeout: Duration,
 }
 
 impl std::fmt::Debug for KafkaSink {
@@ -100,6 +105,7 @@ impl KafkaSink {
         Ok(Self {
             producer: Arc::new(producer),
             topic: cfg.topic.clone(),
+            close_timeout: cfg.close_timeout,
         })
     }
 
@@ -136,11 +142,13 @@ impl EventSink for KafkaSink {
         self.produce(&event).await
     }
 
-    /// Flushes for up to 10 s; what is still unacknowledged then is lost.
+    /// Flushes for up to the configured close timeout; what is still unacknowledged then
+    /// is lost.
     async fn close(&self) -> u64 {
         let producer = Arc::clone(&self.producer);
+        let timeout = self.close_timeout;
         let flushed = tokio::task::spawn_blocking(move || {
-            let r = producer.flush(Duration::from_secs(10));
+            let r = producer.flush(timeout);
             (r, producer.in_flight_count())
         })
         .await;

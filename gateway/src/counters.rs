@@ -6,7 +6,7 @@ use std::sync::Arc;
 use verdict_counters_redis::RedisStore;
 use verdict_limiter::moving::MovingStore;
 use verdict_limiter::{
-    CounterCheck, CounterStore, LimitKey, Limits, Located, MemoryStore, StoreError,
+    Charge, CounterCheck, CounterStore, LimitKey, Limits, Located, MemoryStore, StoreError,
 };
 
 /// The store, chosen at start.
@@ -59,6 +59,16 @@ impl CounterStore for GatewayStore {
             Self::Moving(m) => m.locate(key).shard,
         };
         Located { shard, place: 0 }
+    }
+
+    fn charge(&self, charges: Vec<Charge<u16>>) -> Vec<Charge<u16>> {
+        let unplaced = |v: Vec<Charge<u16>>| v.into_iter().map(|c| c.at(())).collect();
+        let placed = |v: Vec<Charge<()>>| v.into_iter().map(|c| c.at(0)).collect();
+        match self {
+            Self::Redis(r) => r.charge(charges),
+            Self::Memory(m) => placed(m.charge(unplaced(charges))),
+            Self::Moving(m) => placed(m.charge(unplaced(charges))),
+        }
     }
 
     fn can_fail(&self) -> bool {

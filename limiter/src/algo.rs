@@ -147,6 +147,58 @@ impl CounterState {
         })
     }
 
+    /// The more spent of two states of one key at `now_ms` (each refilled and rolled to
+    /// it): the fewer tokens, the larger counts. The local fallback keeps what it admitted
+    /// itself when a store answer that does not count it yet comes in.
+    pub fn lower(&self, other: &Self, now_ms: i64, limits: &Limits) -> Self {
+        let now = now_ms.max(self.last_ms).max(other.last_ms);
+        let (cap, rate, w) = (
+            limits.capacity_units(),
+            limits.refill_units_per_ms,
+            limits.window_ms.max(1),
+        );
+        let (pa, ca, _) = self.rolled(now, w);
+        let (pb, cb, _) = other.rolled(now, w);
+        Self {
+            tokens: self
+                .refilled(now, cap, rate)
+                .min(other.refilled(now, cap, rate)),
+            last_ms: now,
+            cur: ca.max(cb) as u32,
+            prev: pa.max(pb) as u32,
+        }
+    }
+
+    /// A key's stored state (a full bucket for a key never seen), the instant to decide at
+    /// (`now_ms`, or the state's last write if the store's clock stepped back: a failover to
+    /// a replica does not undo refill), and the bucket's tokens then.
+    fn at(state: Option<Self>, now_ms: i64, limits: &Limits) -> (Self, i64, i64) {
+        let cap = limits.capacity_units();
+        let s = state.unwrap_or(Self {
+            tokens: cap,
+            last_ms: now_ms,
+            cur: 0,
+            prev: 0,
+        });
+        let now = now_ms.max(s.last_ms);
+        (s, now, s.refilled(now, cap, limits.refill_units_per_ms))
+    }
+
+    /// Tokens in the bucket at `now` (not before `last_ms`): arithmetic on read, capped at
+    /// `cap` units, refilling `rate` units per ms.
+    fn refilled(&self, now: i64, cap: i64, rate: i64) -> i64 {
+        let deficit = cap - self.tokens;
+        if deficit <= 0 {
+            cap
+        } else if rate == 0 {
+            self.tokens
+        } else if now - self.last_ms > deficit / rate {
+            cap
+        } else {
+            self.tokens + (now - self.last_ms) * rate
+        }
+    }
+
     /// The window rolled to `now` (not before `last_ms`): the previous window's count, the
     /// current window's count, and how far `now` is into the current window, ms.
     fn rolled(&self, now: i64, w: i64) -> (i64, i64, i64) {
@@ -191,34 +243,11 @@ pub fn decide(
     now_ms: i64,
     limits: &Limits,
 ) -> (CounterCheck, Option<CounterState>) {
-    let cap = limits.capacity_units();
     let rate = limits.refill_units_per_ms;
     let w = limits.window_ms.max(1);
     let q = i64::from(limits.quota);
 
-    let s = state.unwrap_or(CounterState {
-        tokens: cap,
-        last_ms: now_ms,
-        cur: 0,
-        prev: 0,
-    });
-    // A store clock that stepped back (a failover to a replica) does not undo refill.
-    let now = now_ms.max(s.last_ms);
-
-    // Refill, arithmetic on read.
-    let deficit = cap - s.tokens;
-    let tokens = if deficit <= 0 {
-        cap
-    } else if rate == 0 {
-        s.tokens
-    } else {
-        let elapsed = now - s.last_ms;
-        if elapsed > deficit / rate {
-            cap
-        } else {
-            s.tokens + elapsed * rate
-        }
-    };
+    let (s, now, tokens) = CounterState::at(state, now_ms, limits);
 
     // Roll the window.
     let (p, c, e) = s.rolled(now, w);
@@ -264,12 +293,38 @@ pub fn decide(
         allowed: false,
         denied_by_bucket: !bucket_ok,
         denied_by_window: !window_ok,
-        remaining_tokens: (tokens / TOKEN_UNITS) as u32,
+        remaining_tokens: (tokens.max(0) / TOKEN_UNITS) as u32,
         remaining_window: ((q * w - used).max(0) / w) as u32,
         retry_after_ms: bucket_wait.max(window_wait).clamp(0, i64::from(u32::MAX)) as u32,
         now_ms: now,
     };
     (outcome, None)
+}
+
+/// Counts `count` requests of a key that were admitted elsewhere (the local fallback, while
+/// the store was failing or this process overloaded) at `now_ms`: they take tokens from the
+/// bucket and count whole in the current window, so the hourly quota sees every request
+/// admitted. The bucket may go into debt, down to minus its capacity: while the fallback
+/// admits, the store's bucket refills too, and a charge that stopped at empty would let
+/// both admit the refill. The debt is repaid by refill before the next request passes;
+/// past one bucket it is forgiven (the window still counts every request). The new state is
+/// always written; nothing is refused.
+pub fn charge(
+    state: Option<CounterState>,
+    now_ms: i64,
+    limits: &Limits,
+    count: u32,
+) -> CounterState {
+    let cap = limits.capacity_units();
+    let (s, now, tokens) = CounterState::at(state, now_ms, limits);
+    let (p, c, _) = s.rolled(now, limits.window_ms.max(1));
+    let count = i64::from(count.min(MAX_LIMIT));
+    CounterState {
+        tokens: (tokens - count * TOKEN_UNITS).max(-cap),
+        last_ms: now,
+        cur: (c + count).min(i64::from(MAX_LIMIT)) as u32,
+        prev: p as u32,
+    }
 }
 
 /// Ms from offset `e` in the current window until one more request fits, with `p` and `c`
@@ -547,6 +602,81 @@ mod tests {
                 t += wait;
             }
         }
+    }
+
+    #[test]
+    fn a_charge_counts_in_the_window_and_leaves_the_bucket_in_debt_of_at_most_a_bucket() {
+        let l = Limits {
+            window_ms: 10_000,
+            ..limits(10, 1.0, 20)
+        };
+        // Three admitted here (t = 0, 1, 2 ms), then eight admitted by a fallback are
+        // charged at 3 ms: 10 − 3 − 8 tokens, plus 3 ms of refill.
+        let mut state = None;
+        for t in [0, 1, 2] {
+            state = decide(state, t, &l).1;
+        }
+        let charged = charge(state, 3, &l, 8);
+        assert_eq!(
+            charged,
+            CounterState {
+                tokens: -TOKEN_UNITS + 3_000,
+                last_ms: 3,
+                cur: 11,
+                prev: 0
+            }
+        );
+        // The debt is repaid before a request passes: a token is back at 1.997 s, not 1 s.
+        let (o, _) = decide(Some(charged), 1_003, &l);
+        assert_eq!(
+            (o.allowed, o.denied_by_bucket, o.remaining_tokens),
+            (false, true, 0)
+        );
+        assert_eq!(o.retry_after_ms, 997);
+        let (o, _) = decide(Some(charged), 2_000, &l);
+        assert!(o.allowed, "{o:?}");
+        assert_eq!(
+            o.remaining_window, 8,
+            "11 charged and counted, then this one"
+        );
+        // A charge in the next window counts there; the past one rolls into `prev`.
+        let next = charge(Some(charged), 15_000, &l, 2);
+        assert_eq!((next.prev, next.cur), (11, 2));
+        // A key the store never saw starts full; a debt stops at one bucket.
+        assert_eq!(charge(None, 7, &l, 4).tokens, 6 * TOKEN_UNITS);
+        assert_eq!(charge(None, 7, &l, 50).tokens, -10 * TOKEN_UNITS);
+    }
+
+    #[test]
+    fn the_lower_of_two_states_is_the_more_spent_at_one_instant() {
+        let l = Limits {
+            window_ms: 10_000,
+            ..limits(10, 1.0, 20)
+        };
+        // Spent locally at 0: 4 tokens, 6 counted. Told at 500 by the store: 7 tokens, 3.
+        let local = CounterState {
+            tokens: 4 * TOKEN_UNITS,
+            last_ms: 0,
+            cur: 6,
+            prev: 1,
+        };
+        let told = CounterState {
+            tokens: 7 * TOKEN_UNITS,
+            last_ms: 500,
+            cur: 3,
+            prev: 2,
+        };
+        // The local state refilled to 500 ms has 4.5 tokens: fewer, and it counted more.
+        assert_eq!(
+            local.lower(&told, 500, &l),
+            CounterState {
+                tokens: 4 * TOKEN_UNITS + 500_000,
+                last_ms: 500,
+                cur: 6,
+                prev: 2
+            }
+        );
+        assert_eq!(told.lower(&local, 500, &l), local.lower(&told, 500, &l));
     }
 
     #[test]

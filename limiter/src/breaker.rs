@@ -135,6 +135,19 @@ impl Breaker {
         }
     }
 
+    /// Gives back a probe that could not be made (overload kept the request in this
+    /// process past its deadline: it says nothing of the store): the breaker stays open and
+    /// the next decision probes.
+    pub fn release_probe(&self, now_ms: i64) {
+        self.open_until_ms.store(now_ms, Ordering::Release);
+        let _ = self.state.compare_exchange(
+            BreakerState::HalfOpen as u8,
+            BreakerState::Open as u8,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
     fn open(&self, now_ms: i64) {
         let until = now_ms + self.cfg.open_for.as_millis() as i64;
         self.open_until_ms.store(until, Ordering::Release);
@@ -179,6 +192,26 @@ mod tests {
             (b.state(), b.admit(222)),
             (BreakerState::Closed, Admit::Store)
         );
+    }
+
+    #[test]
+    fn a_probe_given_back_leaves_it_open_for_the_next_decision_to_probe() {
+        let b = Breaker::new(BreakerConfig {
+            failure_threshold: 1,
+            failing_for: Duration::ZERO,
+            open_for: Duration::from_millis(100),
+        });
+        b.record(Admit::Store, false, 0);
+        assert_eq!(b.admit(100), Admit::Probe);
+        b.release_probe(101);
+        assert_eq!(b.state(), BreakerState::Open);
+        assert_eq!(
+            b.admit(101),
+            Admit::Probe,
+            "the next decision probes at once"
+        );
+        b.record(Admit::Probe, true, 102);
+        assert_eq!(b.state(), BreakerState::Closed);
     }
 
     #[test]

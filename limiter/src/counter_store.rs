@@ -37,11 +37,15 @@ pub enum StoreProblem {
     /// it was not queued.
     #[error("counter store busy: {0} requests already wait on its connection")]
     Busy(usize),
+    /// The deadline passed while the request waited in this process, before it was sent:
+    /// the process is overloaded, the store may be fine.
+    #[error("the deadline of {0:?} passed before the request was sent to the counter store")]
+    Overloaded(Duration),
 }
 
 impl StoreError {
     /// Every [`StoreError::kind`], in the order of [`StoreProblem`]'s variants.
-    pub const KINDS: [&'static str; 4] = ["timeout", "backend", "bad_reply", "busy"];
+    pub const KINDS: [&'static str; 5] = ["timeout", "backend", "bad_reply", "busy", "overloaded"];
 
     /// No answer within `deadline`.
     pub fn timeout(deadline: Duration) -> Self {
@@ -61,6 +65,21 @@ impl StoreError {
     /// `waiting` requests already wait on the connection.
     pub fn busy(waiting: usize) -> Self {
         StoreProblem::Busy(waiting).into()
+    }
+
+    /// The deadline `deadline` passed before the request was sent.
+    pub fn overloaded(deadline: Duration) -> Self {
+        StoreProblem::Overloaded(deadline).into()
+    }
+
+    /// Whether this process, not the store, kept the request from being decided in time
+    /// (it waited past its deadline here, or too many waited already): overload, which
+    /// says nothing of the store's health and opens no breaker.
+    pub fn is_overload(&self) -> bool {
+        matches!(
+            self.problem,
+            StoreProblem::Busy(_) | StoreProblem::Overloaded(_)
+        )
     }
 
     /// The same error, while deciding `key`.
@@ -87,6 +106,7 @@ impl StoreError {
             StoreProblem::Backend(_) => Self::KINDS[1],
             StoreProblem::BadReply(_) => Self::KINDS[2],
             StoreProblem::Busy(_) => Self::KINDS[3],
+            StoreProblem::Overloaded(_) => Self::KINDS[4],
         }
     }
 }
@@ -132,6 +152,35 @@ pub struct Located<P> {
     pub place: P,
 }
 
+/// Requests of one key admitted by the local fallback, to be counted by the store once it
+/// answers again ([`CounterStore::charge`]), so that its window and bucket see them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Charge<P> {
+    /// The limit key.
+    pub key: LimitKey,
+    /// Where the key's counters are ([`CounterStore::locate`]).
+    pub place: P,
+    /// The limits the fallback decided under (the store's, not the fallback's part).
+    pub limits: Limits,
+    /// Requests admitted.
+    pub count: u32,
+    /// When the first of them was admitted (the limiter's clock, ms).
+    pub first_ms: i64,
+}
+
+impl<P> Charge<P> {
+    /// The same charge at another store's place for its key.
+    pub fn at<Q>(self, place: Q) -> Charge<Q> {
+        Charge {
+            key: self.key,
+            place,
+            limits: self.limits,
+            count: self.count,
+            first_ms: self.first_ms,
+        }
+    }
+}
+
 /// One atomic read-decide-write per call.
 pub trait CounterStore: Send + Sync + 'static {
     /// What [`Self::locate`] finds of a key beyond its shard, handed back to
@@ -172,6 +221,15 @@ pub trait CounterStore: Send + Sync + 'static {
             shard: 0,
             place: Self::Place::default(),
         }
+    }
+
+    /// Counts requests the local fallback admitted ([`crate::algo::charge`]: tokens taken
+    /// down to empty, the window's count raised), without waiting: the store takes them to
+    /// apply with its next call and keeps them through a failure, up to its own bounds.
+    /// Returns the charges it could not take now (the limiter keeps them for later). A store
+    /// that cannot fail is never charged; by default a store takes none.
+    fn charge(&self, charges: Vec<Charge<Self::Place>>) -> Vec<Charge<Self::Place>> {
+        charges
     }
 
     /// Whether a call can fail, so that the limiter keeps its local fallback ready to take

@@ -10,8 +10,9 @@
 //!   snapshots swapped atomically, kept fresh from a source ([`sources`]: a file here,
 //!   PostgreSQL in `verdict-policy-store`).
 //! - [`limiter`]: `Limiter::check`, where the modes, the breaker ([`breaker`]) and the
-//!   local fallback meet, and one event per decision goes onto the queue ([`events`]; to
-//!   Kafka with `verdict-events-kafka`).
+//!   local fallback meet (what the fallback admits is charged back to the store once it
+//!   answers), and one event per decision goes onto the queue ([`events`]; to Kafka with
+//!   `verdict-events-kafka`).
 //! - [`regions`]: several regions, each enforcing its share of a global limit; the shares
 //!   the reconcile job computes, and the near-limit notes it computes them from.
 //! - [`http`]: a decision as 429, `Retry-After` and the rate-limit fields.
@@ -22,6 +23,7 @@
 
 pub mod algo;
 pub mod breaker;
+mod charge_back;
 pub mod clock;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
@@ -39,9 +41,9 @@ pub mod policy;
 pub mod regions;
 pub mod sources;
 
-pub use algo::{CounterCheck, CounterState, Limits, decide};
+pub use algo::{CounterCheck, CounterState, Limits, charge, decide};
 pub use clock::{Clock, FakeClock, ScaledClock, SystemClock};
-pub use counter_store::{CounterStore, Located, StoreError, StoreProblem};
+pub use counter_store::{Charge, CounterStore, Located, StoreError, StoreProblem};
 pub use events::{
     ChannelSink, EventQueue, EventReceiver, EventSink, Handoff, event_queue, spawn_drain,
 };

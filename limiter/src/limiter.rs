@@ -1,8 +1,10 @@
 //! `Limiter::check`: one request in, one [`Decision`] out, and one event on the queue. This
 //! is the one place that decides what happens when the shared store fails (the breaker
-//! opens and the local fallback enforces limit / instance count), and what the policy's
-//! modes mean (shadow: decide, emit, allow; off and kill switch: allow, emit, count
-//! nothing).
+//! opens and the local fallback enforces limit / instance count) or this process is too
+//! overloaded to ask it in time (the fallback decides that request, no breaker opens), what
+//! becomes of the fallback's admissions (charged back to the store when it answers), and
+//! what the policy's modes mean (shadow: decide, emit, allow; off and kill switch: allow,
+//! emit, count nothing).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,6 +15,7 @@ use verdict_schemas::{
 
 use crate::algo::{CounterCheck, CounterState, Limits};
 use crate::breaker::{Admit, Breaker, BreakerConfig, BreakerState};
+use crate::charge_back::ChargeBack;
 use crate::clock::{Clock, SystemClock};
 use crate::counter_store::CounterStore;
 use crate::events::EventQueue;
@@ -41,6 +44,10 @@ pub struct LimiterConfig {
     /// per store decision, and the fallback holds every key seen below a full part (up to
     /// `fallback_max_keys`).
     pub fallback_from_store: bool,
+    /// Limit keys whose fallback admissions are kept to be charged back to the store when
+    /// it answers again; the requests of keys past this are never counted there (and are
+    /// counted in `verdict_charges_dropped_total`).
+    pub charge_max_keys: usize,
 }
 
 impl Default for LimiterConfig {
@@ -52,6 +59,7 @@ impl Default for LimiterConfig {
             breaker: BreakerConfig::default(),
             fallback_max_keys: 1_000_000,
             fallback_from_store: true,
+            charge_max_keys: 100_000,
         }
     }
 }
@@ -151,6 +159,9 @@ impl Decision {
 /// The limiter of one gateway instance.
 pub struct Limiter<S> {
     store: S,
+    /// What the fallback admitted, by shard, until the shard answers again (placed again
+    /// when handed over: finding a key's place costs less than keeping it).
+    charges: ChargeBack<()>,
     fallback: MemoryStore,
     policy: PolicyHandle,
     /// One breaker per shard of the store ([`CounterStore::shards`]).
@@ -215,10 +226,11 @@ impl<S: CounterStore> Limiter<S> {
         cfg: LimiterConfig,
         clock: Arc<dyn Clock>,
     ) -> Self {
-        let breakers = (0..store.shards().max(1))
+        let breakers: Box<[Breaker]> = (0..store.shards().max(1))
             .map(|_| Breaker::new(cfg.breaker))
             .collect();
         Self {
+            charges: ChargeBack::new(breakers.len(), cfg.charge_max_keys),
             store,
             fallback: MemoryStore::with_clock(cfg.fallback_max_keys, Arc::clone(&clock)),
             policy,
@@ -356,11 +368,15 @@ impl<S: CounterStore> Limiter<S> {
 
     /// Asks the store, unless the breaker of the key's shard is open; on failure, or while
     /// open, the local fallback decides at limit / instance count, from this instance's
-    /// part of what the store last said was left of the key.
+    /// part of what the store last said was left of the key. So does it when the deadline
+    /// passed while the request waited in this process (overload), without counting that
+    /// against the store. What the fallback admits is charged back to the store with the
+    /// shard's next answer.
     async fn decide(&self, key: &LimitKey, limits: &Limits) -> (CounterCheck, DecisionSource) {
         let now = self.clock.now_ms();
         let at = self.store.locate(key);
-        let breaker = &self.breakers[at.shard.min(self.breakers.len() - 1)];
+        let shard = at.shard.min(self.breakers.len() - 1);
+        let breaker = &self.breakers[shard];
         let admit = breaker.admit(now);
         if admit != Admit::Fallback {
             let started = Instant::now();
@@ -369,22 +385,18 @@ impl<S: CounterStore> Limiter<S> {
                 .store_latency
                 .observe(started.elapsed().as_secs_f64());
             let answered_ms = self.clock.now_ms();
-            let before = breaker.state();
-            breaker.record(admit, result.is_ok(), answered_ms);
-            if breaker.state() != before {
-                self.breaker_changed();
-            }
             match result {
                 Ok(outcome) => {
+                    self.record(breaker, admit, true, answered_ms);
                     if self.cfg.fallback_from_store && self.store.can_fail() {
                         let n = self.cfg.instance_count;
-                        let part = CounterState::from_store_answer(
-                            &outcome,
-                            &limits.divided(n),
-                            n,
-                            answered_ms,
-                        );
-                        self.fallback.set(key, part, limits.window_ms);
+                        let share = limits.divided(n);
+                        let part =
+                            CounterState::from_store_answer(&outcome, &share, n, answered_ms);
+                        self.fallback.seed(key, part, &share);
+                    }
+                    if self.charges.waiting(shard) {
+                        self.charge_back(shard, answered_ms);
                     }
                     return (outcome, DecisionSource::CounterStore);
                 }
@@ -393,16 +405,63 @@ impl<S: CounterStore> Limiter<S> {
                         .store_errors
                         .with_label_values(&[e.kind()])
                         .inc();
+                    if e.is_overload() {
+                        self.metrics.overload_decisions.inc();
+                        if admit == Admit::Probe {
+                            breaker.release_probe(answered_ms);
+                        }
+                    } else {
+                        self.record(breaker, admit, false, answered_ms);
+                    }
                     tracing::debug!(error = %e, cause = ?std::error::Error::source(&e), "the counter store did not decide; the local fallback does");
                 }
             }
         }
         self.metrics.fallback_decisions.inc();
         let share = limits.divided(self.cfg.instance_count);
-        (
-            self.fallback.decide(key, &share),
-            DecisionSource::LocalFallback,
-        )
+        let outcome = self.fallback.decide(key, &share);
+        if outcome.allowed
+            && self.store.can_fail()
+            && !self.charges.add(shard, key, (), limits, now)
+        {
+            self.metrics.charges_dropped.inc();
+        }
+        (outcome, DecisionSource::LocalFallback)
+    }
+
+    /// Records a store call's outcome on its shard's breaker, exporting a change.
+    fn record(&self, breaker: &Breaker, admit: Admit, ok: bool, now_ms: i64) {
+        let before = breaker.state();
+        breaker.record(admit, ok, now_ms);
+        let after = breaker.state();
+        if after != before {
+            if after == BreakerState::Open {
+                self.metrics.breaker_openings.inc();
+            }
+            self.breaker_changed();
+        }
+    }
+
+    /// Hands `shard`'s waiting charges to the store, keeping what it cannot take now.
+    fn charge_back(&self, shard: usize, now_ms: i64) {
+        let (charges, expired) = self.charges.take(shard, now_ms);
+        let offered: u64 = charges.iter().map(|c| u64::from(c.count)).sum();
+        let placed = charges
+            .into_iter()
+            .map(|c| c.at(self.store.locate(&c.key).place))
+            .collect();
+        let refused: Vec<_> = self
+            .store
+            .charge(placed)
+            .into_iter()
+            .map(|c| c.at(()))
+            .collect();
+        let kept: u64 = refused.iter().map(|c| u64::from(c.count)).sum();
+        self.metrics.charged_back.inc_by(offered - kept);
+        let dropped = expired + self.charges.put_back(shard, refused);
+        if dropped > 0 {
+            self.metrics.charges_dropped.inc_by(dropped);
+        }
     }
 
     /// Exports the breakers after one changed: the most open state, and how many are open.

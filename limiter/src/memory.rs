@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::algo::{CounterCheck, CounterState, Limits, decide};
+use crate::algo::{CounterCheck, CounterState, Limits, charge, decide};
 use crate::clock::{Clock, SystemClock};
-use crate::counter_store::{CounterStore, StoreError};
+use crate::counter_store::{Charge, CounterStore, StoreError};
 use crate::key::LimitKey;
 
 /// Shards of the map (a power of two).
@@ -80,6 +80,29 @@ impl MemoryStore {
         outcome
     }
 
+    /// Counts `count` requests of `key` admitted elsewhere, now ([`charge`]).
+    pub fn charge_one(&self, key: &LimitKey, limits: &Limits, count: u32) {
+        let now = self.inner.clock.now_ms();
+        let mut map = self.locked(key);
+        let next = charge(map.get(key).copied(), now, limits, count);
+        self.put(&mut map, key, next, limits.window_ms);
+    }
+
+    /// Seeds `key`'s counters from `state` (`None`: a full part) without giving back what
+    /// they already spent: the lower of the two ([`CounterState::lower`]). The local
+    /// fallback is seeded so from the shared store's answers, which may not count yet what
+    /// the fallback itself admitted (its charges are on their way).
+    pub fn seed(&self, key: &LimitKey, state: Option<CounterState>, limits: &Limits) {
+        let mut map = self.locked(key);
+        let next = match (map.get(key), state) {
+            (None, None) => return,
+            (None, Some(s)) => s,
+            (Some(_), None) => return,
+            (Some(kept), Some(s)) => kept.lower(&s, s.last_ms, limits),
+        };
+        self.put(&mut map, key, next, limits.window_ms);
+    }
+
     /// Sets `key`'s counters to `state`, or forgets them (`None`: the key starts full).
     /// The local fallback is seeded this way from the shared store's answers
     /// ([`CounterState::from_store_answer`]).
@@ -137,6 +160,13 @@ impl CounterStore for MemoryStore {
 
     async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<CounterCheck, StoreError> {
         Ok(self.decide(key, limits))
+    }
+
+    fn charge(&self, charges: Vec<Charge<()>>) -> Vec<Charge<()>> {
+        for c in charges {
+            self.charge_one(&c.key, &c.limits, c.count);
+        }
+        Vec::new()
     }
 
     fn can_fail(&self) -> bool {

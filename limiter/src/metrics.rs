@@ -25,6 +25,18 @@ pub struct LimiterMetrics {
     pub breaker_open_shards: IntGauge,
     /// `verdict_fallback_decisions_total`: decisions made by the local fallback.
     pub fallback_decisions: IntCounter,
+    /// `verdict_overload_decisions_total`: decisions the local fallback made because the
+    /// deadline passed while the request waited in this process (overload, not a failing
+    /// store: no breaker opens for them).
+    pub overload_decisions: IntCounter,
+    /// `verdict_breaker_openings_total`: times a shard's breaker opened.
+    pub breaker_openings: IntCounter,
+    /// `verdict_charged_back_total`: requests the local fallback admitted that were handed
+    /// to the counter store to count.
+    pub charged_back: IntCounter,
+    /// `verdict_charges_dropped_total`: requests the local fallback admitted that the
+    /// counter store will never count (older than their window, or past the bound kept).
+    pub charges_dropped: IntCounter,
     /// `verdict_unconfigured_decisions_total`: requests whose tier or route class the policy
     /// does not know (allowed, and worth an alert).
     pub unconfigured: IntCounter,
@@ -106,7 +118,7 @@ impl LimiterMetrics {
             store_latency,
             store_errors: counter_vec(
                 "verdict_store_errors_total",
-                "Counter store calls that failed, by kind (timeout, backend, bad_reply, busy).",
+                "Counter store calls that did not decide, by kind (timeout, backend, bad_reply: the store failed; busy, overloaded: this process was too slow).",
                 "kind",
             ),
             breaker_state: gauge(
@@ -120,6 +132,22 @@ impl LimiterMetrics {
             fallback_decisions: counter(
                 "verdict_fallback_decisions_total",
                 "Decisions made by the local fallback bucket.",
+            ),
+            overload_decisions: counter(
+                "verdict_overload_decisions_total",
+                "Decisions made by the local fallback because the deadline passed while the request waited in this process (no breaker opens for them).",
+            ),
+            breaker_openings: counter(
+                "verdict_breaker_openings_total",
+                "Times a shard's circuit breaker opened.",
+            ),
+            charged_back: counter(
+                "verdict_charged_back_total",
+                "Requests admitted by the local fallback and handed to the counter store to count.",
+            ),
+            charges_dropped: counter(
+                "verdict_charges_dropped_total",
+                "Requests admitted by the local fallback that the counter store will not count (older than their window, or past the bound kept).",
             ),
             unconfigured: counter(
                 "verdict_unconfigured_decisions_total",
@@ -164,6 +192,17 @@ impl LimiterMetrics {
             ),
             registry,
         }
+    }
+
+    /// Decisions made, of every verdict and source: each offered one event to the queue,
+    /// so once the queue is drained this is events sent + failed + dropped.
+    pub fn decisions_total(&self) -> u64 {
+        self.decisions
+            .collect()
+            .iter()
+            .flat_map(|family| family.get_metric())
+            .map(|m| m.get_counter().get_value() as u64)
+            .sum()
     }
 
     /// The metrics in Prometheus's text format.

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use crate::algo::{CounterCheck, Limits};
-use crate::counter_store::{CounterStore, StoreError};
+use crate::counter_store::{Charge, CounterStore, StoreError};
 use crate::key::LimitKey;
 
 /// Where a move stands.
@@ -112,4 +112,33 @@ impl<A: CounterStore, B: CounterStore + Clone> CounterStore for MovingStore<A, B
             }
         }
     }
+
+    /// Charges go where decisions are made: the old store, and the new one too while it
+    /// takes copies of what is allowed. Each store places the key itself; what the deciding
+    /// store cannot take now is handed back.
+    fn charge(&self, charges: Vec<Charge<()>>) -> Vec<Charge<()>> {
+        fn placed<S: CounterStore>(s: &S, charges: &[Charge<()>]) -> Vec<Charge<S::Place>> {
+            charges
+                .iter()
+                .map(|c| c.at(s.locate(&c.key).place))
+                .collect()
+        }
+        let refused: Vec<LimitKey> = match self.phase() {
+            Phase::Old => keys(self.old.charge(placed(&self.old, &charges))),
+            Phase::CutOver => keys(self.new.charge(placed(&self.new, &charges))),
+            Phase::DualWrite => {
+                self.new.charge(placed(&self.new, &charges));
+                keys(self.old.charge(placed(&self.old, &charges)))
+            }
+        };
+        charges
+            .into_iter()
+            .filter(|c| refused.contains(&c.key))
+            .collect()
+    }
+}
+
+/// The keys of charges a store handed back.
+fn keys<P>(refused: Vec<Charge<P>>) -> Vec<LimitKey> {
+    refused.into_iter().map(|c| c.key).collect()
 }

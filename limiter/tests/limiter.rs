@@ -9,8 +9,9 @@ use std::time::Duration;
 use verdict_limiter::breaker::{BreakerConfig, BreakerState};
 use verdict_limiter::policy::parse_toml;
 use verdict_limiter::{
-    CounterCheck, CounterStore, FakeClock, Limiter, LimiterConfig, LimiterMetrics, Limits, Located,
-    MemoryStore, PolicyHandle, PolicySnapshot, Request, StoreError, event_queue, http_answer,
+    Charge, CounterCheck, CounterStore, FakeClock, Limiter, LimiterConfig, LimiterMetrics, Limits,
+    Located, MemoryStore, PolicyHandle, PolicySnapshot, Request, StoreError, event_queue,
+    http_answer,
 };
 use verdict_limiter::{EventReceiver, LimitKey};
 use verdict_schemas::{DecisionSource, KeyId, RegionId, RouteClassId, TierId, Verdict};
@@ -349,11 +350,27 @@ async fn a_hot_key_is_split_and_each_caller_sticks_to_its_sub_key() {
 }
 
 /// A counter store that fails while told to (to drive the breaker; the real Redis fault
-/// tests are in tests/).
+/// tests are in tests/), or answers that its requests waited past their deadline in this
+/// process while `overloaded`. It takes charges while it answers.
 #[derive(Clone)]
 struct Flaky {
     failing: Arc<AtomicBool>,
     inner: MemoryStore,
+    overloaded: Arc<AtomicBool>,
+}
+
+impl Flaky {
+    fn new(failing: &Arc<AtomicBool>, clock: &FakeClock) -> Self {
+        Self {
+            failing: Arc::clone(failing),
+            inner: MemoryStore::with_clock(100, Arc::new(clock.clone())),
+            overloaded: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    fn down(&self) -> bool {
+        self.failing.load(Ordering::SeqCst) || self.overloaded.load(Ordering::SeqCst)
+    }
 }
 
 impl CounterStore for Flaky {
@@ -362,9 +379,18 @@ impl CounterStore for Flaky {
     async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<CounterCheck, StoreError> {
         if self.failing.load(Ordering::SeqCst) {
             Err(StoreError::timeout(Duration::from_millis(5)))
+        } else if self.overloaded.load(Ordering::SeqCst) {
+            Err(StoreError::overloaded(Duration::from_millis(5)))
         } else {
             Ok(self.inner.decide(key, limits))
         }
+    }
+
+    fn charge(&self, charges: Vec<Charge<()>>) -> Vec<Charge<()>> {
+        if self.down() {
+            return charges;
+        }
+        self.inner.charge(charges)
     }
 }
 
@@ -372,10 +398,7 @@ impl CounterStore for Flaky {
 async fn a_failing_store_opens_the_breaker_and_the_fallback_enforces_its_share() {
     let clock = FakeClock::at(T0);
     let failing = Arc::new(AtomicBool::new(true));
-    let store = Flaky {
-        failing: Arc::clone(&failing),
-        inner: MemoryStore::with_clock(100, Arc::new(clock.clone())),
-    };
+    let store = Flaky::new(&failing, &clock);
     let cfg = LimiterConfig {
         instance_count: 3,
         breaker: BreakerConfig {
@@ -430,10 +453,7 @@ async fn a_failing_store_opens_the_breaker_and_the_fallback_enforces_its_share()
 async fn fallback_allowance_after_nine_of_ten(fallback_from_store: bool) -> u32 {
     let clock = FakeClock::at(T0);
     let failing = Arc::new(AtomicBool::new(false));
-    let store = Flaky {
-        failing: Arc::clone(&failing),
-        inner: MemoryStore::with_clock(100, Arc::new(clock.clone())),
-    };
+    let store = Flaky::new(&failing, &clock);
     let instances: Vec<Rig<Flaky>> = (0..2)
         .map(|i| {
             let cfg = LimiterConfig {
@@ -678,4 +698,144 @@ async fn with_several_regions_a_limiter_enforces_its_share() {
     let count = |k: u8| notes.iter().find(|(n, _)| n.0 == key(k)).map(|(_, c)| *c);
     assert_eq!(count(2), Some(200 - 10));
     assert_eq!(count(4), Some(201 - 45));
+}
+
+#[tokio::test]
+async fn overload_opens_no_breaker_and_what_the_fallback_admits_is_charged_back() {
+    let clock = FakeClock::at(T0);
+    let failing = Arc::new(AtomicBool::new(false));
+    let store = Flaky::new(&failing, &clock);
+    let cfg = LimiterConfig {
+        instance_count: 2,
+        breaker: BreakerConfig {
+            failure_threshold: 2,
+            failing_for: Duration::ZERO,
+            open_for: Duration::from_secs(1),
+        },
+        ..LimiterConfig::default()
+    };
+    let r = rig_with(
+        store.clone(),
+        policy(|d| {
+            d.limits[0].capacity = 10;
+            d.limits[0].hourly_quota = 20;
+        }),
+        100,
+        cfg,
+        clock.clone(),
+    );
+    // Four through the store; then the process is overloaded for 20 requests: the fallback
+    // decides them at its part (half of the 6 tokens left: 3), and no breaker opens.
+    for _ in 0..4 {
+        assert_eq!(
+            r.limiter.check(&req(1, 0)).await.source,
+            DecisionSource::CounterStore
+        );
+    }
+    store.overloaded.store(true, Ordering::SeqCst);
+    let mut local = 0;
+    for _ in 0..20 {
+        let d = r.limiter.check(&req(1, 0)).await;
+        assert_eq!(d.source, DecisionSource::LocalFallback);
+        local += u32::from(d.is_allowed());
+    }
+    assert_eq!(local, 3);
+    assert_eq!(r.limiter.breaker_state(), BreakerState::Closed);
+    let m = r.limiter.metrics().render();
+    assert!(m.contains("verdict_overload_decisions_total 20"), "{m}");
+    assert!(m.contains("verdict_breaker_openings_total 0"), "{m}");
+    assert!(
+        m.contains(r#"verdict_store_errors_total{kind="overloaded"} 20"#),
+        "{m}"
+    );
+
+    // The store answers again: the answer is the 8th request it counts (4 + 3 charged +
+    // this one), so 12 of the window's 20 are left; the 3 go to the store with it.
+    store.overloaded.store(false, Ordering::SeqCst);
+    let d = r.limiter.check(&req(1, 0)).await;
+    assert_eq!(d.source, DecisionSource::CounterStore);
+    assert_eq!(d.remaining_window, 15, "the charge rides after the answer");
+    let d = r.limiter.check(&req(1, 0)).await;
+    assert_eq!(
+        d.remaining_window, 11,
+        "4 + 1 + 3 charged + 1: the window counts every request admitted"
+    );
+    let m = r.limiter.metrics().render();
+    assert!(m.contains("verdict_charged_back_total 3"), "{m}");
+    assert!(m.contains("verdict_charges_dropped_total 0"), "{m}");
+}
+
+#[tokio::test]
+async fn an_outage_is_charged_back_once_whatever_the_breaker_openings() {
+    let clock = FakeClock::at(T0);
+    let failing = Arc::new(AtomicBool::new(false));
+    let store = Flaky::new(&failing, &clock);
+    let cfg = LimiterConfig {
+        breaker: BreakerConfig {
+            failure_threshold: 1,
+            failing_for: Duration::ZERO,
+            open_for: Duration::from_millis(100),
+        },
+        ..LimiterConfig::default()
+    };
+    // A bucket of 5 refilling 10/s, a quota of 1,000 an hour: 60 s of outage admit 5 + 600.
+    let r = rig_with(
+        store.clone(),
+        policy(|d| {
+            d.limits[0].capacity = 5;
+            d.limits[0].refill_per_s = 10.0;
+            d.limits[0].hourly_quota = 1_000;
+        }),
+        100_000,
+        cfg,
+        clock.clone(),
+    );
+    failing.store(true, Ordering::SeqCst);
+    let mut admitted = 0u32;
+    // 20 requests a second for 60 s; the breaker probes (and opens again) every 100 ms.
+    for _ in 0..1_200 {
+        clock.advance(50);
+        admitted += u32::from(r.limiter.check(&req(1, 0)).await.is_allowed());
+    }
+    let m = r.limiter.metrics().render();
+    let openings: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("verdict_breaker_openings_total "))
+        .and_then(|v| v.parse().ok())
+        .expect("openings exported");
+    assert!(openings > 100, "the breaker opened {openings} times");
+    assert!(
+        (600..=605).contains(&admitted),
+        "one bucket plus the refill over 60 s: {admitted}"
+    );
+
+    // Back: the first answer carries the charge; the window then holds every admission.
+    failing.store(false, Ordering::SeqCst);
+    clock.advance(100);
+    loop {
+        let d = r.limiter.check(&req(1, 0)).await;
+        if d.source == DecisionSource::CounterStore {
+            break;
+        }
+        clock.advance(10);
+    }
+    // The charge left the bucket a bucket in debt (its floor): the next request waits for
+    // six tokens' refill, 600 ms.
+    let d = r.limiter.check(&req(1, 0)).await;
+    assert_eq!(
+        (d.source, d.verdict),
+        (DecisionSource::CounterStore, Verdict::Denied)
+    );
+    assert!((590..=600).contains(&d.retry_after_ms), "{d:?}");
+    clock.advance(600);
+    let d = r.limiter.check(&req(1, 0)).await;
+    assert_eq!(
+        (d.source, d.verdict),
+        (DecisionSource::CounterStore, Verdict::Allowed)
+    );
+    assert_eq!(
+        d.remaining_window,
+        1_000 - admitted - 2,
+        "the window counts the outage's {admitted} admissions once, and the two answers"
+    );
 }

@@ -12,9 +12,11 @@
 //! up (no coordinated omission). The second includes the timer's lateness in waking a
 //! worker for a request (up to a millisecond with tokio's timer).
 //!
-//! [`browser`] drives a headless Chromium, the load of the analysts' page.
+//! [`browser`] drives a headless Chromium, the load of the analysts' page; [`proxy`] is a
+//! TCP proxy that delays or cuts a connection, for fault tests and the soak.
 
 pub mod browser;
+pub mod proxy;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -128,7 +130,16 @@ impl LoadReport {
         quantile_ms(&self.service_us, q)
     }
 
-    fn merge(&mut self, other: Self) {
+    /// Adds `other`'s answers to these: the runs of several targets as one.
+    pub fn merge(&mut self, other: Self) {
+        let elapsed = other.elapsed;
+        self.merge_unsorted(other);
+        self.latencies_us.sort_unstable();
+        self.service_us.sort_unstable();
+        self.elapsed = self.elapsed.max(elapsed);
+    }
+
+    fn merge_unsorted(&mut self, other: Self) {
         self.sent += other.sent;
         for (s, n) in other.statuses {
             *self.statuses.entry(s).or_default() += n;
@@ -247,7 +258,7 @@ pub async fn run(spec: &LoadSpec, make: MakeRequest, progress: Arc<LoadProgress>
     let mut total = LoadReport::default();
     while let Some(done) = workers.join_next().await {
         if let Ok(report) = done {
-            total.merge(report);
+            total.merge_unsorted(report);
         }
     }
     total.elapsed = started.elapsed();

@@ -166,6 +166,7 @@ pub fn drain_to_kafka(
             brokers: kafka_brokers(),
             topic: topic.to_owned(),
             linger_ms: 5,
+            ..verdict_events_kafka::KafkaSinkConfig::default()
         },
         Arc::clone(metrics),
     )

@@ -205,9 +205,13 @@ async fn bench(args: &GatewayBenchArgs) -> anyhow::Result<GatewayBenchReport> {
         keys,
     );
     let drain = match &args.kafka_brokers {
-        Some(brokers) => {
-            crate::gateway::drain_to_kafka(events, brokers, &args.kafka_topic, &metrics)?
-        }
+        Some(brokers) => crate::gateway::drain_to_kafka(
+            events,
+            brokers,
+            &args.kafka_topic,
+            std::time::Duration::from_secs(10),
+            &metrics,
+        )?,
         // Where the Kafka producer would take the events: drained, so the queue never fills.
         None => tokio::spawn(async move { while events.recv().await.is_some() {} }),
     };

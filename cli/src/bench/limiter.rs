@@ -40,7 +40,10 @@ pub enum KeyDistribution {
 /// Options of `verdict bench limiter`.
 #[derive(Debug, Clone, Args)]
 pub struct LimiterBenchArgs {
-    /// Redis to decide against [default: $VERDICT_REDIS_URL, else redis://127.0.0.1:16379].
+    /// Redis to decide against [default: $VERDICT_REDIS_URL, else
+    /// redis://127.0.0.1:16379/15: a database of its own on the Redis of
+    /// `scripts/services.sh`, so that the bench's key layout (`rl:layout`) does not meet the
+    /// tests' in database 0].
     #[arg(long)]
     pub redis_url: Option<String>,
     /// Simulated gateway instances (each a limiter with its own connections).
@@ -93,6 +96,26 @@ pub struct LimiterBenchReport {
     service_p50_ms: f64,
     service_p99_ms: f64,
     service_p999_ms: f64,
+    service_max_ms: f64,
+    /// The decision's deadline (`--redis-timeout-ms`).
+    deadline_ms: f64,
+    /// The worst overshoot of a 1 ms sleep on this runtime, in 300 sleeps just before the
+    /// run: how late this machine wakes a task when nothing else runs.
+    scheduling_slack_ms: f64,
+    /// The same, from a task sleeping 1 ms at a time throughout the run: how late the
+    /// runtime woke tasks under the load.
+    scheduling_slack_under_load_ms: f64,
+    /// Decisions whose service time passed the deadline plus `scheduling_slack_ms`.
+    late_decisions: u64,
+    /// Decisions the local fallback made because the deadline passed while the request
+    /// waited in this process (overload: no breaker opens for them).
+    overload_decisions: u64,
+    /// Times a shard's breaker opened, all instances together.
+    breaker_openings: u64,
+    /// Requests the fallback admitted that were handed to Redis to count, and those never
+    /// counted there.
+    charged_back: u64,
+    charges_dropped: u64,
     allowed: u64,
     denied: u64,
     fallback: u64,
@@ -276,7 +299,7 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
         .redis_url
         .clone()
         .or_else(|| std::env::var("VERDICT_REDIS_URL").ok())
-        .unwrap_or_else(|| "redis://127.0.0.1:16379".into());
+        .unwrap_or_else(|| "redis://127.0.0.1:16379/15".into());
     let salt: u64 = rand::random();
     let policy = bench_policy(key_id(salt, TENANT))?;
     let tenant_limits = match policy.resolve(&key_id(salt, TENANT), RouteClassId(0), TierId(0)) {
@@ -300,8 +323,16 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
     let probe = RedisStore::connect(&store_cfg).await.with_context(|| {
         format!("connecting to {url} (start it with `scripts/services.sh up redis`)")
     })?;
-    let memory_before = keys_memory(probe.client()).await?;
-    let redis_keys_before: u64 = probe.client().dbsize().await?;
+    // The bench's own questions to Redis (INFO, DBSIZE) on a client of their own: the
+    // store's connections give up at the decision's deadline, which an overloaded machine
+    // misses.
+    let admin = Client::new(Config::from_url(&url)?, None, None, None);
+    admin
+        .init()
+        .await
+        .with_context(|| format!("connecting to {url}"))?;
+    let memory_before = keys_memory(&admin).await?;
+    let redis_keys_before: u64 = admin.dbsize().await?;
 
     let mut limiters = Vec::new();
     let mut all_metrics = Vec::new();
@@ -335,12 +366,15 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
     let duration = Duration::from_secs(args.duration);
     let zipf = Zipf::new(f64::from(args.keys), 1.0).context("zipf")?;
     // Redis's account of the run (a cluster's nodes would each need asking).
-    let work_before = if probe.client().is_clustered() {
+    let work_before = if admin.is_clustered() {
         None
     } else {
-        Some(RedisWork::read(probe.client()).await?)
+        Some(RedisWork::read(&admin).await?)
     };
+    let deadline = store_cfg.timeout;
+    let slack_idle = sleep_overshoot(300, None).await;
     let started = Instant::now();
+    let slack_under_load = tokio::spawn(sleep_overshoot(u32::MAX, Some(started + duration)));
     // Paced: each task takes the due instants the pacer hands it, one request each.
     let (pacer, mut inboxes) = if args.rate > 0 {
         let tasks_total = args.instances as usize * args.concurrency as usize;
@@ -433,8 +467,14 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
         fallback += r.fallback;
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let slack_under_load = slack_under_load.await?;
+    let late = service
+        .iter()
+        .filter(|&&us| Duration::from_micros(u64::from(us)) > deadline + slack_idle)
+        .count() as u64;
+    let total = |m: fn(&LimiterMetrics) -> u64| all_metrics.iter().map(|x| m(x)).sum::<u64>();
     let work = match work_before {
-        Some(before) => Some(RedisWork::read(probe.client()).await?.since(&before)),
+        Some(before) => Some(RedisWork::read(&admin).await?.since(&before)),
         None => None,
     };
     if let Some(pacer) = pacer {
@@ -452,7 +492,7 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
             (kind, n)
         })
         .collect();
-    let memory_after = keys_memory(probe.client()).await?;
+    let memory_after = keys_memory(&admin).await?;
 
     // Worst key: allowed over the run ÷ what its limits admit over the run.
     let secs = elapsed;
@@ -514,6 +554,15 @@ pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport
         service_p50_ms: percentile_ms(&service, 0.50),
         service_p99_ms: percentile_ms(&service, 0.99),
         service_p999_ms: percentile_ms(&service, 0.999),
+        service_max_ms: service.last().map_or(0.0, |us| f64::from(*us) / 1000.0),
+        deadline_ms: deadline.as_secs_f64() * 1000.0,
+        scheduling_slack_ms: slack_idle.as_secs_f64() * 1000.0,
+        scheduling_slack_under_load_ms: slack_under_load.as_secs_f64() * 1000.0,
+        late_decisions: late,
+        overload_decisions: total(|m| m.overload_decisions.get()),
+        breaker_openings: total(|m| m.breaker_openings.get()),
+        charged_back: total(|m| m.charged_back.get()),
+        charges_dropped: total(|m| m.charges_dropped.get()),
         allowed,
         denied,
         fallback,
@@ -589,6 +638,20 @@ fn pace(
     })
 }
 
+/// The worst overshoot of `count` sleeps of 1 ms (or of as many as fit before `until`).
+async fn sleep_overshoot(count: u32, until: Option<Instant>) -> Duration {
+    let mut worst = Duration::ZERO;
+    for _ in 0..count {
+        if until.is_some_and(|u| Instant::now() >= u) {
+            break;
+        }
+        let t = Instant::now();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        worst = worst.max(t.elapsed().saturating_sub(Duration::from_millis(1)));
+    }
+    worst
+}
+
 fn micros(d: Duration) -> u32 {
     d.as_micros().min(u128::from(u32::MAX)) as u32
 }
@@ -603,22 +666,22 @@ fn percentile_ms(sorted_us: &[u32], p: f64) -> f64 {
 /// random keys, `batch` decisions per call: what this Redis can do at best, in decisions
 /// per second.
 fn redis_benchmark_ceiling(url: &str, sha: &str, batch: usize) -> anyhow::Result<f64> {
-    let hostport = url
-        .trim_start_matches("redis://")
-        .split('/')
-        .next()
-        .unwrap_or("127.0.0.1:6379");
+    let mut parts = url.trim_start_matches("redis://").split('/');
+    let hostport = parts.next().unwrap_or("127.0.0.1:6379");
+    let db = parts.next().filter(|d| !d.is_empty()).unwrap_or("0");
     let (host, port) = hostport.rsplit_once(':').unwrap_or((hostport, "6379"));
     // Each `__rand_int__` is drawn on its own, so every decision of a call has its key.
     let mut command = vec!["EVALSHA".to_owned(), sha.to_owned(), batch.to_string()];
     command.extend((0..batch).map(|_| "rl:{bench__rand_int__}".to_owned()));
-    command.extend(["".to_owned(), "2".to_owned()]);
+    // No charges: every key is a decision.
+    command.extend(["".to_owned(), "2".to_owned(), "0".to_owned()]);
     for _ in 0..batch {
         command.extend(["0.0", "20", "2000", "3000", "3600000"].map(str::to_owned));
     }
     let calls = (1_000_000 / batch).max(10_000).to_string();
     let out = std::process::Command::new("redis-benchmark")
-        .args(["-h", host, "-p", port, "-n", &calls, "-c", "50", "-P", "16"])
+        .args(["-h", host, "-p", port, "--dbnum", db])
+        .args(["-n", &calls, "-c", "50", "-P", "16"])
         .args(["-r", "1000000", "--csv"])
         .args(&command)
         .output()

@@ -9,6 +9,7 @@ pub mod nginx;
 pub mod page;
 pub mod query;
 pub mod rollup;
+pub mod soak;
 
 use std::ffi::OsStr;
 use std::path::PathBuf;
@@ -48,6 +49,13 @@ pub enum BenchCommand {
     /// round: requests/s closed loop, then the p50/p99 the gateway adds at a paced rate;
     /// prints one JSON object.
     Gateway(gateway::GatewayBenchArgs),
+    /// The decision path for minutes under faults: three `verdict gateway` processes on
+    /// the Redis Cluster, Kafka, PostgreSQL and an ingest worker, paced at 2,000 requests/s
+    /// each, while a seeded schedule kills and pauses Redis masters, slows and hangs
+    /// PostgreSQL, stops Kafka and restarts a gateway; prints one JSON object with each
+    /// window's answers and latency, per key-hour allowed ÷ limit, and every event
+    /// accounted for against the raw table.
+    Soak(soak::SoakArgs),
     /// The analysts' page (`verdict query serve`'s `/`) loaded in headless Chromium from a
     /// running service, a fresh tab per run: prints one JSON object with the time from
     /// asking for the page to every view drawn (ready_ms) and the views' own (views_ms).
@@ -72,6 +80,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Query(args) => query::run(args).await,
         BenchCommand::Gateway(args) => gateway::run(args).await,
         BenchCommand::Page(args) => page::run(args).await,
+        BenchCommand::Soak(args) => soak::run(args).await,
     }
 }
 

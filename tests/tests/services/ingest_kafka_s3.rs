@@ -237,7 +237,7 @@ async fn an_object_store_outage_loses_and_doubles_nothing() {
         .next()
         .and_then(|p| p.parse().ok())
         .expect("S3 endpoint port");
-    let proxy = TcpProxy::start(port).await;
+    let proxy = TcpProxy::start(port).await.expect("a loopback proxy");
     let through = verdict_tests::s3_store_at(
         &format!("http://127.0.0.1:{}", proxy.port()),
         "verdict-ingest-test",

@@ -180,7 +180,9 @@ async fn redis_stopped_mid_run_falls_back_within_the_deadline_and_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_redis_opens_the_breaker_and_recovery_closes_it() {
     let redis = PrivateRedis::start();
-    let proxy = TcpProxy::start(redis.port()).await;
+    let proxy = TcpProxy::start(redis.port())
+        .await
+        .expect("a loopback proxy");
     let port = proxy.port();
     let (l, _events) = limiter(&format!("redis://127.0.0.1:{port}"), 1, 100_000).await;
     // Redis decides before the slowdown. The first decision on a new connection through the

@@ -1,6 +1,6 @@
 //! The Redis counter store against the real Redis: the conformance suite every store
 //! passes, the Lua script computing exactly what the Rust core computes for the same
-//! requests, the key layout and TTL (and the sweep of a group's idle keys), and the reload
+//! requests and charges, the key layout and TTL (and the sweep of a group's idle keys), and the reload
 //! after a `SCRIPT FLUSH`.
 
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use fred::prelude::*;
 use proptest::prelude::*;
 use verdict_counters_redis::RedisStore;
 use verdict_limiter::conformance::{self, fresh_key};
-use verdict_limiter::{CounterState, Limits, decide};
+use verdict_limiter::{CounterState, Limits, charge, decide};
 use verdict_tests::{Service, redis_store, require};
 
 async fn store() -> RedisStore {
@@ -200,6 +200,55 @@ fn lua_script_and_rust_core_agree_on_every_answer() {
                     got,
                     want,
                     "request {} at +{} ms under {:?}",
+                    i,
+                    now - 1_796_047_200_000i64,
+                    limits
+                );
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn lua_script_and_rust_core_agree_on_charges_between_requests() {
+    require(Service::Redis);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt.block_on(store());
+    let ops = proptest::collection::vec(
+        (
+            prop_oneof![Just(0i64), 0i64..50, 0i64..5_000, 0i64..4_000_000],
+            prop_oneof![3 => Just(0u32), 1 => 1u32..40],
+        ),
+        1..60,
+    );
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(120));
+    runner
+        .run(&(scenario().prop_map(|(l, _)| l), ops), |(limits, ops)| {
+            let key = fresh_key(27);
+            let mut state: Option<CounterState> = None;
+            let mut now = 1_796_047_200_000i64 + 4_321;
+            for (i, (gap, count)) in ops.iter().enumerate() {
+                now += gap;
+                if *count > 0 {
+                    // A charge writes what the core's `charge` computes; the next request
+                    // (or charge) reads it back.
+                    rt.block_on(store.charge_at(&key, &limits, *count, now))
+                        .expect("EVALSHA");
+                    state = Some(charge(state, now, &limits, *count));
+                    continue;
+                }
+                let (want, next) = decide(state, now, &limits);
+                if next.is_some() {
+                    state = next;
+                }
+                let got = rt
+                    .block_on(store.check_at(&key, &limits, now))
+                    .expect("EVALSHA");
+                prop_assert_eq!(
+                    got,
+                    want,
+                    "op {} at +{} ms under {:?}",
                     i,
                     now - 1_796_047_200_000i64,
                     limits

@@ -14,6 +14,7 @@ mod limiter_accuracy;
 mod limiter_cluster_faults;
 mod limiter_faults;
 mod limiter_kafka;
+mod limiter_overload;
 mod limiter_postgres;
 mod limiter_redis;
 mod limiter_redis_cluster;

@@ -1,0 +1,898 @@
+//! `verdict bench soak`: the decision path for minutes under faults. Three `verdict gateway`
+//! processes (this binary) on the Redis Cluster of `scripts/services.sh`, their policy in
+//! PostgreSQL (through a TCP proxy of its own), their events on Kafka and one
+//! `verdict ingest` worker writing them into a raw table in a folder, each gateway paced at
+//! the design's 2,000 requests/s over Zipf keys with a hot tenant. Meanwhile a seeded
+//! schedule kills and restarts a Redis master, pauses a master past the deadline, adds
+//! latency on the proxy to PostgreSQL, stops the Kafka broker, hangs PostgreSQL and restarts
+//! a gateway with SIGTERM (its share of the load goes to the others meanwhile, as a load
+//! balancer's would).
+//!
+//! It prints one JSON object: per window of the schedule (each fault's first second apart),
+//! requests sent and answered (2xx or 429, with the rate-limit fields, and every 429 with
+//! Retry-After), latency from when each request was due; per key and hour, allowed ÷ limit
+//! (worst and p99) from the raw table; decisions by the fallback; every gateway's account
+//! of its events (decided = sent + failed + dropped) and the raw table against it (each
+//! event sent there exactly once).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use axum::body::Body;
+use clap::Args;
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Zipf};
+use serde::Serialize;
+use verdict_load::proxy::TcpProxy;
+use verdict_load::{LoadReport, LoadSpec, MakeRequest};
+use verdict_schemas::KeyId;
+
+/// Options of `verdict bench soak`.
+#[derive(Debug, Clone, Args)]
+pub struct SoakArgs {
+    /// Length of the run, seconds (the schedule's faults scale with it).
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(60..=86_400))]
+    pub seconds: u64,
+    /// Seed of the schedule and of the keys' draw.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Requests per second to each gateway.
+    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub rate: u64,
+    /// Distinct API keys (Zipf popularity; one hot tenant has 8 % of the requests).
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(10..=1_000_000))]
+    pub keys: u32,
+    /// The Redis Cluster the gateways decide with.
+    #[arg(
+        long,
+        env = "VERDICT_REDIS_CLUSTER_URL",
+        default_value = "redis-cluster://127.0.0.1:17001"
+    )]
+    pub redis_cluster: String,
+    /// The Kafka broker.
+    #[arg(long, env = "VERDICT_KAFKA_BROKERS", default_value = "127.0.0.1:19092")]
+    pub kafka_brokers: String,
+    /// The PostgreSQL the policy goes into (a database of the run's own is created there).
+    #[arg(
+        long,
+        env = "VERDICT_PG_URL",
+        default_value = "postgres://verdict@127.0.0.1:15432/verdict"
+    )]
+    pub postgres: String,
+    /// The script that starts and stops the services (the Kafka broker is stopped and
+    /// started with it, a killed Redis master restarted).
+    #[arg(long, default_value = "scripts/services.sh")]
+    pub services: PathBuf,
+}
+
+/// The faults of the schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Fault {
+    /// SIGKILL to a Redis master; restarted (as a replica) after the window's first half.
+    KillMaster,
+    /// `CLIENT PAUSE` on a master, past the decision deadline.
+    PauseMaster,
+    /// Latency added on the proxy between the gateways and PostgreSQL.
+    PolicyLatency,
+    /// The Kafka broker stopped.
+    StopKafka,
+    /// PostgreSQL hung (SIGSTOP), then let go.
+    HangPostgres,
+    /// A gateway stopped with SIGTERM and started again.
+    RestartGateway,
+}
+
+const FAULTS: [Fault; 6] = [
+    Fault::KillMaster,
+    Fault::PauseMaster,
+    Fault::PolicyLatency,
+    Fault::StopKafka,
+    Fault::HangPostgres,
+    Fault::RestartGateway,
+];
+
+impl Fault {
+    /// How long it lasts in a run of 600 s (scaled with the run, never under 5 s).
+    fn length(self, scale: f64) -> Duration {
+        let s = match self {
+            Self::KillMaster => 40.0,
+            Self::PauseMaster => 10.0,
+            Self::PolicyLatency | Self::HangPostgres => 30.0,
+            Self::StopKafka => 60.0,
+            Self::RestartGateway => 20.0,
+        };
+        Duration::from_secs_f64((s * scale).max(5.0))
+    }
+}
+
+/// One window of the schedule: calm, or a fault's first second, or the rest of it.
+#[derive(Debug, Clone, Serialize)]
+struct Window {
+    what: String,
+    from_s: f64,
+    seconds: f64,
+    sent: u64,
+    answered: u64,
+    answered_share: f64,
+    status_429: u64,
+    failed: u64,
+    without_ratelimit_fields: u64,
+    limited_without_retry_after: u64,
+    p50_ms: f64,
+    p99_ms: f64,
+    p999_ms: f64,
+    max_ms: f64,
+}
+
+impl Window {
+    fn of(what: String, from_s: f64, r: &LoadReport) -> Self {
+        let answered = r.count(axum::http::StatusCode::OK)
+            + r.count(axum::http::StatusCode::TOO_MANY_REQUESTS);
+        Self {
+            what,
+            from_s,
+            seconds: r.elapsed.as_secs_f64(),
+            sent: r.sent,
+            answered,
+            answered_share: answered as f64 / r.sent.max(1) as f64,
+            status_429: r.count(axum::http::StatusCode::TOO_MANY_REQUESTS),
+            failed: r.failed,
+            without_ratelimit_fields: r.without_ratelimit_fields,
+            limited_without_retry_after: r.limited_without_retry_after,
+            p50_ms: r.latency_ms(0.5),
+            p99_ms: r.latency_ms(0.99),
+            p999_ms: r.latency_ms(0.999),
+            max_ms: r.latency_ms(1.0),
+        }
+    }
+}
+
+/// One gateway process's own account of its events, from its last log line.
+#[derive(Debug, Clone, Default, Serialize)]
+struct Account {
+    decisions: u64,
+    events_sent: u64,
+    events_failed: u64,
+    events_dropped: u64,
+}
+
+/// The printed result.
+#[derive(Debug, Serialize)]
+struct SoakReport {
+    bench: &'static str,
+    seed: u64,
+    seconds: u64,
+    gateways: usize,
+    rate_per_gateway: u64,
+    keys: u32,
+    schedule: Vec<(Fault, f64, f64)>,
+    windows: Vec<Window>,
+    /// Over the windows outside a fault's first second.
+    answered_share_outside_first_seconds: f64,
+    /// The scheduling slack measured before the run (a 1 ms sleep's worst overshoot), and
+    /// the share of requests answered within 5 ms + slack of when they were due, outside a
+    /// fault's first second.
+    scheduling_slack_ms: f64,
+    within_deadline_share_outside_first_seconds: f64,
+    accounts: Vec<Account>,
+    decisions: u64,
+    events_sent: u64,
+    events_failed: u64,
+    events_dropped: u64,
+    events_unaccounted: i64,
+    raw_rows: u64,
+    raw_distinct_offsets: u64,
+    raw_fallback_decisions: u64,
+    key_hours: u64,
+    worst_allowed_over_limit: f64,
+    p99_allowed_over_limit: f64,
+    key_hours_over_1_10: u64,
+}
+
+/// The policy of the run: the standard tier (most keys) and the tenant's (one key, hot,
+/// split four ways).
+const STANDARD: (i64, f64, i64) = (20, 0.5, 600);
+const TENANT: (i64, f64, i64) = (400, 40.0, 100_000);
+
+/// Child processes, stopped (SIGKILL) when dropped, whatever ends the run.
+struct Children(Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The key id of API key `n` in this run.
+fn key_id(salt: u64, n: u32) -> KeyId {
+    let mut id = [0u8; 16];
+    id[..8].copy_from_slice(&salt.to_le_bytes());
+    id[12..].copy_from_slice(&n.to_le_bytes());
+    KeyId(id)
+}
+
+/// Runs the soak and prints its JSON.
+pub async fn run(args: SoakArgs) -> anyhow::Result<()> {
+    let report = soak(&args).await?;
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+async fn soak(args: &SoakArgs) -> anyhow::Result<SoakReport> {
+    let exe = std::env::current_exe().context("finding this binary")?;
+    let dir = tempfile::tempdir().context("a folder for the run")?;
+    let salt: u64 = args.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ u64::from(std::process::id());
+    let run_name = format!("soak_{}_{}", args.seed, std::process::id());
+    let topic = format!("verdict.soak.{run_name}");
+    let lake = dir.path().join("lake");
+    std::fs::create_dir_all(&lake)?;
+
+    // The keys: `keys` of the standard tier, and the tenant.
+    let mut csv = String::from("api_key,key_id,tier\n");
+    for n in 0..args.keys {
+        csv.push_str(&format!("k{n},{},standard\n", key_id(salt, n)));
+    }
+    let tenant = key_id(salt, u32::MAX);
+    csv.push_str(&format!("tenant,{tenant},tenant\n"));
+    let keys_file = dir.path().join("keys.csv");
+    std::fs::write(&keys_file, csv)?;
+
+    // The policy, in a database of its own, reached through a proxy that can slow it.
+    let pg = policy_database(&args.postgres, &run_name, tenant).await?;
+    let pg_port: u16 = pg
+        .rsplit_once(':')
+        .and_then(|(_, rest)| rest.split('/').next())
+        .and_then(|p| p.parse().ok())
+        .context("the PostgreSQL URL's port")?;
+    let pg_proxy = TcpProxy::start(pg_port).await?;
+    let pg_via_proxy = pg.replacen(
+        &format!(":{pg_port}/"),
+        &format!(":{}/", pg_proxy.port()),
+        1,
+    );
+
+    let upstream = verdict_demo::spawn_upstream().await?.port();
+    let gateways = 3usize;
+    let ports: Vec<u16> = (0..gateways)
+        .map(|_| free_port())
+        .collect::<Result<_, _>>()?;
+    let gateway_args = |i: usize| -> Vec<String> {
+        [
+            "gateway",
+            "--upstream",
+            &format!("http://127.0.0.1:{upstream}"),
+            "--keys-file",
+            &keys_file.display().to_string(),
+            "--policy-postgres",
+            &pg_via_proxy,
+            "--policy-refresh-secs",
+            "2",
+            "--redis",
+            &args.redis_cluster,
+            "--kafka-brokers",
+            &args.kafka_brokers,
+            "--kafka-topic",
+            &topic,
+            "--listen",
+            &format!("127.0.0.1:{}", ports[i]),
+            "--instance",
+            &i.to_string(),
+            "--instance-count",
+            &gateways.to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let log_of = |i: usize, life: usize| dir.path().join(format!("gateway-{i}-{life}.log"));
+    let start_gateway = |i: usize, life: usize| -> anyhow::Result<Child> {
+        Command::new(&exe)
+            .args(gateway_args(i))
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log_of(i, life))?)
+            .spawn()
+            .context("starting verdict gateway")
+    };
+    let mut children = Children(Vec::new());
+    for i in 0..gateways {
+        children.0.push(start_gateway(i, 0)?);
+    }
+    let mut lives = vec![0usize; gateways];
+    let ingest = Command::new(&exe)
+        .args([
+            "ingest",
+            "--store",
+            &lake.display().to_string(),
+            "--brokers",
+            &args.kafka_brokers,
+            "--topic",
+            &topic,
+            "--group",
+            &run_name,
+            "--flush-max-age-secs",
+            "2",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("ingest.log"))?)
+        .spawn()
+        .context("starting verdict ingest")?;
+    let ingest_at = children.0.len();
+    children.0.push(ingest);
+    for port in &ports {
+        wait_listening(*port, Duration::from_secs(30)).await?;
+    }
+    eprintln!(
+        "soak: {gateways} gateways on {ports:?}, the raw table in {}",
+        lake.display()
+    );
+
+    // The schedule: the faults in a seeded order, one per slot, each starting a seeded
+    // while into its slot.
+    let mut rng = SmallRng::seed_from_u64(args.seed);
+    let mut order = FAULTS;
+    order.shuffle(&mut rng);
+    let total = Duration::from_secs(args.seconds);
+    let scale = args.seconds as f64 / 600.0;
+    let slot = total / (FAULTS.len() as u32 + 1);
+    let mut schedule = Vec::new();
+    for (k, fault) in order.iter().enumerate() {
+        let jitter = slot.mul_f64(rng.random_range(0.0..0.25));
+        let start = slot * (k as u32 + 1) + jitter;
+        let length = fault.length(scale).min(slot.mul_f64(0.7));
+        schedule.push((*fault, start, length));
+    }
+    // The windows: calm stretches, each fault's first second, the rest of it.
+    let mut cuts = vec![(Duration::ZERO, "calm".to_string(), None)];
+    for (fault, start, length) in &schedule {
+        let name = serde_json::to_value(fault)?
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        cuts.push((
+            *start,
+            format!("{name}: first second"),
+            Some((*fault, true)),
+        ));
+        cuts.push((*start + Duration::from_secs(1), name.clone(), None));
+        cuts.push((*start + *length, "calm".to_string(), Some((*fault, false))));
+    }
+
+    let slack = sleep_overshoot(300).await;
+    let zipf = Zipf::new(f64::from(args.keys), 1.0).context("zipf")?;
+    let down: Arc<Vec<AtomicBool>> =
+        Arc::new((0..gateways).map(|_| AtomicBool::new(false)).collect());
+    let faults = Arc::new(FaultState::new(args, &pg_proxy, &pg));
+    let mut windows = Vec::new();
+    let mut acting = Vec::new();
+    let started = Instant::now();
+    for (w, (at, what, action)) in cuts.iter().enumerate() {
+        let end = cuts.get(w + 1).map_or(total, |c| c.0);
+        if end <= *at {
+            continue;
+        }
+        // The window's fault begins or ends as it starts.
+        match action {
+            Some((Fault::RestartGateway, true)) => {
+                // Its share goes to the others from now; SIGTERM, and a new life once it
+                // has stopped (in the background: the window's load goes on).
+                down[0].store(true, Ordering::Release);
+                signal(&children.0[0], "-TERM")?;
+            }
+            Some((Fault::RestartGateway, false)) => {
+                let status = tokio::task::block_in_place(|| children.0[0].wait())?;
+                if !status.success() {
+                    bail!("gateway 0 stopped with {status} after SIGTERM");
+                }
+                lives[0] += 1;
+                children.0[0] = start_gateway(0, lives[0])?;
+                wait_listening(ports[0], Duration::from_secs(30)).await?;
+                down[0].store(false, Ordering::Release);
+            }
+            // In the background: the window's load starts at once.
+            Some((fault, begins)) => {
+                let (faults, fault, begins) = (Arc::clone(&faults), *fault, *begins);
+                acting.push(tokio::spawn(async move { faults.act(fault, begins).await }));
+            }
+            None => {}
+        }
+        let length = end.saturating_sub(started.elapsed().max(*at));
+        let from_s = started.elapsed().as_secs_f64();
+        let report = load_window(args, &ports, &down, w as u64, &zipf, length).await;
+        eprintln!(
+            "soak: {what} at {from_s:.0} s: {} sent, {} failed, p99 {:.2} ms",
+            report.sent,
+            report.failed,
+            report.latency_ms(0.99)
+        );
+        windows.push(Window::of(what.clone(), from_s, &report));
+    }
+    for a in acting {
+        if let Err(e) = a.await? {
+            faults.undo().await;
+            return Err(e.context("a fault of the schedule"));
+        }
+    }
+    faults.undo().await;
+
+    // Every gateway stops (SIGTERM: each flushes its events and says what it did), then
+    // the ingest worker catches up and stops.
+    for c in children.0.iter().take(gateways) {
+        signal(c, "-TERM")?;
+    }
+    let mut accounts = Vec::new();
+    for (i, c) in children.0.iter_mut().take(gateways).enumerate() {
+        let status = tokio::task::block_in_place(|| c.wait())?;
+        if !status.success() {
+            bail!("gateway {i} stopped with {status}");
+        }
+        for life in 0..=lives[i] {
+            accounts.push(account(&log_of(i, life))?);
+        }
+    }
+    let sum = |f: fn(&Account) -> u64| accounts.iter().map(f).sum::<u64>();
+    let (decisions, sent, failed, dropped) = (
+        sum(|a| a.decisions),
+        sum(|a| a.events_sent),
+        sum(|a| a.events_failed),
+        sum(|a| a.events_dropped),
+    );
+    let engine = verdict_query::Engine::new(
+        verdict_query::ReaderView::folder(verdict_ingest::open_folder(
+            &lake.display().to_string(),
+        )?),
+        verdict_query::PoliciesTable::new(None),
+        2,
+        verdict_query::Limits::default(),
+    )?;
+    let count = |sql: &'static str| {
+        let engine = &engine;
+        async move { first_u64(engine, sql).await }
+    };
+    let caught_up = Instant::now();
+    while caught_up.elapsed() < Duration::from_secs(180)
+        && count("SELECT COUNT(*) FROM decisions").await.unwrap_or(0) < sent
+    {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    // A few more flushes' time, for anything past what was counted sent.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let raw_rows = count("SELECT COUNT(*) FROM decisions").await?;
+    signal(&children.0[ingest_at], "-TERM")?;
+    let raw_distinct = count(
+        "SELECT COUNT(*) FROM (SELECT DISTINCT kafka_partition, kafka_offset FROM decisions)",
+    )
+    .await?;
+    let fallback = count("SELECT COUNT(*) FROM decisions WHERE source = 1").await?;
+    let ratios = allowed_over_limit(&engine, tenant).await?;
+    let outside: Vec<&Window> = windows
+        .iter()
+        .filter(|w| !w.what.ends_with("first second"))
+        .collect();
+    let share = |num: fn(&Window) -> u64| {
+        outside.iter().map(|&w| num(w)).sum::<u64>() as f64
+            / outside.iter().map(|w| w.sent).sum::<u64>().max(1) as f64
+    };
+    let within = within_deadline(&windows, slack);
+    let mut sorted = ratios.clone();
+    sorted.sort_by(f64::total_cmp);
+    Ok(SoakReport {
+        bench: "soak",
+        seed: args.seed,
+        seconds: args.seconds,
+        gateways,
+        rate_per_gateway: args.rate,
+        keys: args.keys,
+        schedule: schedule
+            .iter()
+            .map(|(f, s, l)| (*f, s.as_secs_f64(), l.as_secs_f64()))
+            .collect(),
+        answered_share_outside_first_seconds: share(|w| w.answered),
+        scheduling_slack_ms: slack.as_secs_f64() * 1000.0,
+        within_deadline_share_outside_first_seconds: within,
+        windows,
+        accounts,
+        decisions,
+        events_sent: sent,
+        events_failed: failed,
+        events_dropped: dropped,
+        events_unaccounted: decisions as i64 - (sent + failed + dropped) as i64,
+        raw_rows,
+        raw_distinct_offsets: raw_distinct,
+        raw_fallback_decisions: fallback,
+        key_hours: sorted.len() as u64,
+        worst_allowed_over_limit: sorted.last().copied().unwrap_or(0.0),
+        p99_allowed_over_limit: sorted
+            .get((sorted.len() as f64 * 0.99) as usize)
+            .or(sorted.last())
+            .copied()
+            .unwrap_or(0.0),
+        key_hours_over_1_10: sorted.iter().filter(|r| **r > 1.10).count() as u64,
+    })
+}
+
+/// One window's load: each gateway paced at the rate, the requests of a stopped gateway
+/// sent to the next one up.
+async fn load_window(
+    args: &SoakArgs,
+    ports: &[u16],
+    down: &Arc<Vec<AtomicBool>>,
+    window: u64,
+    zipf: &Zipf<f64>,
+    length: Duration,
+) -> LoadReport {
+    let mut runs = tokio::task::JoinSet::new();
+    for (g, _) in ports.iter().enumerate() {
+        let (ports, down, zipf) = (ports.to_vec(), Arc::clone(down), *zipf);
+        let seed = args.seed ^ (window << 40) ^ ((g as u64) << 32);
+        let keys = args.keys;
+        let make: MakeRequest = Arc::new(move |i| {
+            let mut rng = SmallRng::seed_from_u64(seed ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let api_key = if rng.random::<f64>() < 0.08 {
+                "tenant".to_string()
+            } else {
+                let n = (zipf.sample(&mut rng) as u32).clamp(1, keys) - 1;
+                format!("k{n}")
+            };
+            let mut target = g;
+            for _ in 0..ports.len() {
+                if !down[target].load(Ordering::Acquire) {
+                    break;
+                }
+                target = (target + 1) % ports.len();
+            }
+            axum::http::Request::get(format!("http://127.0.0.1:{}/v1/items/{i}", ports[target]))
+                .header("x-api-key", api_key)
+                .body(Body::empty())
+                .unwrap_or_default()
+        });
+        let spec = LoadSpec {
+            concurrency: 64,
+            rate_per_s: Some(args.rate as f64),
+            requests: None,
+            duration: Some(length),
+            timeout: Duration::from_secs(2),
+        };
+        runs.spawn(async move { verdict_load::run(&spec, make, Arc::default()).await });
+    }
+    let mut all = LoadReport::default();
+    for r in runs.join_all().await {
+        all.merge(r);
+    }
+    all
+}
+
+/// The share of requests answered within the decision deadline (5 ms) plus `slack` of
+/// when they were due, outside a fault's first second, from each window's percentiles: the
+/// windows whose p99.9 is within count 99.9 % of their requests, those whose p99 is 99 %,
+/// those whose p50 is 50 %, else none (a lower bound).
+fn within_deadline(windows: &[Window], slack: Duration) -> f64 {
+    let limit = 5.0 + slack.as_secs_f64() * 1000.0;
+    let (mut within, mut sent) = (0.0, 0u64);
+    for w in windows.iter().filter(|w| !w.what.ends_with("first second")) {
+        let share = if w.max_ms <= limit {
+            1.0
+        } else if w.p999_ms <= limit {
+            0.999
+        } else if w.p99_ms <= limit {
+            0.99
+        } else if w.p50_ms <= limit {
+            0.5
+        } else {
+            0.0
+        };
+        within += share * w.answered as f64;
+        sent += w.sent;
+    }
+    within / sent.max(1) as f64
+}
+
+/// Per key (all its sub-keys together) and hour of the raw table: allowed ÷ what its limits
+/// admit in the part of the hour it was active (capacity + refill × seconds, at most the
+/// quota).
+async fn allowed_over_limit(
+    engine: &verdict_query::Engine,
+    tenant: KeyId,
+) -> anyhow::Result<Vec<f64>> {
+    let sql = "SELECT key_id, date, hour, \
+        SUM(CASE WHEN verdict = 0 THEN 1 ELSE 0 END) AS allowed, \
+        (MAX(date_part('epoch', event_time)) - MIN(date_part('epoch', event_time))) AS span_s \
+        FROM decisions WHERE source IN (0, 1) GROUP BY key_id, date, hour";
+    let (_, batches) = engine.collect(sql, usize::MAX).await?;
+    let mut out = Vec::new();
+    for b in &batches {
+        let keys = b
+            .column(0)
+            .as_any()
+            .downcast_ref::<arrow::array::FixedSizeBinaryArray>()
+            .context("key_id")?;
+        let allowed = arrow::compute::cast(b.column(3), &arrow::datatypes::DataType::Float64)?;
+        let span = arrow::compute::cast(b.column(4), &arrow::datatypes::DataType::Float64)?;
+        let allowed = allowed
+            .as_any()
+            .downcast_ref::<arrow::array::Float64Array>()
+            .context("allowed")?;
+        let span = span
+            .as_any()
+            .downcast_ref::<arrow::array::Float64Array>()
+            .context("span")?;
+        for i in 0..b.num_rows() {
+            let (capacity, refill, quota) = if keys.value(i) == tenant.0 {
+                TENANT
+            } else {
+                STANDARD
+            };
+            let limit = (capacity as f64 + refill * span.value(i).max(0.0)).min(quota as f64);
+            out.push(allowed.value(i) / limit.max(1.0));
+        }
+    }
+    Ok(out)
+}
+
+async fn first_u64(engine: &verdict_query::Engine, sql: &str) -> anyhow::Result<u64> {
+    let (_, batches) = engine.collect(sql, 1).await?;
+    let b = batches.first().context("no answer")?;
+    let v = arrow::compute::cast(b.column(0), &arrow::datatypes::DataType::UInt64)?;
+    Ok(v.as_any()
+        .downcast_ref::<arrow::array::UInt64Array>()
+        .context("a count")?
+        .value(0))
+}
+
+/// The faults' state: what to undo if the run ends early.
+struct FaultState {
+    args: SoakArgs,
+    pg_proxy: TcpProxy,
+    pg: String,
+    /// The postmaster while PostgreSQL is hung.
+    hung: std::sync::Mutex<Option<u32>>,
+}
+
+impl FaultState {
+    fn new(args: &SoakArgs, pg_proxy: &TcpProxy, pg: &str) -> Self {
+        Self {
+            args: args.clone(),
+            pg_proxy: pg_proxy.clone(),
+            pg: pg.to_owned(),
+            hung: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Begins (`begins`) or ends `fault`.
+    async fn act(&self, fault: Fault, begins: bool) -> anyhow::Result<()> {
+        match (fault, begins) {
+            (Fault::KillMaster, true) => {
+                let port = self.master_port().await?;
+                let pid = redis_info(port, "process_id")?;
+                eprintln!("soak: SIGKILL to the Redis master on port {port} (pid {pid})");
+                run_ok(Command::new("kill").args(["-KILL", &pid]))?;
+            }
+            (Fault::KillMaster, false) => {
+                run_ok(Command::new(&self.args.services).args(["up", "redis-cluster"]))?;
+            }
+            (Fault::PauseMaster, true) => {
+                let port = self.master_port().await?;
+                let ms = (Fault::PauseMaster
+                    .length(self.args.seconds as f64 / 600.0)
+                    .as_millis() as u64)
+                    .saturating_sub(1_000)
+                    .max(1_000);
+                eprintln!("soak: CLIENT PAUSE {ms} on the Redis master on port {port}");
+                run_ok(Command::new("redis-cli").args([
+                    "-p",
+                    &port.to_string(),
+                    "CLIENT",
+                    "PAUSE",
+                    &ms.to_string(),
+                    "ALL",
+                ]))?;
+            }
+            (Fault::PauseMaster, false) => {}
+            (Fault::PolicyLatency, begins) => {
+                self.pg_proxy.set_delay_ms(if begins { 500 } else { 0 });
+            }
+            (Fault::StopKafka, begins) => {
+                let verb = if begins { "down" } else { "up" };
+                run_ok(Command::new(&self.args.services).args([verb, "kafka"]))?;
+            }
+            (Fault::HangPostgres, true) => {
+                let postmaster = postmaster(&self.pg).await?;
+                signal_tree(postmaster, "-STOP")?;
+                *self.hung.lock().unwrap_or_else(|e| e.into_inner()) = Some(postmaster);
+            }
+            (Fault::HangPostgres, false) => {
+                if let Some(p) = self.hung.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                    signal_tree(p, "-CONT")?;
+                }
+            }
+            (Fault::RestartGateway, _) => {}
+        }
+        Ok(())
+    }
+
+    /// Leaves the services as they were: PostgreSQL going, the proxy fast, Kafka and the
+    /// cluster up.
+    async fn undo(&self) {
+        if let Some(p) = self.hung.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = signal_tree(p, "-CONT");
+        }
+        self.pg_proxy.set_delay_ms(0);
+        let _ = run_ok(Command::new(&self.args.services).args(["up", "kafka", "redis-cluster"]));
+    }
+
+    /// A master of the cluster (the first the first node lists).
+    async fn master_port(&self) -> anyhow::Result<u16> {
+        let seed = self
+            .args
+            .redis_cluster
+            .trim_start_matches("redis-cluster://")
+            .split(['/', '?'])
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        let port = seed.rsplit(':').next().unwrap_or("17001").to_owned();
+        let out = Command::new("redis-cli")
+            .args(["-p", &port, "CLUSTER", "NODES"])
+            .output()
+            .context("redis-cli CLUSTER NODES")?;
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find(|l| l.contains("master") && !l.contains("fail"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|a| a.split('@').next())
+            .and_then(|a| a.rsplit(':').next())
+            .and_then(|p| p.parse().ok())
+            .context("no master in CLUSTER NODES")
+    }
+}
+
+/// A field of Redis's `INFO server` on `port`.
+fn redis_info(port: u16, field: &str) -> anyhow::Result<String> {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "INFO", "server"])
+        .output()
+        .context("redis-cli INFO")?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .map(|v| v.trim().to_owned())
+        .with_context(|| format!("no {field} in INFO server of port {port}"))
+}
+
+/// The postmaster of the PostgreSQL at `url`: the parent of a backend.
+async fn postmaster(url: &str) -> anyhow::Result<u32> {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    let backend: i32 = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .get(0);
+    let status = std::fs::read_to_string(format!("/proc/{backend}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .and_then(|p| p.trim().parse().ok())
+        .context("the backend's parent")
+}
+
+/// `signal` to a process's children, then to it.
+fn signal_tree(pid: u32, signal: &str) -> anyhow::Result<()> {
+    let _ = Command::new("pkill")
+        .args([signal, "-P", &pid.to_string()])
+        .status();
+    run_ok(Command::new("kill").args([signal, &pid.to_string()]))
+}
+
+fn signal(child: &Child, signal: &str) -> anyhow::Result<()> {
+    run_ok(Command::new("kill").args([signal, &child.id().to_string()]))
+}
+
+/// Runs `cmd` to its end (off the runtime's other tasks: starting a broker takes seconds).
+fn run_ok(cmd: &mut Command) -> anyhow::Result<()> {
+    let out =
+        tokio::task::block_in_place(|| cmd.output()).with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// A free loopback port, for a child to listen on.
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+async fn wait_listening(port: u16, within: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        if Instant::now() > deadline {
+            bail!("nothing listens on port {port} after {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// A gateway's last account line (`gateway stopped decisions=… events_sent=…`).
+fn account(log: &Path) -> anyhow::Result<Account> {
+    let text = std::fs::read_to_string(log)?;
+    let line = text
+        .lines()
+        .rfind(|l| l.contains("gateway stopped"))
+        .with_context(|| format!("{} has no final account", log.display()))?;
+    let field = |name: &str| -> anyhow::Result<u64> {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.trim_end_matches(',').parse().ok())
+            .with_context(|| format!("no {name} in {line:?}"))
+    };
+    Ok(Account {
+        decisions: field("decisions")?,
+        events_sent: field("events_sent")?,
+        events_failed: field("events_failed")?,
+        events_dropped: field("events_dropped")?,
+    })
+}
+
+/// The worst overshoot of `count` sleeps of 1 ms.
+async fn sleep_overshoot(count: u32) -> Duration {
+    let mut worst = Duration::ZERO;
+    for _ in 0..count {
+        let t = Instant::now();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        worst = worst.max(t.elapsed().saturating_sub(Duration::from_millis(1)));
+    }
+    worst
+}
+
+/// A database of the run's own on `base`'s PostgreSQL with the policy: the standard tier
+/// and the tenant's (its key split four ways), one route class.
+async fn policy_database(base: &str, name: &str, tenant: KeyId) -> anyhow::Result<String> {
+    let (client, conn) = tokio_postgres::connect(base, tokio_postgres::NoTls)
+        .await
+        .with_context(|| format!("connecting to {base} (scripts/services.sh up postgres)"))?;
+    tokio::spawn(conn);
+    client
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await?;
+    let url = match base.rsplit_once('/') {
+        Some((b, _)) => format!("{b}/{name}"),
+        None => bail!("{base} names no database"),
+    };
+    let source = verdict_policy_store::PgSource::new(&url);
+    source.migrate().await?;
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    let (c, r, q) = STANDARD;
+    let (tc, tr, tq) = TENANT;
+    client
+        .batch_execute(&format!(
+            "insert into verdict_policy.tiers (id, name) values (0, 'standard'), (1, 'tenant');
+             insert into verdict_policy.route_classes (id, name, prefixes) values (0, 'api', '{{/v1}}');
+             insert into verdict_policy.limits values ('standard', '*', {c}, {r}, {q}, 'enforce');
+             insert into verdict_policy.limits values ('tenant', '*', {tc}, {tr}, {tq}, 'enforce');
+             insert into verdict_policy.hot_keys values ('{tenant}', 4);"
+        ))
+        .await?;
+    Ok(url)
+}

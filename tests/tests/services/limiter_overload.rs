@@ -1,0 +1,266 @@
+//! The limiter when this process, not Redis, is the bottleneck: requests that wait past
+//! their deadline in the store's lanes are decided by the local fallback without opening a
+//! breaker, and what the fallback admits is charged back to Redis, so the shared bucket
+//! and window count every request admitted. And after an outage, the hourly window counts
+//! the fallback's admissions once.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use verdict_counters_redis::{RedisStore, RedisStoreConfig};
+use verdict_limiter::breaker::{BreakerConfig, BreakerState};
+use verdict_limiter::policy::parse_toml;
+use verdict_limiter::{
+    Limiter, LimiterConfig, LimiterMetrics, PolicyHandle, PolicySnapshot, Request, event_queue,
+};
+use verdict_schemas::{DecisionSource, KeyId, RouteClassId, TierId, Verdict};
+use verdict_tests::private::{PrivateRedis, TcpProxy};
+
+/// A bucket of 40 refilling 20 a second, and an hourly quota of 100,000 (far away, so the
+/// window's count can be read back from what it says is left).
+const POLICY: &str = r#"
+[[tiers]]
+id = 0
+name = "free"
+[[route_classes]]
+id = 0
+name = "read"
+[[limits]]
+tier = "free"
+route_class = "*"
+capacity = 40
+refill_per_s = 20.0
+hourly_quota = 100000
+"#;
+const CAPACITY: f64 = 40.0;
+const REFILL_PER_S: f64 = 20.0;
+const QUOTA: u32 = 100_000;
+
+/// The decision deadline of production.
+const DEADLINE: Duration = Duration::from_millis(5);
+/// What a decision may take beyond the deadline on a loaded 2-core test machine (timer
+/// granularity and scheduling); a decision that waited for Redis would take seconds.
+const SLACK: Duration = Duration::from_millis(45);
+
+fn request(key: u8) -> Request<'static> {
+    let mut id = [0x0c; 16];
+    id[0] = key;
+    Request {
+        key_id: KeyId(id),
+        route_class: RouteClassId(0),
+        tier: TierId(0),
+        caller: b"c",
+    }
+}
+
+async fn limiter(url: &str, max_batch: usize, breaker: BreakerConfig) -> Arc<Limiter<RedisStore>> {
+    let store = RedisStore::connect(&RedisStoreConfig {
+        url: url.to_owned(),
+        timeout: DEADLINE,
+        max_batch,
+        ..RedisStoreConfig::default()
+    })
+    .await
+    .expect("connect");
+    let metrics = Arc::new(LimiterMetrics::new());
+    let (q, mut rx) = event_queue(1 << 20, Arc::clone(&metrics));
+    tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    let doc = parse_toml(POLICY).unwrap();
+    Arc::new(Limiter::new(
+        store,
+        PolicyHandle::new(PolicySnapshot::build(doc).unwrap(), 0),
+        q,
+        metrics,
+        LimiterConfig {
+            breaker,
+            ..LimiterConfig::default()
+        },
+    ))
+}
+
+/// A metric's value; a labelled series not exported yet (never counted) is 0.
+fn metric(l: &Limiter<RedisStore>, name: &str) -> u64 {
+    let text = l.metrics().render();
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| {
+            assert!(name.contains('{'), "{name} is not exported:\n{text}");
+            0
+        })
+}
+
+/// Decides `req` until Redis decides it twice in a row. Returns how many requests of the
+/// key Redis's window counted that were admitted before this call (from what the last
+/// answer says is left, less what this call admitted), and how many this call admitted.
+/// The first of the two answers hands the waiting charges to the lane; the second is
+/// decided after them.
+async fn counted_by_redis(l: &Limiter<RedisStore>, req: &Request<'_>) -> (u32, u32) {
+    let mut in_a_row = 0;
+    let mut admitted = 0;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "Redis never decided twice in a row"
+        );
+        let d = l.check(req).await;
+        admitted += u32::from(d.verdict == Verdict::Allowed);
+        in_a_row = if d.source == DecisionSource::CounterStore {
+            in_a_row + 1
+        } else {
+            0
+        };
+        if in_a_row == 2 {
+            return (QUOTA - d.remaining_window - admitted, admitted);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_is_decided_locally_without_a_breaker_opening_and_charged_back() {
+    let redis = PrivateRedis::start();
+    let proxy = TcpProxy::start(redis.port())
+        .await
+        .expect("a loopback proxy");
+    // One request per call, each call at least 1 ms: the lane decides under 1,000 a
+    // second, and 64 callers in a closed loop keep its queue far past the deadline. Redis
+    // itself answers every call it gets well within the deadline.
+    let l = limiter(
+        &format!("redis://127.0.0.1:{}", proxy.port()),
+        1,
+        BreakerConfig {
+            failure_threshold: 3,
+            ..BreakerConfig::default()
+        },
+    )
+    .await;
+    let key = request(1);
+    // The key is known to Redis before the load.
+    let (counted, before) = counted_by_redis(&l, &key).await;
+    assert_eq!(counted, 0);
+    proxy.set_delay_ms(1);
+
+    let started = Instant::now();
+    let run = Duration::from_secs(3);
+    let allowed = Arc::new(AtomicU32::new(0));
+    let slowest = Arc::new(std::sync::Mutex::new(Duration::ZERO));
+    let mut callers = tokio::task::JoinSet::new();
+    for _ in 0..64 {
+        let (l, allowed, slowest) = (Arc::clone(&l), Arc::clone(&allowed), Arc::clone(&slowest));
+        callers.spawn(async move {
+            while started.elapsed() < run {
+                let t = Instant::now();
+                let d = l.check(&key).await;
+                let took = t.elapsed();
+                {
+                    let mut s = slowest.lock().unwrap();
+                    *s = (*s).max(took);
+                }
+                allowed.fetch_add(u32::from(d.is_allowed()), Ordering::Relaxed);
+                // A gateway's request yields to the runtime between decisions (its I/O);
+                // a decision made locally at once does not.
+                tokio::task::yield_now().await;
+            }
+        });
+    }
+    callers.join_all().await;
+    let elapsed = started.elapsed().as_secs_f64();
+    proxy.set_delay_ms(0);
+    let allowed = allowed.load(Ordering::Relaxed);
+    let slowest = *slowest.lock().unwrap();
+    let overload = metric(&l, "verdict_overload_decisions_total");
+    let openings = metric(&l, "verdict_breaker_openings_total");
+    let timeouts = metric(&l, "verdict_store_errors_total{kind=\"timeout\"}");
+    let store_decided = metric(
+        &l,
+        "verdict_decisions_total{source=\"counter_store\",verdict=\"allowed\"}",
+    );
+    let limit = CAPACITY + REFILL_PER_S * elapsed;
+    println!(
+        "{elapsed:.2} s: {allowed} allowed (limit {limit:.0}, {:.3}x), {overload} decided as overload, {timeouts} timeouts, {openings} breaker openings, slowest decision {slowest:?}, {store_decided} allowed by Redis in all",
+        f64::from(allowed) / limit
+    );
+    assert!(
+        overload > 1_000,
+        "the process was meant to be overloaded: {overload} overload decisions"
+    );
+    assert_eq!(openings, 0, "overload opened a breaker");
+    assert_eq!(l.breaker_state(), BreakerState::Closed);
+    assert!(
+        slowest <= DEADLINE + SLACK,
+        "a decision waited {slowest:?} under overload"
+    );
+    assert!(
+        f64::from(allowed) <= 1.10 * limit,
+        "{allowed} allowed against a limit of {limit:.0} over {elapsed:.2} s"
+    );
+    assert!(
+        f64::from(allowed) >= 0.75 * limit,
+        "the fallback enforces the limit, it does not refuse everything: {allowed} of {limit:.0}"
+    );
+
+    // Every request admitted is counted in Redis's window: the store's own admissions and
+    // the charges. A request Redis counted but answered after its deadline (a timeout) was
+    // decided by the fallback too, and may be counted twice; nothing else may.
+    let (counted, _) = counted_by_redis(&l, &key).await;
+    let charged = metric(&l, "verdict_charged_back_total");
+    println!("Redis counted {counted} ({before} before the load), {charged} charged back");
+    assert_eq!(metric(&l, "verdict_charges_dropped_total"), 0);
+    assert!(
+        counted >= before + allowed && u64::from(counted) <= u64::from(before + allowed) + timeouts,
+        "Redis counted {counted}; {before} before the load, {allowed} allowed in it, {timeouts} timeouts"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_outage_the_hourly_window_counts_the_fallbacks_admissions_once() {
+    let redis = PrivateRedis::start();
+    let proxy = TcpProxy::start(redis.port())
+        .await
+        .expect("a loopback proxy");
+    let l = limiter(
+        &format!("redis://127.0.0.1:{}", proxy.port()),
+        64,
+        BreakerConfig {
+            failure_threshold: 3,
+            open_for: Duration::from_millis(200),
+            ..BreakerConfig::default()
+        },
+    )
+    .await;
+    let key = request(2);
+    let (counted, before) = counted_by_redis(&l, &key).await;
+    assert_eq!(counted, 0);
+
+    // F = 3 s without Redis, a request every 5 ms; the breaker probes every 200 ms and
+    // opens again each time.
+    proxy.cut();
+    let started = Instant::now();
+    let mut allowed = 0u32;
+    while started.elapsed() < Duration::from_secs(3) {
+        allowed += u32::from(l.check(&key).await.is_allowed());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let outage = started.elapsed().as_secs_f64();
+    let openings = metric(&l, "verdict_breaker_openings_total");
+    proxy.restore();
+    let (counted, _) = counted_by_redis(&l, &key).await;
+    // The fallback began from Redis's last answer: the outage admits at most a bucket plus
+    // the refill over its length.
+    let bound = CAPACITY + REFILL_PER_S * outage;
+    println!(
+        "outage of {outage:.2} s: {allowed} allowed by the fallback (bound {bound:.0}), {openings} breaker openings; Redis counted {counted} after it ({before} before)"
+    );
+    assert!(openings >= 5, "the breaker opened {openings} times");
+    assert!(
+        f64::from(allowed) <= bound,
+        "{allowed} allowed in the outage; one bucket plus the refill is {bound:.0}"
+    );
+    assert_eq!(
+        counted,
+        before + allowed,
+        "the window counts the {before} requests before and every admission of the outage, once"
+    );
+    assert_eq!(metric(&l, "verdict_charges_dropped_total"), 0);
+}
