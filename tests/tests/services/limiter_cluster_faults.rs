@@ -437,9 +437,12 @@ async fn a_master_killed_under_load_fails_over_and_only_its_keys_fall_back() {
             excess[g as usize],
         );
     }
+    // What the fallbacks admitted is charged back to Redis when the promoted replica
+    // answers, so Redis refuses it afterwards: neither group need end over what Redis
+    // alone allows, and the one started from Redis's last answer never ends over the other.
     assert!(
-        excess[0] < excess[1],
-        "a fallback started from Redis's last answer admits less than one started full: {excess:?}"
+        excess[0] <= excess[1],
+        "a fallback started from Redis's last answer admits no more than one started full: {excess:?}"
     );
 }
 
