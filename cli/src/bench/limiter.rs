@@ -639,7 +639,7 @@ fn pace(
 }
 
 /// The worst overshoot of `count` sleeps of 1 ms (or of as many as fit before `until`).
-async fn sleep_overshoot(count: u32, until: Option<Instant>) -> Duration {
+pub(crate) async fn sleep_overshoot(count: u32, until: Option<Instant>) -> Duration {
     let mut worst = Duration::ZERO;
     for _ in 0..count {
         if until.is_some_and(|u| Instant::now() >= u) {

@@ -369,7 +369,7 @@ async fn soak(args: &SoakArgs) -> anyhow::Result<SoakReport> {
         cuts.push((*start + *length, "calm".to_string(), Some((*fault, false))));
     }
 
-    let slack = sleep_overshoot(300).await;
+    let slack = super::limiter::sleep_overshoot(300, None).await;
     let zipf = Zipf::new(f64::from(args.keys), 1.0).context("zipf")?;
     let down: Arc<Vec<AtomicBool>> =
         Arc::new((0..gateways).map(|_| AtomicBool::new(false)).collect());
@@ -852,17 +852,6 @@ fn account(log: &Path) -> anyhow::Result<Account> {
         events_failed: field("events_failed")?,
         events_dropped: field("events_dropped")?,
     })
-}
-
-/// The worst overshoot of `count` sleeps of 1 ms.
-async fn sleep_overshoot(count: u32) -> Duration {
-    let mut worst = Duration::ZERO;
-    for _ in 0..count {
-        let t = Instant::now();
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        worst = worst.max(t.elapsed().saturating_sub(Duration::from_millis(1)));
-    }
-    worst
 }
 
 /// A database of the run's own on `base`'s PostgreSQL with the policy: the standard tier
