@@ -18,7 +18,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -129,6 +129,117 @@ struct Window {
     p99_ms: f64,
     p999_ms: f64,
     max_ms: f64,
+    /// What the gateways' own metrics counted over the window, read every second (a
+    /// gateway restarted in it counts from its new life; a second is the window's in which
+    /// it ended).
+    #[serde(flatten)]
+    decided: Tally,
+}
+
+/// The gateways' decisions over some seconds, against the deadline.
+#[derive(Debug, Clone, Default, Serialize)]
+struct Tally {
+    /// Decisions.
+    decisions: u64,
+    /// The share of them within the deadline plus each second's scheduling slack (the worst
+    /// overshoot of a thread's 1 ms sleeps over that second, a thread of this process on
+    /// the same cores as the gateways), counted at the gateways' histogram bound at or
+    /// under it: a lower bound.
+    decided_within_deadline_and_slack: f64,
+    /// The share within 7.5 ms, whatever the slack.
+    decided_within_7_5_ms: f64,
+    /// The worst second's slack, and the median second's.
+    worst_slack_ms: f64,
+    median_slack_ms: f64,
+    /// Decisions of the local fallback, and those of them made because a gateway process
+    /// was overloaded.
+    fallback_decisions: u64,
+    overload_decisions: u64,
+    #[serde(skip)]
+    within_slack: u64,
+    #[serde(skip)]
+    within_fixed: u64,
+    #[serde(skip)]
+    slacks_us: Vec<u64>,
+}
+
+impl Tally {
+    /// Adds one second's counts, with that second's slack.
+    fn add(&mut self, second: &Scrape, slack: Duration) {
+        self.decisions += second.decisions;
+        self.within_slack += second.within(second.bound(DEADLINE + slack));
+        self.within_fixed += second.within(second.bound(Duration::from_micros(7_500)));
+        self.fallback_decisions += second.fallback;
+        self.overload_decisions += second.overload;
+        self.slacks_us.push(slack.as_micros() as u64);
+    }
+
+    /// The shares and the slack's figures from what was added.
+    fn finish(mut self) -> Self {
+        let of = |n: u64| n as f64 / self.decisions.max(1) as f64;
+        self.decided_within_deadline_and_slack = of(self.within_slack);
+        self.decided_within_7_5_ms = of(self.within_fixed);
+        self.slacks_us.sort_unstable();
+        let ms = |us: Option<&u64>| us.map_or(0.0, |us| *us as f64 / 1000.0);
+        self.worst_slack_ms = ms(self.slacks_us.last());
+        self.median_slack_ms = ms(self.slacks_us.get(self.slacks_us.len() / 2));
+        self
+    }
+}
+
+/// Every second, the gateways' counts since the second before, credited to the window
+/// running then.
+struct Sampler {
+    window: Arc<std::sync::atomic::AtomicUsize>,
+    tallies: Arc<std::sync::Mutex<Vec<Tally>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Sampler {
+    fn start(ports: Vec<u16>, windows: usize) -> Self {
+        let window = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let tallies = Arc::new(std::sync::Mutex::new(vec![Tally::default(); windows]));
+        let (w, t) = (Arc::clone(&window), Arc::clone(&tallies));
+        let task = tokio::spawn(async move {
+            let meter = SlackMeter::start();
+            let mut last = scrape_all(&ports).await;
+            meter.take();
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let now = scrape_all(&ports).await;
+                let slack = meter.take();
+                let mut second = Scrape::default();
+                for (after, before) in now.iter().zip(&last) {
+                    second.add(&after.since(before));
+                }
+                last = now;
+                let at = w.load(Ordering::Acquire);
+                if let Some(tally) = t.lock().unwrap_or_else(|e| e.into_inner()).get_mut(at) {
+                    tally.add(&second, slack);
+                }
+            }
+        });
+        Self {
+            window,
+            tallies,
+            task,
+        }
+    }
+
+    /// From now on, seconds are window `w`'s.
+    fn enter(&self, w: usize) {
+        self.window.store(w, Ordering::Release);
+    }
+
+    /// Stops, after one more second, and gives each window's tally.
+    async fn finish(self) -> Vec<Tally> {
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        self.task.abort();
+        let tallies = std::mem::take(&mut *self.tallies.lock().unwrap_or_else(|e| e.into_inner()));
+        tallies.into_iter().map(Tally::finish).collect()
+    }
 }
 
 impl Window {
@@ -150,7 +261,167 @@ impl Window {
             p99_ms: r.latency_ms(0.99),
             p999_ms: r.latency_ms(0.999),
             max_ms: r.latency_ms(1.0),
+            decided: Tally::default(),
         }
+    }
+}
+
+/// What one scrape of gateways' `/metrics` counted, or the difference of two.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Scrape {
+    /// `verdict_gateway_decision_seconds`: (bound in seconds, decisions at or under it).
+    buckets: Vec<(f64, u64)>,
+    decisions: u64,
+    fallback: u64,
+    overload: u64,
+}
+
+impl Scrape {
+    /// Reads the Prometheus text of one gateway.
+    fn parse(text: &str) -> Self {
+        let mut s = Self::default();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let Some((name, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(v) = value.parse::<f64>() else {
+                continue;
+            };
+            let v = v as u64;
+            if let Some(le) = name
+                .strip_prefix("verdict_gateway_decision_seconds_bucket{le=\"")
+                .and_then(|r| r.strip_suffix("\"}"))
+            {
+                if let Ok(le) = le.parse::<f64>() {
+                    s.buckets.push((le, v));
+                }
+            } else if name == "verdict_gateway_decision_seconds_count" {
+                s.decisions = v;
+            } else if name.starts_with("verdict_fallback_decisions_total") {
+                s.fallback += v;
+            } else if name.starts_with("verdict_overload_decisions_total") {
+                s.overload += v;
+            }
+        }
+        s
+    }
+
+    /// What was counted between `before` and `self`, one gateway's; a process that
+    /// restarted in between counts from zero.
+    fn since(&self, before: &Self) -> Self {
+        if self.decisions < before.decisions || self.buckets.len() != before.buckets.len() {
+            return self.clone();
+        }
+        Self {
+            buckets: self
+                .buckets
+                .iter()
+                .zip(&before.buckets)
+                .map(|(a, b)| (a.0, a.1.saturating_sub(b.1)))
+                .collect(),
+            decisions: self.decisions - before.decisions,
+            fallback: self.fallback.saturating_sub(before.fallback),
+            overload: self.overload.saturating_sub(before.overload),
+        }
+    }
+
+    /// Adds another gateway's.
+    fn add(&mut self, other: &Self) {
+        if self.buckets.is_empty() {
+            self.buckets = other.buckets.iter().map(|(le, _)| (*le, 0)).collect();
+        }
+        for (mine, theirs) in self.buckets.iter_mut().zip(&other.buckets) {
+            mine.1 += theirs.1;
+        }
+        self.decisions += other.decisions;
+        self.fallback += other.fallback;
+        self.overload += other.overload;
+    }
+
+    /// The histogram's largest bound not above `limit`, in seconds (0 if none is).
+    fn bound(&self, limit: Duration) -> f64 {
+        let limit = limit.as_secs_f64() + 1e-9;
+        self.buckets
+            .iter()
+            .map(|(le, _)| *le)
+            .filter(|le| *le <= limit)
+            .fold(0.0, f64::max)
+    }
+
+    /// Decisions at or under the bound `le` seconds.
+    fn within(&self, le: f64) -> u64 {
+        self.buckets
+            .iter()
+            .filter(|(b, _)| *b <= le)
+            .map(|(_, n)| *n)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// The decision deadline of the gateways (the limiter's default).
+const DEADLINE: Duration = Duration::from_millis(5);
+
+/// A thread that sleeps 1 ms at a time for the whole run and keeps the worst overshoot
+/// since it was last asked: the scheduling slack the cores give a thread right now.
+struct SlackMeter {
+    worst_us: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl SlackMeter {
+    fn start() -> Self {
+        let (worst_us, stop) = (
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (w, s) = (Arc::clone(&worst_us), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                std::thread::sleep(Duration::from_millis(1));
+                let over = t.elapsed().saturating_sub(Duration::from_millis(1));
+                w.fetch_max(over.as_micros() as u64, Ordering::Relaxed);
+            }
+        });
+        Self { worst_us, stop }
+    }
+
+    /// The worst overshoot since the last call.
+    fn take(&self) -> Duration {
+        Duration::from_micros(self.worst_us.swap(0, Ordering::Relaxed))
+    }
+}
+
+impl Drop for SlackMeter {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Every gateway's `/metrics`, in the order of `ports`.
+async fn scrape_all(ports: &[u16]) -> Vec<Scrape> {
+    let mut all = Vec::with_capacity(ports.len());
+    for port in ports {
+        all.push(scrape(*port).await);
+    }
+    all
+}
+
+/// One gateway's `/metrics` (empty when it does not answer: stopped, or starting).
+async fn scrape(port: u16) -> Scrape {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fetch = async {
+        let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .await?;
+        let mut text = String::new();
+        conn.read_to_string(&mut text).await?;
+        Ok::<_, std::io::Error>(text)
+    };
+    match tokio::time::timeout(Duration::from_secs(2), fetch).await {
+        Ok(Ok(text)) => Scrape::parse(&text),
+        _ => Scrape::default(),
     }
 }
 
@@ -176,11 +447,15 @@ struct SoakReport {
     windows: Vec<Window>,
     /// Over the windows outside a fault's first second.
     answered_share_outside_first_seconds: f64,
-    /// The scheduling slack measured before the run (a 1 ms sleep's worst overshoot), and
-    /// the share of requests answered within 5 ms + slack of when they were due, outside a
-    /// fault's first second.
+    /// The scheduling slack measured on the quiet machine before the run (a 1 ms sleep's
+    /// worst overshoot); the share of decisions the gateways made within 5 ms + each
+    /// second's slack, and within 7.5 ms (see [`Tally`]), and of requests answered within
+    /// 5 ms + the quiet slack of when they were due (from each window's percentiles: a
+    /// lower bound), all outside a fault's first second.
     scheduling_slack_ms: f64,
-    within_deadline_share_outside_first_seconds: f64,
+    decided_within_deadline_and_slack_outside_first_seconds: f64,
+    decided_within_7_5_ms_outside_first_seconds: f64,
+    answered_within_deadline_share_outside_first_seconds: f64,
     accounts: Vec<Account>,
     decisions: u64,
     events_sent: u64,
@@ -370,6 +645,8 @@ async fn soak(args: &SoakArgs) -> anyhow::Result<SoakReport> {
     }
 
     let slack = super::limiter::sleep_overshoot(300, None).await;
+    let sampler = Sampler::start(ports.clone(), cuts.len());
+    let mut cut_of = Vec::new();
     let zipf = Zipf::new(f64::from(args.keys), 1.0).context("zipf")?;
     let down: Arc<Vec<AtomicBool>> =
         Arc::new((0..gateways).map(|_| AtomicBool::new(false)).collect());
@@ -409,14 +686,33 @@ async fn soak(args: &SoakArgs) -> anyhow::Result<SoakReport> {
         }
         let length = end.saturating_sub(started.elapsed().max(*at));
         let from_s = started.elapsed().as_secs_f64();
+        sampler.enter(w);
         let report = load_window(args, &ports, &down, w as u64, &zipf, length).await;
         eprintln!(
-            "soak: {what} at {from_s:.0} s: {} sent, {} failed, p99 {:.2} ms",
+            "soak: {what} at {from_s:.0} s: {} sent, {} failed, p99 {:.2} ms from due",
             report.sent,
             report.failed,
-            report.latency_ms(0.99)
+            report.latency_ms(0.99),
         );
         windows.push(Window::of(what.clone(), from_s, &report));
+        cut_of.push(w);
+    }
+    let tallies = sampler.finish().await;
+    for (window, cut) in windows.iter_mut().zip(&cut_of) {
+        window.decided = tallies[*cut].clone();
+        eprintln!(
+            "soak: {} at {:.0} s: {} decided, {:.5} within the deadline and slack (median \
+             {:.1} ms, worst {:.1} ms), {:.5} within 7.5 ms, {} by the fallback ({} overload)",
+            window.what,
+            window.from_s,
+            window.decided.decisions,
+            window.decided.decided_within_deadline_and_slack,
+            window.decided.median_slack_ms,
+            window.decided.worst_slack_ms,
+            window.decided.decided_within_7_5_ms,
+            window.decided.fallback_decisions,
+            window.decided.overload_decisions,
+        );
     }
     for a in acting {
         if let Err(e) = a.await? {
@@ -485,6 +781,14 @@ async fn soak(args: &SoakArgs) -> anyhow::Result<SoakReport> {
             / outside.iter().map(|w| w.sent).sum::<u64>().max(1) as f64
     };
     let within = within_deadline(&windows, slack);
+    let decided = |n: fn(&Tally) -> u64| {
+        outside.iter().map(|w| n(&w.decided)).sum::<u64>() as f64
+            / outside
+                .iter()
+                .map(|w| w.decided.decisions)
+                .sum::<u64>()
+                .max(1) as f64
+    };
     let mut sorted = ratios.clone();
     sorted.sort_by(f64::total_cmp);
     Ok(SoakReport {
@@ -500,7 +804,9 @@ async fn soak(args: &SoakArgs) -> anyhow::Result<SoakReport> {
             .collect(),
         answered_share_outside_first_seconds: share(|w| w.answered),
         scheduling_slack_ms: slack.as_secs_f64() * 1000.0,
-        within_deadline_share_outside_first_seconds: within,
+        decided_within_deadline_and_slack_outside_first_seconds: decided(|t| t.within_slack),
+        decided_within_7_5_ms_outside_first_seconds: decided(|t| t.within_fixed),
+        answered_within_deadline_share_outside_first_seconds: within,
         windows,
         accounts,
         decisions,
@@ -884,4 +1190,41 @@ async fn policy_database(base: &str, name: &str, tenant: KeyId) -> anyhow::Resul
         ))
         .await?;
     Ok(url)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Scrape;
+
+    const TEXT: &str = "# HELP verdict_gateway_decision_seconds The limiter's part.\n\
+        verdict_gateway_decision_seconds_bucket{le=\"0.005\"} 90\n\
+        verdict_gateway_decision_seconds_bucket{le=\"0.006\"} 95\n\
+        verdict_gateway_decision_seconds_bucket{le=\"0.0075\"} 99\n\
+        verdict_gateway_decision_seconds_bucket{le=\"+Inf\"} 100\n\
+        verdict_gateway_decision_seconds_count 100\n\
+        verdict_fallback_decisions_total{reason=\"overload\"} 7\n\
+        verdict_fallback_decisions_total{reason=\"breaker_open\"} 3\n\
+        verdict_overload_decisions_total 7\n";
+
+    #[test]
+    fn a_scrape_counts_decisions_within_a_bound_and_by_the_fallback() {
+        let s = Scrape::parse(TEXT);
+        assert_eq!((s.decisions, s.fallback, s.overload), (100, 10, 7));
+        let bound = s.bound(std::time::Duration::from_micros(6_660));
+        assert_eq!((bound, s.within(bound)), (0.006, 95));
+        assert_eq!(s.bound(std::time::Duration::from_millis(4)), 0.0);
+        assert_eq!(s.within(0.0), 0);
+    }
+
+    #[test]
+    fn a_restarted_gateway_counts_from_its_new_life() {
+        let before = Scrape::parse(TEXT);
+        let fresh = Scrape::parse(&TEXT.replace(" 100\n", " 4\n").replace(" 99\n", " 4\n"));
+        assert_eq!(fresh.since(&before).decisions, 4);
+        let mut later = before.clone();
+        later.decisions += 10;
+        later.buckets[0].1 += 10;
+        let d = later.since(&before);
+        assert_eq!((d.decisions, d.buckets[0].1, d.fallback), (10, 10, 0));
+    }
 }
