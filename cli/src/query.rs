@@ -399,6 +399,16 @@ pub async fn what_if(args: WhatIfArgs) -> anyhow::Result<()> {
                         text += &format!("  {c}\n");
                     }
                 }
+                if let Some(w) = answer.weights.as_ref().filter(|w| w.recommended) {
+                    text += "The file has the recommended weights (the limits were proven with \
+                             them); in the PostgreSQL policy, set them in verdict_policy.regions:\n";
+                    for r in &w.regions {
+                        text += &format!(
+                            "  UPDATE verdict_policy.regions SET weight = {} WHERE id = {};\n",
+                            r.recommended_weight, r.region
+                        );
+                    }
+                }
             }
             (
                 text,

@@ -462,7 +462,7 @@ impl Engine {
         self.render(name, params, false).await
     }
 
-    /// [`Self::report_sql`] as a statement over the lake's tables and `policies` only, which
+    /// [`Self::report_sql`] as a statement over the lake's tables, `policies` and `regions` only, which
     /// DuckDB runs too (see [`crate::reports::render_portable`]).
     pub async fn report_sql_portable(
         &self,

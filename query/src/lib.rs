@@ -22,6 +22,7 @@ pub mod reports;
 pub mod rules;
 pub mod tables;
 pub mod view;
+pub mod weights;
 pub mod whatif;
 pub mod yielding;
 

@@ -23,6 +23,7 @@ use crate::engine::Engine;
 use crate::error::QueryError;
 use crate::prove::{self, Proven, Targets};
 use crate::reports::Range;
+use crate::weights::{self, Weights};
 use crate::whatif::{self, LimitName, WhatIf};
 
 /// One row of the review, as the recommendation needs it.
@@ -237,7 +238,11 @@ pub struct Replayed {
     pub limits: Vec<RecommendedLimit>,
     /// The replay itself, with the keys whose refusals change most.
     pub what_if: WhatIf,
-    /// The policy in force with every proven recommendation put in: what
+    /// The regions' weights, judged by replaying them (see [`crate::weights`]): `None`
+    /// with one region, or when each region's share of the requests is near its weight's.
+    pub weights: Option<Weights>,
+    /// The policy in force with every proven recommendation put in (and the weights, when
+    /// recommended): what
     /// `verdict what-if --recommended --write-policy` writes.
     #[serde(skip)]
     pub candidate: PolicyDocument,
@@ -337,6 +342,15 @@ pub async fn replay_review(
                     .into(),
             )
         })?;
+    // The weights first: where they are what is wrong, the limits are proven with the
+    // weights recommended.
+    let weights = weights::judge(engine, &in_force, range).await?;
+    let in_force = match weights.as_ref().and_then(|w| w.weighted.clone()) {
+        Some(doc) => std::sync::Arc::new(PolicySnapshot::build(doc).map_err(|e| {
+            QueryError::Invalid(format!("the policy with the recommended weights: {e}"))
+        })?),
+        None => in_force,
+    };
     let proven = prove::prove(engine, &in_force, &review, range, targets).await?;
     let review: Vec<Recommendation> = proven.iter().map(|p| p.recommendation.clone()).collect();
     let candidate = apply(in_force.document(), &review)?;
@@ -383,6 +397,7 @@ pub async fn replay_review(
         proven,
         limits,
         what_if,
+        weights,
         candidate: candidate.document().clone(),
     })
 }
@@ -450,6 +465,23 @@ pub fn render(r: &Replayed) -> String {
             o.capacity,
             o.recommended_capacity
         );
+    }
+    if let Some(weights) = &r.weights {
+        t += &format!("The regions' weights: {}.\n", weights.reason);
+        for g in &weights.regions {
+            t += &format!(
+                "  {:<16} weight {} ({:.0} % of every limit), {:.0} % of the requests{}\n",
+                g.name,
+                g.weight,
+                g.share * 100.0,
+                g.share_of_requests * 100.0,
+                if weights.recommended {
+                    format!(": weight {} recommended", g.recommended_weight)
+                } else {
+                    String::new()
+                },
+            );
+        }
     }
     t += "Each recommendation, proven by replaying its own keys' requests (refused: requests, keys):\n";
     for p in &r.proven {

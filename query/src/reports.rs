@@ -202,15 +202,17 @@ pub fn catalog() -> Vec<Report> {
                 not a few abusers or intended bursts); `too high` when even the p99 key uses \
                 less than `too_high_use` of both and no key is constrained; else `fine`. \
                 `reason` says why in words. Shadow limits are judged on their would-deny the \
-                same way. `recommended_quota` is the p99 engaged key's busiest hour (all \
-                regions) times `headroom`, and `recommended_capacity` / `recommended_refill_per_s` \
+                same way. `recommended_quota` is the p99 engaged key's need (its busiest \
+                hour in a region over that region's share) times `headroom`, and `recommended_capacity` / `recommended_refill_per_s` \
                 scale the bucket so the p99 engaged key's busiest span fits with the same \
                 headroom, each rounded to two significant digits; a `fine` limit keeps its \
                 values. Demand is compared like with like: against the quota each region \
-                enforced (`enforced_quota`, its share of the global `hourly_quota`), and the \
-                recommendation against all regions' demand. Decisions of the kill switch and of \
+                enforced (its share of the global `hourly_quota`; `enforced_quota` is the \
+                largest), bursts against the region's share of the bucket (`regions`), so the \
+                recommendation is a global limit of which each region's share covers its \
+                keys. Decisions of the kill switch and of \
                 mode off count nothing and are left out.",
-            tables: &["decisions", "policies"],
+            tables: &["decisions", "policies", "regions"],
             params: vec![
                 FROM,
                 TO,
@@ -261,7 +263,7 @@ pub fn catalog() -> Vec<Report> {
                 at least once), with their refusals, their share of the limit's refusals, \
                 their demand and burst. They are override or abuse candidates, not evidence \
                 against the limit.",
-            tables: &["decisions", "policies"],
+            tables: &["decisions", "policies", "regions"],
             params: vec![FROM, TO, TIER, ROUTE],
         },
         Report {

@@ -7,6 +7,7 @@
 //! | `demand_hourly` | per hour × tier × route class × region, keys by level of demand (log-spaced buckets), 5 years | `rollup/demand_hourly/date=…/hour=…/`; `date` is a partition column |
 //! | `overage` | per key per day, requests over the hourly quota, for pricing | `overage/date=…/` |
 //! | `policies` | the policy in force: one row per tier × route class, and one per override × route class | the limiter's policy source (TOML file or PostgreSQL) |
+//! | `regions` | the policy's regions, each with its static weight and the share of every limit it enforces by that weight; one more row, its `region` null, holds the share of a region the policy does not list (1 when the policy lists fewer than two, where a region enforces the whole) | the same source |
 //!
 //! Every query lists the lake afresh (no listing cache), so new commits are seen at once;
 //! the listing goes through [`ReaderView`], which lists each Delta table (`decisions`,
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use arrow::array::{
     ArrayRef, BooleanArray, FixedSizeBinaryBuilder, Float64Array, Int64Array, RecordBatch,
-    StringArray, UInt8Array, UInt64Array,
+    StringArray, UInt8Array, UInt16Array, UInt64Array,
 };
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use async_trait::async_trait;
@@ -47,12 +48,13 @@ use verdict_schemas::tables::{
 pub const LAKE_URL: &str = "verdict://lake";
 
 /// The table names, in the order `GET /v1/tables` lists them.
-pub const TABLES: [&str; 5] = [
+pub const TABLES: [&str; 6] = [
     "decisions",
     "denied_hourly",
     "demand_hourly",
     "overage",
     "policies",
+    "regions",
 ];
 
 /// Registers the four tables in `ctx`, whose runtime must know the lake as [`LAKE_URL`].
@@ -105,15 +107,28 @@ pub fn register(ctx: &SessionContext, policies: Arc<PoliciesTable>) -> DfResult<
         "overage",
         listing(OVERAGE_PREFIX, parquet(), overage_schema())?,
     )?;
-    ctx.register_table("policies", policies)?;
+    ctx.register_table(
+        "regions",
+        Arc::new(PolicyView {
+            policies: Arc::clone(&policies),
+            regions: true,
+        }),
+    )?;
+    ctx.register_table(
+        "policies",
+        Arc::new(PolicyView {
+            policies,
+            regions: false,
+        }),
+    )?;
     Ok(())
 }
 
 /// How long a policy read stays fresh: the limiter polls its source as often.
 pub const POLICY_REFRESH: Duration = Duration::from_secs(10);
 
-/// The `policies` table: the policy in force, read from the limiter's source and re-read when
-/// older than [`POLICY_REFRESH`]. If the source fails, the last policy read stays (with a
+/// The policy in force, as the `policies` and `regions` tables read it: from the limiter's
+/// source, re-read when older than [`POLICY_REFRESH`]. If the source fails, the last policy read stays (with a
 /// warning), as in the limiter.
 #[derive(Debug)]
 pub struct PoliciesTable {
@@ -184,6 +199,23 @@ impl PoliciesTable {
         match self.snapshot().await? {
             Some(snapshot) => policy_rows(&snapshot),
             None => Ok(RecordBatch::new_empty(Self::table_schema())),
+        }
+    }
+
+    /// The `regions` table's rows now (see [`region_rows`]): without a source, the row of
+    /// a region enforcing the whole.
+    pub async fn regions_batch(&self) -> DfResult<RecordBatch> {
+        match self.snapshot().await? {
+            Some(snapshot) => region_rows(&snapshot),
+            None => Ok(RecordBatch::try_new(
+                RegionsTable::table_schema(),
+                vec![
+                    Arc::new(UInt16Array::from(vec![None::<u16>])),
+                    Arc::new(StringArray::from(vec!["(unlisted)"])),
+                    Arc::new(Float64Array::from(vec![None::<f64>])),
+                    Arc::new(Float64Array::from(vec![1.0])),
+                ],
+            )?),
         }
     }
 }
@@ -275,10 +307,69 @@ pub fn policy_rows(snapshot: &PolicySnapshot) -> DfResult<RecordBatch> {
     )?)
 }
 
+/// The `regions` table's schema and rows.
+pub struct RegionsTable;
+
+impl RegionsTable {
+    /// The schema: `region` (null in the row of unlisted regions), `name`, `weight`, and
+    /// `share`, the part of every limit (bucket and quota) the region enforces without the
+    /// reconcile.
+    pub fn table_schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("region", DataType::UInt16, true),
+            Field::new("name", DataType::Utf8, false),
+            Field::new("weight", DataType::Float64, true),
+            Field::new("share", DataType::Float64, false),
+        ]))
+    }
+}
+
+/// The rows of the `regions` table for `snapshot`.
+pub fn region_rows(snapshot: &PolicySnapshot) -> DfResult<RecordBatch> {
+    let listed = &snapshot.document().regions;
+    let share = |id: u16| {
+        f64::from(snapshot.region_static_ppm(verdict_schemas::RegionId(id)))
+            / f64::from(verdict_limiter::algo::PPM)
+    };
+    // A region id the policy does not list gives the share of an unlisted region.
+    let unlisted = (0..=u16::MAX)
+        .find(|id| listed.iter().all(|r| r.id != *id))
+        .unwrap_or(u16::MAX);
+    let mut region: Vec<Option<u16>> = listed.iter().map(|r| Some(r.id)).collect();
+    let mut name: Vec<String> = listed.iter().map(|r| r.name.clone()).collect();
+    let mut weight: Vec<Option<f64>> = listed.iter().map(|r| Some(r.weight)).collect();
+    let mut shares: Vec<f64> = listed.iter().map(|r| share(r.id)).collect();
+    region.push(None);
+    name.push("(unlisted)".to_owned());
+    weight.push(None);
+    shares.push(share(unlisted));
+    Ok(RecordBatch::try_new(
+        RegionsTable::table_schema(),
+        vec![
+            Arc::new(UInt16Array::from(region)),
+            Arc::new(StringArray::from(name)),
+            Arc::new(Float64Array::from(weight)),
+            Arc::new(Float64Array::from(shares)),
+        ],
+    )?)
+}
+
+/// A table of the policy in force, one batch made from it when scanned: `policies` or
+/// `regions`.
+#[derive(Debug)]
+struct PolicyView {
+    policies: Arc<PoliciesTable>,
+    regions: bool,
+}
+
 #[async_trait]
-impl TableProvider for PoliciesTable {
+impl TableProvider for PolicyView {
     fn schema(&self) -> SchemaRef {
-        Self::table_schema()
+        if self.regions {
+            RegionsTable::table_schema()
+        } else {
+            PoliciesTable::table_schema()
+        }
     }
 
     fn table_type(&self) -> TableType {
@@ -292,8 +383,12 @@ impl TableProvider for PoliciesTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let batch = self.batch().await?;
-        MemTable::try_new(Self::table_schema(), vec![vec![batch]])?
+        let batch = if self.regions {
+            self.policies.regions_batch().await?
+        } else {
+            self.policies.batch().await?
+        };
+        MemTable::try_new(self.schema(), vec![vec![batch]])?
             .scan(state, projection, filters, limit)
             .await
     }

@@ -113,6 +113,8 @@ pub struct Replay {
     /// Per tier × route class: what was recorded, and what the candidate does.
     limits: FxHashMap<(u8, u8), (Counts, Counts)>,
     keys: FxHashMap<(KeyId, u8), KeyTally>,
+    /// Per region: requests and what the candidate refused of them.
+    regions: BTreeMap<u16, (u64, u64)>,
     /// The resolution of the last (key, route class, tier): requests come sorted by key, so
     /// one lookup in the policy serves a run of them.
     last: Option<((KeyId, u8, u8), LimitLookup)>,
@@ -126,6 +128,7 @@ impl Replay {
             counters: FxHashMap::default(),
             limits: FxHashMap::default(),
             keys: FxHashMap::default(),
+            regions: BTreeMap::new(),
             last: None,
         }
     }
@@ -212,6 +215,9 @@ impl Replay {
             replayed.refused_by_bucket += u64::from(by_bucket);
             replayed.refused_by_window += u64::from(by_window);
         }
+        let region = self.regions.entry(r.region).or_default();
+        region.0 += 1;
+        region.1 += u64::from(refused);
         let key = self.keys.entry((r.key_id, r.route_class)).or_default();
         key.tier = r.tier;
         key.requests += 1;
@@ -243,6 +249,12 @@ impl Replay {
         }
         constrained.sort_unstable();
         (total, constrained)
+    }
+
+    /// Each key × route class fed so far: its requests and what the candidate refused of
+    /// them.
+    pub fn by_key(&self) -> impl Iterator<Item = ((KeyId, u8), u64, u64)> + '_ {
+        self.keys.iter().map(|(k, t)| (*k, t.requests, t.replayed))
     }
 
     /// Requests replayed so far.
@@ -306,6 +318,22 @@ impl Replay {
                 .then_with(|| a.limit.route_class_id.cmp(&b.limit.route_class_id))
         });
         changed.truncate(keys);
+        let regions = self
+            .regions
+            .iter()
+            .map(|(&region, &(requests, refused))| RegionWhatIf {
+                region,
+                name: doc
+                    .regions
+                    .iter()
+                    .find(|r| r.id == region)
+                    .map(|r| r.name.clone()),
+                share: f64::from(self.policy.region_static_ppm(RegionId(region)))
+                    / f64::from(verdict_limiter::algo::PPM),
+                requests,
+                refused,
+            })
+            .collect();
         WhatIf {
             from: range.from,
             to: range.to,
@@ -313,6 +341,7 @@ impl Replay {
             decisions,
             caveat: CAVEAT,
             limits,
+            regions,
             keys: changed,
         }
     }
@@ -394,8 +423,25 @@ pub struct WhatIf {
     pub caveat: &'static str,
     /// Per tier × route class.
     pub limits: Vec<LimitWhatIf>,
+    /// Per region the requests came from.
+    pub regions: Vec<RegionWhatIf>,
     /// The keys whose refusals change most, most first.
     pub keys: Vec<KeyWhatIf>,
+}
+
+/// One region's requests in a replay.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RegionWhatIf {
+    /// Region id.
+    pub region: u16,
+    /// Its name in the candidate (`None`: the candidate does not list it).
+    pub name: Option<String>,
+    /// The share of every limit it enforces by the candidate's static weights.
+    pub share: f64,
+    /// Requests replayed from it.
+    pub requests: u64,
+    /// Of those, refused by the candidate.
+    pub refused: u64,
 }
 
 /// Parses and validates a candidate policy (TOML), refusing it the way the limiter does: the
@@ -494,6 +540,17 @@ pub async fn what_if(
     keys: usize,
 ) -> Result<WhatIf, QueryError> {
     let mut replay = Replay::new(policy);
+    feed_range(engine, &mut replay, range).await?;
+    Ok(replay.finish(range, keys))
+}
+
+/// Feeds every recorded request of `range` to `replay`, an hour at a time. A range with no
+/// recorded decisions is an error that says so.
+pub async fn feed_range(
+    engine: &Engine,
+    replay: &mut Replay,
+    range: Range,
+) -> Result<(), QueryError> {
     let mut hour = first_hour(range);
     while hour < range.to {
         for r in &recorded_hour(engine, hour, range).await? {
@@ -508,7 +565,7 @@ pub async fn what_if(
             range.to.to_rfc3339()
         )));
     }
-    Ok(replay.finish(range, keys))
+    Ok(())
 }
 
 /// The answer as text for a terminal: one line per tier × route class, then the keys.

@@ -15,6 +15,15 @@
 //!
 //! Demand is generated once, independently of the decisions (no retries), so the world's
 //! truth (each key's busiest clock hour) is known exactly.
+//!
+//! A world may have regions ([`Regions`]): the policy lists them with their weights, each
+//! key lives in one (drawn by the regions' parts of the keys, which differ from their
+//! weights) and some move to another at the world's midpoint. A key sends what it would in
+//! a world of one region times its region's share, and bursts one over its region's share of the
+//! bucket, so each limit's truth is the same; each region's requests are decided by a
+//! limiter of its own (its own counters, enforcing its static share). In a world of
+//! [`Regions::lopsided`] keys send the same wherever they are, and the weights are what is
+//! wrong.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,7 +36,7 @@ use verdict_limiter::{
     Request, event_queue,
 };
 use verdict_schemas::layout::HourPartition;
-use verdict_schemas::{DecisionEvent, KeyId, RouteClassId, TierId};
+use verdict_schemas::{DecisionEvent, KeyId, RegionId, RouteClassId, TierId};
 
 use crate::rollup_check::write_raw_hour;
 
@@ -65,6 +74,146 @@ pub fn limits(version: u64) -> [LimitRow; 6] {
 /// service reads).
 pub fn policy_toml(version: u64) -> String {
     policy_text(version, &limits(version))
+}
+
+/// The regions of a world.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Regions {
+    /// Each region (its id is its place here): name, weight in the policy, and the part of
+    /// the keys that live there.
+    pub regions: Vec<(&'static str, f64, f64)>,
+    /// The part of the keys that move to another region at the world's midpoint.
+    pub moving: f64,
+    /// Whether a key sends its region's share of what it would in a world of one region
+    /// (so each limit's truth stays), or the same wherever it is (so a region whose part
+    /// of the keys exceeds its weight needs more of every limit than its weight gives it).
+    pub scaled: bool,
+    /// Whether every key sends from every region, each request from a region drawn by the
+    /// regions' parts (a global client behind a global load balancer), rather than from its
+    /// home.
+    pub spread: bool,
+}
+
+impl Regions {
+    /// Three regions weighted 5 / 3 / 2, home to 65 / 29 / 6 % of the keys.
+    pub fn three() -> Self {
+        Self {
+            regions: vec![
+                ("us-east-1", 5.0, 0.65),
+                ("eu-central-1", 3.0, 0.29),
+                ("ap-southeast-2", 2.0, 0.06),
+            ],
+            moving: 0.1,
+            scaled: true,
+            spread: false,
+        }
+    }
+
+    /// Two regions of equal weight, home to 70 / 30 % of the keys.
+    pub fn two() -> Self {
+        Self {
+            regions: vec![("us-east-1", 1.0, 0.7), ("eu-central-1", 1.0, 0.3)],
+            moving: 0.1,
+            scaled: true,
+            spread: false,
+        }
+    }
+
+    /// Three regions of equal weight, home to 90 / 5 / 5 % of the keys, each key sending
+    /// what it would in a world of one region: the weights are what is wrong.
+    pub fn lopsided() -> Self {
+        Self {
+            regions: vec![
+                ("us-east-1", 1.0, 0.9),
+                ("eu-central-1", 1.0, 0.05),
+                ("ap-southeast-2", 1.0, 0.05),
+            ],
+            moving: 0.0,
+            scaled: false,
+            spread: false,
+        }
+    }
+
+    /// Two regions of equal weight, every key sending from both, 70 / 30 % of its requests
+    /// from each: the weights are what is wrong (every key's first region runs out of its
+    /// share while the other's goes unused).
+    pub fn spread() -> Self {
+        Self {
+            regions: vec![("us-east-1", 1.0, 0.7), ("eu-central-1", 1.0, 0.3)],
+            moving: 0.0,
+            scaled: false,
+            spread: true,
+        }
+    }
+
+    /// The region a request of `key` at `t` comes from in a spread world: drawn by the
+    /// parts, the same draw every time.
+    pub fn spread_region(&self, key: KeyId, t: i64) -> u16 {
+        let mut x = u64::from_le_bytes(key.0[8..].try_into().unwrap_or_default())
+            ^ (t as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        x ^= x >> 31;
+        let mut u =
+            (x >> 11) as f64 / (1u64 << 53) as f64 * self.regions.iter().map(|r| r.2).sum::<f64>();
+        for (i, r) in self.regions.iter().enumerate() {
+            if u < r.2 {
+                return i as u16;
+            }
+            u -= r.2;
+        }
+        (self.regions.len() - 1) as u16
+    }
+
+    /// Region `r`'s static share of every limit, as the limiter computes it.
+    pub fn share(&self, r: u16) -> f64 {
+        let snapshot = snapshot_of(&format!("{}{}", policy_toml(2), self.toml()));
+        f64::from(snapshot.region_static_ppm(RegionId(r))) / f64::from(verdict_limiter::algo::PPM)
+    }
+
+    /// The policy's `[[regions]]`.
+    pub fn toml(&self) -> String {
+        self.regions
+            .iter()
+            .enumerate()
+            .map(|(id, (name, weight, _))| {
+                format!("[[regions]]\nid = {id}\nname = \"{name}\"\nweight = {weight}\n")
+            })
+            .collect()
+    }
+
+    /// A region drawn by the parts of the keys, other than `not`.
+    fn draw(&self, rng: &mut SmallRng, not: Option<u16>) -> u16 {
+        let parts: Vec<f64> = (0..self.regions.len())
+            .map(|r| {
+                if Some(r as u16) == not {
+                    0.0
+                } else {
+                    self.regions[r].2
+                }
+            })
+            .collect();
+        let mut x = rng.random_range(0.0..parts.iter().sum::<f64>());
+        for (r, p) in parts.iter().enumerate() {
+            if x < *p {
+                return r as u16;
+            }
+            x -= p;
+        }
+        (parts.len() - 1) as u16
+    }
+}
+
+/// Where a key sends from: its region before the world's midpoint, and from it on.
+pub type Place = (u16, u16);
+
+/// The region of a request at `t` from a key at `place`.
+pub fn region_at(place: Place, t: i64) -> u16 {
+    if t < START_MS + HOURS / 2 * HOUR_MS {
+        place.0
+    } else {
+        place.1
+    }
 }
 
 /// A policy of the world's tiers and route class with `limits` (and the world's override).
@@ -125,10 +274,15 @@ pub struct Truth {
 /// One world: its demand and its truth.
 #[derive(Debug, Clone)]
 pub struct World {
-    /// The truth, in the review's row order (tier, then the override rows).
+    /// The truth, in the review's row order (tier, then the override rows); none in a world
+    /// of unscaled regions.
     pub truth: Vec<Truth>,
     /// Each key's request times (ms), as generated.
     pub demand: BTreeMap<(u8, KeyId), Vec<i64>>,
+    /// Its regions, if more than one.
+    pub regions: Option<Regions>,
+    /// Where each key sends from (region 0 throughout without regions).
+    pub places: BTreeMap<(u8, KeyId), Place>,
 }
 
 /// Uniform times in hour `h` of the world, `n` of them.
@@ -152,9 +306,44 @@ fn steady(rng: &mut SmallRng, per_hour: (u32, u32)) -> Vec<i64> {
 
 /// Builds the world of `seed` with `scale` × 30 keys in each tier (`sparse` keeps 4).
 pub fn world(seed: u64, scale: u32) -> World {
+    world_in(seed, scale, None)
+}
+
+/// The world of `seed` and `scale` in `regions` (see the module's documentation).
+pub fn world_in(seed: u64, scale: u32, regions: Option<Regions>) -> World {
     let mut rng = SmallRng::seed_from_u64(seed);
+    // Places and the thinning to each region's share come from a generator of their own,
+    // so a world without regions is the same world with or without them.
+    let mut placing = SmallRng::seed_from_u64(seed ^ 0x5eed_0f9e_610e);
     let per_tier = 30 * scale as u16;
     let mut demand: BTreeMap<(u8, KeyId), Vec<i64>> = BTreeMap::new();
+    let mut places: BTreeMap<(u8, KeyId), Place> = BTreeMap::new();
+    let place = |rng: &mut SmallRng| -> Place {
+        let Some(r) = &regions else {
+            return (0, 0);
+        };
+        let home = r.draw(rng, None);
+        if rng.random_bool(r.moving) {
+            (home, r.draw(rng, Some(home)))
+        } else {
+            (home, home)
+        }
+    };
+    let shares: Vec<f64> = regions.as_ref().map_or(vec![1.0], |r| {
+        (0..r.regions.len() as u16).map(|i| r.share(i)).collect()
+    });
+    let share_at = |p: Place, t: i64| shares[usize::from(region_at(p, t))];
+    let scaled = regions.as_ref().is_some_and(|r| r.scaled);
+    // Each request kept with its region's share of probability.
+    let thin = |times: Vec<i64>, p: Place, rng: &mut SmallRng| -> Vec<i64> {
+        if !scaled {
+            return times;
+        }
+        times
+            .into_iter()
+            .filter(|t| rng.random_bool(share_at(p, *t)))
+            .collect()
+    };
     for (tier, keys, per_hour) in [
         (0u8, per_tier, (150, 300)),
         (1, per_tier, (100, 320)),
@@ -164,35 +353,83 @@ pub fn world(seed: u64, scale: u32) -> World {
         (5, per_tier, (150, 300)),
     ] {
         for n in 0..keys {
-            let mut times = steady(&mut rng, per_hour);
-            // 15 % of the fine keys: one burst two requests over the bucket, 50 ms apart.
+            let p = place(&mut placing);
+            let mut times = thin(steady(&mut rng, per_hour), p, &mut placing);
+            // 15 % of the fine keys: one burst two requests over the bucket, 50 ms apart (in
+            // a region, one over its share of the bucket: a key there sends fewer requests,
+            // and a refusal is a larger part of them).
             if tier == 1 && rng.random_bool(0.15) {
                 let at = START_MS + rng.random_range(0..HOURS * HOUR_MS - 10_000);
-                times.extend((0..22).map(|i| at + i * 50));
+                let burst = if scaled {
+                    (20.0 * share_at(p, at)).floor() as i64 + 1
+                } else {
+                    22
+                };
+                times.extend((0..burst).map(|i| at + i * 50));
             }
             demand.insert((tier, key(tier, n)), times);
+            places.insert((tier, key(tier, n)), p);
         }
     }
     // Two scrapers in `fine`, five times its quota every hour.
     for n in [200, 201] {
+        let p = place(&mut placing);
         let times = (0..HOURS).flat_map(|h| spread(&mut rng, h, 2000)).collect();
-        demand.insert((1, key(1, n)), times);
+        demand.insert((1, key(1, n)), thin(times, p, &mut placing));
+        places.insert((1, key(1, n)), p);
     }
     // The override key sends twice its own quota.
+    let p = place(&mut placing);
     let times = (0..HOURS).flat_map(|h| spread(&mut rng, h, 300)).collect();
-    demand.insert((1, override_key()), times);
+    demand.insert((1, override_key()), thin(times, p, &mut placing));
+    places.insert((1, override_key()), p);
     for times in demand.values_mut() {
         times.sort_unstable();
     }
 
-    let truth = truth(&demand);
-    World { truth, demand }
+    // A world whose keys send the same wherever they are has no truth of its limits
+    // written down: its point is the weights.
+    let truth = if regions.as_ref().is_none_or(|r| r.scaled) {
+        truth(&demand, &places, &shares)
+    } else {
+        Vec::new()
+    };
+    World {
+        truth,
+        demand,
+        regions,
+        places,
+    }
 }
 
 impl World {
     /// The world's decisions under its own policies (version 1, then 2).
     pub async fn events(&self) -> Vec<DecisionEvent> {
-        decide_all(&self.demand, [snapshot(1), snapshot(2)]).await
+        self.decide([self.snapshot(1), self.snapshot(2)]).await
+    }
+
+    /// The world's policy of `version` as TOML, with its regions.
+    pub fn policy_toml(&self, version: u64) -> String {
+        self.with_regions(policy_toml(version))
+    }
+
+    /// `policy` (TOML) with the world's regions.
+    pub fn with_regions(&self, policy: String) -> String {
+        match &self.regions {
+            Some(r) => policy + &r.toml(),
+            None => policy,
+        }
+    }
+
+    /// The world's policy of `version`, validated.
+    pub fn snapshot(&self, version: u64) -> PolicySnapshot {
+        snapshot_of(&self.policy_toml(version))
+    }
+
+    /// The world's demand decided under `policies` (see [`decide_in`]).
+    pub async fn decide(&self, policies: [PolicySnapshot; 2]) -> Vec<DecisionEvent> {
+        let spread = self.regions.as_ref().filter(|r| r.spread);
+        decide_in(&self.demand, &self.places, spread, policies).await
     }
 }
 
@@ -203,35 +440,66 @@ pub async fn decide_all(
     demand: &BTreeMap<(u8, KeyId), Vec<i64>>,
     policies: [PolicySnapshot; 2],
 ) -> Vec<DecisionEvent> {
+    decide_in(demand, &BTreeMap::new(), None, policies).await
+}
+
+/// As [`decide_all`], each request in its key's region at its time (`places`, region 0 for
+/// a key not there; or drawn by `spread`'s parts), by that region's limiter: counters of its
+/// own, enforcing the region's share of the policy's limits.
+pub async fn decide_in(
+    demand: &BTreeMap<(u8, KeyId), Vec<i64>>,
+    places: &BTreeMap<(u8, KeyId), Place>,
+    spread: Option<&Regions>,
+    policies: [PolicySnapshot; 2],
+) -> Vec<DecisionEvent> {
     let change_ms = START_MS + HOURS / 2 * HOUR_MS;
-    let mut requests: Vec<(i64, u8, KeyId)> = demand
+    let mut requests: Vec<(i64, u8, KeyId, u16)> = demand
         .iter()
-        .flat_map(|((tier, key), times)| times.iter().map(move |t| (*t, *tier, *key)))
+        .flat_map(|((tier, key), times)| {
+            let place = places.get(&(*tier, *key)).copied().unwrap_or((0, 0));
+            times.iter().map(move |t| {
+                let region = match spread {
+                    Some(r) => r.spread_region(*key, *t),
+                    None => region_at(place, *t),
+                };
+                (*t, *tier, *key, region)
+            })
+        })
         .collect();
     requests.sort_unstable();
+    let regions = requests.iter().map(|r| r.3).max().unwrap_or(0) + 1;
     let clock = FakeClock::at(START_MS);
     let metrics = Arc::new(LimiterMetrics::new());
     // The events are taken from each decision; the queue only has to exist.
     let (queue, _receiver) = event_queue(1, Arc::clone(&metrics));
     let [before, after] = policies;
-    let limiter = Limiter::with_clock(
-        MemoryStore::with_clock(1_000_000, Arc::new(clock.clone())),
-        PolicyHandle::new(before, START_MS),
-        queue,
-        metrics,
-        LimiterConfig::default(),
-        Arc::new(clock.clone()),
-    );
+    let limiters: Vec<_> = (0..regions)
+        .map(|region| {
+            Limiter::with_clock(
+                MemoryStore::with_clock(1_000_000, Arc::new(clock.clone())),
+                PolicyHandle::new(before.clone(), START_MS),
+                queue.clone(),
+                Arc::clone(&metrics),
+                LimiterConfig {
+                    region: RegionId(region),
+                    ..LimiterConfig::default()
+                },
+                Arc::new(clock.clone()),
+            )
+        })
+        .collect();
     let mut after = Some(after);
     let mut events = Vec::with_capacity(requests.len());
-    for (t, tier, key_id) in requests {
+    for (t, tier, key_id, region) in requests {
         if t >= change_ms
             && let Some(next) = after.take()
         {
-            limiter.policy().store(next, t);
+            for limiter in &limiters {
+                limiter.policy().store(next.clone(), t);
+            }
         }
         clock.set(t);
-        let decision = limiter
+        let decision = limiters[usize::from(region)]
             .check(&Request {
                 key_id,
                 route_class: RouteClassId(0),
@@ -260,7 +528,27 @@ pub fn nearest_rank(values: &mut [u64], q: f64) -> u64 {
     values[rank - 1]
 }
 
-fn truth(demand: &BTreeMap<(u8, KeyId), Vec<i64>>) -> Vec<Truth> {
+/// A key's need of the global quota: its busiest clock hour in one region over that
+/// region's share (its busiest hour, with one region).
+pub fn need(times: &[i64], place: Place, shares: &[f64]) -> u64 {
+    let mut per_hour: BTreeMap<(i64, u16), u64> = BTreeMap::new();
+    for t in times {
+        *per_hour
+            .entry((t.div_euclid(HOUR_MS), region_at(place, *t)))
+            .or_default() += 1;
+    }
+    per_hour
+        .iter()
+        .map(|((_, r), n)| (*n as f64 / shares[usize::from(*r)]).round() as u64)
+        .max()
+        .unwrap_or(0)
+}
+
+fn truth(
+    demand: &BTreeMap<(u8, KeyId), Vec<i64>>,
+    places: &BTreeMap<(u8, KeyId), Place>,
+    shares: &[f64],
+) -> Vec<Truth> {
     let verdicts = [
         "too low",
         "fine",
@@ -269,12 +557,13 @@ fn truth(demand: &BTreeMap<(u8, KeyId), Vec<i64>>) -> Vec<Truth> {
         "not enough data",
         "too low",
     ];
+    let need_of = |k: &(u8, KeyId)| need(&demand[k], places[k], shares);
     let mut out = Vec::new();
     for (tier, verdict) in verdicts.iter().enumerate() {
         let mut peaks: Vec<u64> = demand
-            .iter()
-            .filter(|((t, k), _)| usize::from(*t) == tier && *k != override_key())
-            .map(|(_, times)| peak_hour(times))
+            .keys()
+            .filter(|(t, k)| usize::from(*t) == tier && *k != override_key())
+            .map(need_of)
             .collect();
         out.push(Truth {
             tier: TIERS[tier],
@@ -287,19 +576,20 @@ fn truth(demand: &BTreeMap<(u8, KeyId), Vec<i64>>) -> Vec<Truth> {
                 tier: TIERS[tier],
                 override_key: Some(override_key()),
                 verdict: "too low",
-                p99_peak_hour: Some(peak_hour(&demand[&(1, override_key())])),
+                p99_peak_hour: Some(need_of(&(1, override_key()))),
             });
         }
     }
     out
 }
 
-/// Writes decisions as raw files in `store` (2 partitions) and its policy
-/// (version 2) to `dir`; returns the policy file's path.
+/// Writes decisions as raw files in `store` (2 partitions) and `policy` (the one in
+/// force) to `dir`; returns the policy file's path.
 pub async fn write_world(
     store: &Arc<dyn ObjectStore>,
     dir: &std::path::Path,
     events: &[DecisionEvent],
+    policy: &str,
 ) -> std::path::PathBuf {
     let mut by_hour: BTreeMap<i64, Vec<DecisionEvent>> = BTreeMap::new();
     for e in events {
@@ -313,6 +603,6 @@ pub async fn write_world(
         write_raw_hour(store, "verdict.decisions.v1", hour, events, 2, 1_000_000).await;
     }
     let path = dir.join("policy.toml");
-    std::fs::write(&path, policy_toml(2)).expect("writing the policy file");
+    std::fs::write(&path, policy).expect("writing the policy file");
     path
 }

@@ -399,13 +399,20 @@ async fn duckdb_spec(
     queries: &[(String, &'static str, String)],
     threads: usize,
 ) -> anyhow::Result<std::path::PathBuf> {
-    let policies = engine.policies().batch().await?;
-    let mut buf = Vec::new();
-    let mut w = parquet::arrow::ArrowWriter::try_new(&mut buf, policies.schema(), None)?;
-    w.write(&policies)?;
-    w.close()?;
-    let policies_path = root.join("bench-policies.parquet");
-    std::fs::write(&policies_path, buf)?;
+    let export = |batch: arrow::record_batch::RecordBatch, name: &str| {
+        let mut buf = Vec::new();
+        let mut w = parquet::arrow::ArrowWriter::try_new(&mut buf, batch.schema(), None)?;
+        w.write(&batch)?;
+        w.close()?;
+        let path = root.join(name);
+        std::fs::write(&path, buf)?;
+        anyhow::Ok(path)
+    };
+    let policies_path = export(engine.policies().batch().await?, "bench-policies.parquet")?;
+    let regions_path = export(
+        engine.policies().regions_batch().await?,
+        "bench-regions.parquet",
+    )?;
     // DuckDB reads each table's snapshot: the files of its latest version, listed from the
     // Delta log, as an analyst's DuckDB reads the lake (a glob of the folder would also take
     // the log's checkpoints, and files removed or not committed).
@@ -429,6 +436,7 @@ async fn duckdb_spec(
         "demand_hourly": format!("SELECT *, CAST(hour AS DATE) AS date FROM read_parquet({}, hive_partitioning = false)", files["demand_hourly"]),
         "overage": format!("SELECT * FROM read_parquet({}, hive_partitioning = false)", files["overage"]),
         "policies": format!("SELECT * FROM read_parquet('{}')", policies_path.display().to_string().replace('\'', "''")),
+        "regions": format!("SELECT * FROM read_parquet('{}')", regions_path.display().to_string().replace('\'', "''")),
     });
     let spec = serde_json::json!({
         "threads": threads,

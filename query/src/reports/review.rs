@@ -121,20 +121,28 @@ fn per_key_from_decisions(range: &str, filters: &str) -> String {
   FROM per_span
   GROUP BY tier, route_class, key_id, region, date, hour
 ), per_hour AS (
-  SELECT tier, route_class, key_id, date, hour, SUM(requests) AS requests,
-    MAX(CAST(requests AS DOUBLE) / GREATEST(quota, 1)) AS demand, MAX(peak_span) AS peak_span,
-    MIN(quota) AS quota_low, MAX(quota) AS quota_high
-  FROM per_region_hour
-  GROUP BY tier, route_class, key_id, date, hour
+  SELECT h.tier, h.route_class, h.key_id, h.date, h.hour, SUM(h.requests) AS requests,
+    MAX(CAST(h.requests AS DOUBLE) / GREATEST(h.quota, 1)) AS demand,
+    MAX(CAST(h.requests AS DOUBLE) / COALESCE(g.share, u.share)) AS need,
+    MAX(CAST(h.peak_span AS DOUBLE) / COALESCE(g.share, u.share)) AS peak_span,
+    MIN(CAST(h.quota AS DOUBLE) / COALESCE(g.share, u.share)) AS quota_low,
+    MAX(CAST(h.quota AS DOUBLE) / COALESCE(g.share, u.share)) AS quota_high,
+    MIN(CAST(h.quota + 1 AS DOUBLE) / COALESCE(g.share, u.share)) AS quota_ceiling,
+    MAX(h.quota) AS enforced
+  FROM per_region_hour h
+  LEFT JOIN regions g ON g.region = h.region
+  CROSS JOIN (SELECT share FROM regions WHERE region IS NULL) u
+  GROUP BY h.tier, h.route_class, h.key_id, h.date, h.hour
 ), per_key_hours AS (
   SELECT h.tier, h.route_class, h.key_id, SUM(h.requests) AS requests,
-    MAX(h.demand) AS demand, MAX(h.requests) AS peak_hour, MAX(h.peak_span) AS peak_span,
-    MIN(h.quota_low) AS quota_low, MAX(h.quota_high) AS quota_high
+    MAX(h.demand) AS demand, MAX(h.requests) AS peak_hour, MAX(h.need) AS need,
+    MAX(h.peak_span) AS peak_span, MIN(h.quota_low) AS quota_low, MAX(h.quota_high) AS quota_high,
+    MIN(h.quota_ceiling) AS quota_ceiling, MAX(h.enforced) AS enforced
   FROM per_hour h
   GROUP BY h.tier, h.route_class, h.key_id
 ), per_key AS (
-  SELECT k.tier, k.route_class, k.key_id, k.requests, k.demand, k.peak_hour, k.peak_span,
-    k.quota_low, k.quota_high, COALESCE(r.denied, 0) AS denied,
+  SELECT k.tier, k.route_class, k.key_id, k.requests, k.demand, k.peak_hour, k.need,
+    k.peak_span, k.quota_low, k.quota_high, k.quota_ceiling, k.enforced, COALESCE(r.denied, 0) AS denied,
     COALESCE(r.would_deny, 0) AS would_deny, COALESCE(r.by_bucket, 0) AS by_bucket,
     COALESCE(r.by_window, 0) AS by_window
   FROM per_key_hours k
@@ -153,8 +161,9 @@ fn per_key_from_decisions(range: &str, filters: &str) -> String {
 /// one part. See [`crate::parts`], which keeps each day's part.
 pub fn part_sql(range: &str) -> String {
     format!(
-        "WITH {}\nSELECT tier, route_class, key_id, requests, demand, peak_hour, peak_span, \
-         quota_low, quota_high, denied, would_deny, by_bucket, by_window FROM per_key",
+        "WITH {}\nSELECT tier, route_class, key_id, requests, demand, peak_hour, need, peak_span, \
+         quota_low, quota_high, quota_ceiling, enforced, denied, would_deny, by_bucket, \
+         by_window FROM per_key",
         per_key_from_decisions(range, "")
     )
 }
@@ -167,8 +176,10 @@ fn per_key_from_parts(range: &Range, filters: &str) -> String {
         range,
         "tier, route_class, key_id",
         "SUM(requests) AS requests, MAX(demand) AS demand,
-    MAX(peak_hour) AS peak_hour, MAX(peak_span) AS peak_span, MIN(quota_low) AS quota_low,
-    MAX(quota_high) AS quota_high, SUM(denied) AS denied, SUM(would_deny) AS would_deny,
+    MAX(peak_hour) AS peak_hour, MAX(need) AS need, MAX(peak_span) AS peak_span,
+    MIN(quota_low) AS quota_low,
+    MAX(quota_high) AS quota_high, MIN(quota_ceiling) AS quota_ceiling,
+    MAX(enforced) AS enforced, SUM(denied) AS denied, SUM(would_deny) AS would_deny,
     SUM(by_bucket) AS by_bucket, SUM(by_window) AS by_window",
         filters,
     );
@@ -206,12 +217,12 @@ fn flagged(keys: &KeysFrom, p: &ReviewParams) -> String {
         "WITH {ctes}, keyed AS (
   SELECT k.tier, k.route_class, o.key_id AS override_key, k.key_id, k.requests,
     k.denied, k.would_deny, k.by_bucket, k.by_window, k.denied + k.would_deny AS refused,
-    k.demand, k.peak_hour, k.quota_low, k.quota_high, l.span_s,
+    k.demand, k.peak_hour, k.need, k.quota_low, k.quota_high, k.quota_ceiling, k.enforced, l.span_s,
     COALESCE(o.capacity, l.capacity) AS capacity,
     COALESCE(o.refill_per_s, l.refill_per_s) AS refill_per_s,
     COALESCE(o.hourly_quota, l.hourly_quota) AS hourly_quota,
     COALESCE(o.mode, l.mode) AS mode,
-    CAST(k.peak_span AS DOUBLE) / GREATEST(1, COALESCE(o.capacity, l.capacity)) AS burst
+    k.peak_span / GREATEST(1, COALESCE(o.capacity, l.capacity)) AS burst
   FROM per_key k
   JOIN lim l ON l.tier_id = k.tier AND l.route_class_id = k.route_class
   LEFT JOIN policies o ON o.kind = 'override' AND o.key_id = k.key_id
@@ -239,8 +250,8 @@ fn keyed(keys: &KeysFrom, p: &ReviewParams) -> String {
     ROW_NUMBER() OVER (PARTITION BY {limit} ORDER BY burst, key_id) AS rn_burst,
     ROW_NUMBER() OVER (PARTITION BY {limit}, engaged ORDER BY demand, key_id) AS rn_e_demand,
     ROW_NUMBER() OVER (PARTITION BY {limit}, engaged ORDER BY burst, key_id) AS rn_e_burst,
-    ROW_NUMBER() OVER (PARTITION BY {limit}, engaged ORDER BY peak_hour, key_id) AS rn_e_peak_hour,
-    ROW_NUMBER() OVER (PARTITION BY {limit} ORDER BY peak_hour, key_id) AS rn_peak_hour,
+    ROW_NUMBER() OVER (PARTITION BY {limit}, engaged ORDER BY need, key_id) AS rn_e_need,
+    ROW_NUMBER() OVER (PARTITION BY {limit} ORDER BY need, key_id) AS rn_need,
     ROW_NUMBER() OVER (PARTITION BY {limit} ORDER BY refused DESC, key_id) AS rn_refused
   FROM flagged",
         flagged = flagged(keys, p),
@@ -287,13 +298,7 @@ fn nearest_rank(windows: bool, v: &str, q: f64, engaged: bool) -> String {
     } else {
         format!("CAST({v} AS DOUBLE)")
     };
-    let value = format!("verdict_nearest_rank({x}, {q})");
-    // `peak_hour` is a count: back to a whole number, as the windows give it.
-    if v == "peak_hour" {
-        format!("CAST({value} AS BIGINT)")
-    } else {
-        value
-    }
+    format!("verdict_nearest_rank({x}, {q})")
 }
 
 /// The review's SQL over each key's row from `keys`.
@@ -322,9 +327,9 @@ pub(super) fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
     }
     let typical_demand = nearest("demand", percentile, true);
     let typical_burst = nearest("burst", percentile, true);
-    let peak_hour_p99 = nearest("peak_hour", 0.99, true);
+    let need_p99 = nearest("need", 0.99, true);
     let peak_burst_p99 = nearest("burst", 0.99, true);
-    let all_peak_hour_p99 = nearest("peak_hour", 0.99, false);
+    let all_need_p99 = nearest("need", 0.99, false);
     let (ctes, source, outlier_keys, outlier_refused) = if windows {
         (
             format!("{}\n)", keyed(keys, p)),
@@ -362,8 +367,12 @@ pub(super) fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
          || ') made ' || {} || ' % of the refusals' ELSE '' END",
         percent("CAST(l.outlier_refused AS DOUBLE) / l.refused")
     );
-    let changed = "CASE WHEN l.quota_low < l.quota_high THEN '; the quota in force changed in the range (' \
-         || CAST(l.quota_low AS VARCHAR) || ' to ' || CAST(l.quota_high AS VARCHAR) || ')' ELSE '' END";
+    // A region's quota is its share of the global one, rounded down: q / share lies within
+    // 1 / share below the global quota, so the quota changed only where two of those
+    // ranges do not meet.
+    let changed = "CASE WHEN l.quota_high > l.quota_ceiling THEN '; the quota in force changed in the range (' \
+         || CAST(CAST(ROUND(l.quota_low) AS BIGINT) AS VARCHAR) || ' to ' \
+         || CAST(CAST(ROUND(l.quota_high) AS BIGINT) AS VARCHAR) || ')' ELSE '' END";
     let reason = format!(
         "CASE WHEN l.override_key IS NULL AND l.keys < {min_keys} THEN CAST(l.keys AS VARCHAR) \
            || ' active keys, fewer than the ' || CAST({min_keys} AS VARCHAR) || ' needed to judge'
@@ -381,7 +390,7 @@ pub(super) fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
     // Scaling capacity and refill by the same factor keeps the bucket's time scale, and scales
     // what it admits in one span by that factor: the burst (a share of that) says how much.
     let rec_quota = two_digits(&format!(
-        "COALESCE(v.peak_hour_p99, v.all_peak_hour_p99) * {headroom}"
+        "COALESCE(v.need_p99, v.all_need_p99) * {headroom}"
     ));
     let rec_capacity = two_digits(&format!(
         "COALESCE(v.peak_burst_p99, v.burst_p99) * {headroom} * v.capacity"
@@ -391,6 +400,7 @@ pub(super) fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
   SELECT {limit}, MAX(mode) AS mode, MAX(capacity) AS capacity,
     MAX(refill_per_s) AS refill_per_s, MAX(hourly_quota) AS hourly_quota, MAX(span_s) AS span_s,
     MIN(quota_low) AS quota_low, MAX(quota_high) AS quota_high,
+    MIN(quota_ceiling) AS quota_ceiling, MAX(enforced) AS enforced,
     COUNT(*) AS keys, SUM(CASE WHEN engaged THEN 1 ELSE 0 END) AS engaged_keys,
     SUM(CASE WHEN constrained THEN 1 ELSE 0 END) AS constrained_keys,
     SUM(requests) AS requests, SUM(denied) AS denied, SUM(would_deny) AS would_deny,
@@ -400,9 +410,9 @@ pub(super) fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
     {outlier_refused} AS outlier_refused{dist},
     {typical_demand} AS typical_demand,
     {typical_burst} AS typical_burst,
-    {peak_hour_p99} AS peak_hour_p99,
+    {need_p99} AS need_p99,
     {peak_burst_p99} AS peak_burst_p99,
-    {all_peak_hour_p99} AS all_peak_hour_p99
+    {all_need_p99} AS all_need_p99
   FROM {source}
   GROUP BY {limit}
 ), judged AS (
@@ -410,7 +420,7 @@ pub(super) fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
   FROM per_limit l
 )
 SELECT v.tier AS tier_id, p.tier, v.route_class AS route_class_id, p.route_class,
-  v.override_key, v.mode, v.hourly_quota, v.quota_high AS enforced_quota, v.capacity,
+  v.override_key, v.mode, v.hourly_quota, v.enforced AS enforced_quota, v.capacity,
   v.refill_per_s, v.keys, v.engaged_keys, v.constrained_keys,
   CAST(v.constrained_keys AS DOUBLE) / v.keys AS share_keys_constrained,
   v.requests, v.denied, v.would_deny, v.refused_by_bucket, v.refused_by_window,

@@ -17,15 +17,21 @@ use verdict_schemas::layout::HourPartition;
 use verdict_schemas::{DecisionEvent, Verdict};
 use verdict_tests::query_fixture::{report_in, served_and_portable};
 use verdict_tests::review_world::{
-    HOURS, START_MS, TIERS, decide_all, limits, policy_text, snapshot_of, world, write_world,
+    HOURS, Regions, START_MS, TIERS, World, decide_all, limits, policy_text, policy_toml,
+    snapshot_of, world, world_in, write_world,
 };
 
 /// An engine over a local folder holding `events` as raw files, with the world's policy.
 async fn lake(events: &[DecisionEvent]) -> (Engine, tempfile::TempDir) {
+    lake_with(events, &policy_toml(2)).await
+}
+
+/// An engine over a local folder holding `events` as raw files, with `policy` in force.
+async fn lake_with(events: &[DecisionEvent], policy: &str) -> (Engine, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a temporary folder");
     let store: Arc<dyn ObjectStore> =
         Arc::new(LocalFileSystem::new_with_prefix(dir.path()).expect("a local store"));
-    let policy = write_world(&store, dir.path(), events).await;
+    let policy = write_world(&store, dir.path(), events, policy).await;
     // The hourly rollup, as the jobs run it: the denied rollup and the demand histogram.
     let rollup = verdict_rollup::Rollup::new(Arc::clone(&store), 2);
     for h in 0..HOURS {
@@ -70,66 +76,89 @@ fn text(v: &Value, field: &str) -> String {
 async fn the_review_names_the_truth_of_every_limit_in_every_world() {
     for scale in [1, 3] {
         for seed in [1, 2, 3] {
-            let w = world(seed, scale);
-            let events = w.events().await;
-            let got = review(&events, &[]).await;
-            println!(
-                "seed {seed}, scale {scale}: {} decisions, {} keys",
-                events.len(),
-                w.demand.len()
+            names_the_truth(&world(seed, scale), &format!("seed {seed}, scale {scale}")).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_review_names_the_truth_of_every_limit_in_a_world_of_regions() {
+    for (name, regions) in [("three regions", Regions::three()), ("two", Regions::two())] {
+        for seed in [1, 2, 3, 4, 5, 6] {
+            let w = world_in(seed, 1, Some(regions.clone()));
+            names_the_truth(&w, &format!("{name}, seed {seed}")).await;
+        }
+    }
+}
+
+/// The review of `w` names its truth: every limit's verdict, a reason, a recommended quota
+/// within ±20 % of the world's p99 need, and the quota said to have changed only where the
+/// policy changed it.
+async fn names_the_truth(w: &World, label: &str) {
+    let events = w.events().await;
+    let (engine, _dir) = lake_with(&events, &w.policy_toml(2)).await;
+    let range = world_range();
+    let (from, to) = (range.from.to_rfc3339(), range.to.to_rfc3339());
+    let got = report_in(&engine, "wrong-limits", &from, &to, &[]).await;
+    println!(
+        "{label}: {} decisions, {} keys",
+        events.len(),
+        w.demand.len()
+    );
+    let named: Vec<(String, Option<String>, String)> = got
+        .iter()
+        .map(|r| {
+            (
+                text(r, "tier"),
+                r["override_key"].as_str().map(str::to_owned),
+                text(r, "verdict"),
+            )
+        })
+        .collect();
+    let truth: Vec<(String, Option<String>, String)> = w
+        .truth
+        .iter()
+        .map(|t| {
+            (
+                t.tier.to_string(),
+                t.override_key.map(|k| k.to_string()),
+                t.verdict.to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(named, truth, "{label}: {got:#?}");
+    for (row, t) in got.iter().zip(&w.truth) {
+        let recommended = row["recommended_quota"].as_f64().unwrap();
+        println!(
+            "  {:<8} {:<9} {:<16} p90 demand {:>5.2} p99 {:>5.2} burst p99 {:>5.2}  \
+             recommended quota {:>5} (world p99 need {:>5})  {}",
+            t.tier,
+            if t.override_key.is_some() {
+                "override"
+            } else {
+                "tier"
+            },
+            t.verdict,
+            row["demand_p90"].as_f64().unwrap_or(f64::NAN),
+            row["demand_p99"].as_f64().unwrap_or(f64::NAN),
+            row["burst_p99"].as_f64().unwrap_or(f64::NAN),
+            recommended,
+            t.p99_peak_hour.map_or("-".to_string(), |p| p.to_string()),
+            text(row, "reason"),
+        );
+        assert!(!text(row, "reason").is_empty(), "{row}");
+        assert_eq!(
+            text(row, "reason").contains("the quota in force changed"),
+            t.tier == "changed" && t.verdict != "not enough data",
+            "{label}: {row}"
+        );
+        if matches!(t.verdict, "too low" | "too high") {
+            let p99 = t.p99_peak_hour.unwrap() as f64;
+            assert!(
+                (recommended - p99).abs() <= 0.2 * p99,
+                "{label}, {}: recommended {recommended} against the world's p99 {p99}: {row}",
+                t.tier
             );
-            let named: Vec<(String, Option<String>, String)> = got
-                .iter()
-                .map(|r| {
-                    (
-                        text(r, "tier"),
-                        r["override_key"].as_str().map(str::to_owned),
-                        text(r, "verdict"),
-                    )
-                })
-                .collect();
-            let truth: Vec<(String, Option<String>, String)> = w
-                .truth
-                .iter()
-                .map(|t| {
-                    (
-                        t.tier.to_string(),
-                        t.override_key.map(|k| k.to_string()),
-                        t.verdict.to_string(),
-                    )
-                })
-                .collect();
-            assert_eq!(named, truth, "seed {seed}, scale {scale}: {got:#?}");
-            for (row, t) in got.iter().zip(&w.truth) {
-                let recommended = row["recommended_quota"].as_f64().unwrap();
-                println!(
-                    "  {:<8} {:<9} {:<16} p90 demand {:>5.2} p99 {:>5.2} burst p99 {:>5.2}  \
-                     recommended quota {:>5} (world p99 busiest hour {:>5})  {}",
-                    t.tier,
-                    if t.override_key.is_some() {
-                        "override"
-                    } else {
-                        "tier"
-                    },
-                    t.verdict,
-                    row["demand_p90"].as_f64().unwrap_or(f64::NAN),
-                    row["demand_p99"].as_f64().unwrap_or(f64::NAN),
-                    row["burst_p99"].as_f64().unwrap_or(f64::NAN),
-                    recommended,
-                    t.p99_peak_hour.map_or("-".to_string(), |p| p.to_string()),
-                    text(row, "reason"),
-                );
-                assert!(!text(row, "reason").is_empty(), "{row}");
-                if matches!(t.verdict, "too low" | "too high") {
-                    let p99 = t.p99_peak_hour.unwrap() as f64;
-                    assert!(
-                        (recommended - p99).abs() <= 0.2 * p99,
-                        "seed {seed}, scale {scale}, {}: recommended {recommended} against the \
-                         world's p99 {p99}: {row}",
-                        t.tier
-                    );
-                }
-            }
         }
     }
 }
@@ -271,115 +300,195 @@ async fn what_if_predicts_what_the_limiter_does_under_the_candidate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_recommendation_replayed_says_what_it_would_have_refused() {
     for seed in [1, 2, 3] {
-        let w = world(seed, 1);
-        let (engine, _dir) = lake(&w.events().await).await;
-        let range = world_range();
-        let params = [
-            ("from".to_string(), range.from.to_rfc3339()),
-            ("to".to_string(), range.to.to_rfc3339()),
-        ]
-        .into();
-        let answer = recommend::replay(&engine, &params, chrono::Utc::now(), 5)
-            .await
-            .unwrap();
-        print!("seed {seed}: {}", recommend::render(&answer));
-        // The truth: the same demand through the limiter under the recommended policy.
-        let in_force = engine.policies().snapshot().await.unwrap().unwrap();
-        let recommended = recommend::apply(in_force.document(), &answer.review).unwrap();
-        let truth = decide_all(&w.demand, [recommended.clone(), recommended]).await;
-        assert_eq!(answer.what_if.decisions as usize, truth.len());
-        assert_eq!(answer.limits.len(), TIERS.len(), "{answer:#?}");
-        for l in &answer.limits {
-            let of_tier = || truth.iter().filter(|e| e.tier.0 == l.limit.tier_id);
-            let refused = of_tier().filter(|e| e.verdict != Verdict::Allowed).count() as f64;
-            let requests = of_tier().count() as f64;
-            let predicted = l.share_of_requests_refused.1 * l.requests as f64;
-            assert!(
-                (predicted - refused).abs() <= 0.02 * refused.max(1.0),
-                "seed {seed}, tier {:?}: replay {predicted}, limiter {refused}",
-                l.limit.tier
-            );
-            assert_eq!(l.requests as f64, requests);
-            let verdict = l.verdict.as_deref().unwrap();
-            let ((now, rec), (refused_now, refused_rec)) =
-                (l.hourly_quota, l.share_of_requests_refused);
-            match verdict {
-                // Raised (the quota, the bucket or both; neither lowered): it refuses less,
-                // of requests and of keys.
-                "too low" => {
-                    assert!(
-                        rec >= now
-                            && l.capacity.1 >= l.capacity.0
-                            && (rec > now || l.capacity.1 > l.capacity.0),
-                        "seed {seed}: {l:?}"
-                    );
-                    assert!(refused_rec < refused_now, "seed {seed}: {l:?}");
-                    assert!(
-                        l.share_of_keys_refused.1 < l.share_of_keys_refused.0,
-                        "seed {seed}: {l:?}"
-                    );
-                }
-                // Lowered to the busiest keys' need, with headroom: it still refuses next to
-                // nothing.
-                "too high" => {
-                    assert!(rec < now, "seed {seed}: {l:?}");
-                    assert!(refused_rec < 0.01, "seed {seed}: {l:?}");
-                }
-                _ => assert_eq!(
-                    (rec, l.capacity.1),
-                    (now, l.capacity.0),
-                    "seed {seed}: {l:?}"
-                ),
-            }
+        replays_what_the_limiter_does(&world(seed, 1), &format!("seed {seed}")).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_recommendation_replayed_in_a_world_of_regions_is_what_its_limiters_do() {
+    for (name, regions) in [
+        ("three regions", Regions::three()),
+        ("two", Regions::two()),
+        ("lopsided", Regions::lopsided()),
+        ("spread", Regions::spread()),
+    ] {
+        for seed in [1, 2, 3] {
+            let w = world_in(seed, 1, Some(regions.clone()));
+            replays_what_the_limiter_does(&w, &format!("{name}, seed {seed}")).await;
         }
-        // Each judged row's recommendation was proven against its target, and what its
-        // replay refused is what the real limiter refuses under it (the tiers' rows above).
-        for p in &answer.proven {
-            let r = &p.recommendation;
-            let (in_force, recommended) = (
-                p.in_force.unwrap_or_default(),
-                p.recommended.unwrap_or_default(),
+    }
+}
+
+/// The review's recommendations for `w`, proven by the replay: applied and decided by the
+/// world's own limiters, each refuses what its row says (±2 %), a too-low limit's refuses
+/// fewer requests and keys and is never lower, a too-high limit's refuses at most the
+/// tolerance more.
+async fn replays_what_the_limiter_does(w: &World, label: &str) {
+    let (engine, _dir) = lake_with(&w.events().await, &w.policy_toml(2)).await;
+    let range = world_range();
+    let params = [
+        ("from".to_string(), range.from.to_rfc3339()),
+        ("to".to_string(), range.to.to_rfc3339()),
+    ]
+    .into();
+    let answer = recommend::replay(&engine, &params, chrono::Utc::now(), 5)
+        .await
+        .unwrap();
+    print!("{label}: {}", recommend::render(&answer));
+    // The weights: judged wherever a region's part of the requests is far from its
+    // weight's, by replaying the policy in force with weights by the requests beside it as
+    // it is; recommended only where they refuse fewer requests and no region's keys more
+    // (the limits are then proven with them, and the candidate has them).
+    match &w.regions {
+        None => assert!(answer.weights.is_none(), "{label}"),
+        Some(regions) => {
+            let weights = answer.weights.as_ref().expect("the weights judged");
+            let (now, rec) = (
+                weights.refused_with_weights_in_force,
+                weights.refused_with_recommended_weights,
             );
-            match r.verdict.as_str() {
-                "too low" => {
-                    assert!(p.met, "seed {seed}: {p:?}");
-                    assert!(
-                        recommended.share_of_keys_constrained < 0.1,
-                        "seed {seed}: {p:?}"
-                    );
-                    assert!(
-                        r.recommended_quota >= r.hourly_quota
-                            && r.recommended_capacity >= r.capacity,
-                        "seed {seed}: never lower than in force: {p:?}"
-                    );
-                    assert!(
-                        recommended.share_of_requests < in_force.share_of_requests
-                            && recommended.share_of_keys <= in_force.share_of_keys,
-                        "seed {seed}: {p:?}"
-                    );
-                }
-                "too high" => {
-                    assert!(
-                        recommended.share_of_requests
-                            <= in_force.share_of_requests
-                                + verdict_query::prove::REQUESTS_TOLERANCE
-                            && recommended.share_of_keys
-                                <= in_force.share_of_keys + verdict_query::prove::KEYS_TOLERANCE,
-                        "seed {seed}: {p:?}"
-                    );
-                }
-                _ => assert!(p.wrong.is_none() && !r.changes(), "seed {seed}: {p:?}"),
-            }
-        }
-        // The override the review judged is changed in the candidate's overrides.
-        let rendered = recommend::render(&answer);
-        for o in answer.review.iter().filter(|o| o.override_key.is_some()) {
+            let in_force = engine.policies().snapshot().await.unwrap().unwrap();
+            let replayed = whatif::what_if(&engine, (*in_force).clone(), range, 0)
+                .await
+                .unwrap();
             assert_eq!(
-                rendered.contains(o.override_key.as_deref().unwrap()),
-                o.changes(),
-                "{rendered}"
+                now,
+                verdict_query::weights::Refused::of(&replayed),
+                "{label}"
             );
+            if weights.recommended {
+                assert!(
+                    rec.share_of_requests + verdict_query::prove::REQUESTS_TOLERANCE
+                        < now.share_of_requests,
+                    "{label}: {weights:?}"
+                );
+            }
+            let in_candidate: Vec<f64> =
+                answer.candidate.regions.iter().map(|r| r.weight).collect();
+            let expected: Vec<f64> = weights
+                .regions
+                .iter()
+                .map(|r| {
+                    if weights.recommended {
+                        r.recommended_weight
+                    } else {
+                        r.weight
+                    }
+                })
+                .collect();
+            assert_eq!(in_candidate, expected, "{label}");
+            // Keys living in one region: weights by the requests would refuse the small
+            // regions' keys more, and are kept. Keys sending from every region in a mix
+            // unlike the weights: they are recommended, near the mix.
+            if regions.spread {
+                assert!(weights.recommended, "{label}: {weights:?}");
+                let got: Vec<f64> = weights
+                    .regions
+                    .iter()
+                    .map(|r| r.recommended_weight)
+                    .collect();
+                assert!(
+                    (got[0] - 70.0).abs() <= 3.0 && (got[1] - 30.0).abs() <= 3.0,
+                    "{label}: {weights:?}"
+                );
+            } else if !regions.scaled {
+                assert!(
+                    !weights.recommended && weights.reason.contains("would be refused more"),
+                    "{label}: {weights:?}"
+                );
+            }
         }
+    }
+    // The truth: the same demand through the limiter under the recommended policy (with
+    // the weights recommended, if they are).
+    let recommended = verdict_limiter::PolicySnapshot::build(answer.candidate.clone()).unwrap();
+    let truth = w.decide([recommended.clone(), recommended]).await;
+    assert_eq!(answer.what_if.decisions as usize, truth.len());
+    assert_eq!(answer.limits.len(), TIERS.len(), "{answer:#?}");
+    for l in &answer.limits {
+        let of_tier = || truth.iter().filter(|e| e.tier.0 == l.limit.tier_id);
+        let refused = of_tier().filter(|e| e.verdict != Verdict::Allowed).count() as f64;
+        let requests = of_tier().count() as f64;
+        let predicted = l.share_of_requests_refused.1 * l.requests as f64;
+        assert!(
+            (predicted - refused).abs() <= 0.02 * refused.max(1.0),
+            "{label}, tier {:?}: replay {predicted}, limiter {refused}",
+            l.limit.tier
+        );
+        assert_eq!(l.requests as f64, requests);
+        let verdict = l.verdict.as_deref().unwrap();
+        let ((now, rec), (refused_now, refused_rec)) =
+            (l.hourly_quota, l.share_of_requests_refused);
+        match verdict {
+            // Raised (the quota, the bucket or both; neither lowered): it refuses less,
+            // of requests and of keys.
+            "too low" => {
+                assert!(
+                    rec >= now
+                        && l.capacity.1 >= l.capacity.0
+                        && (rec > now || l.capacity.1 > l.capacity.0),
+                    "{label}: {l:?}"
+                );
+                assert!(refused_rec < refused_now, "{label}: {l:?}");
+                assert!(
+                    l.share_of_keys_refused.1 < l.share_of_keys_refused.0,
+                    "{label}: {l:?}"
+                );
+            }
+            // Lowered to the busiest keys' need, with headroom: it still refuses next to
+            // nothing.
+            "too high" => {
+                assert!(rec < now, "{label}: {l:?}");
+                assert!(refused_rec < 0.01, "{label}: {l:?}");
+            }
+            _ => assert_eq!((rec, l.capacity.1), (now, l.capacity.0), "{label}: {l:?}"),
+        }
+    }
+    // Each judged row's recommendation was proven against its target, and what its
+    // replay refused is what the real limiter refuses under it (the tiers' rows above).
+    for p in &answer.proven {
+        let r = &p.recommendation;
+        let (in_force, recommended) = (
+            p.in_force.unwrap_or_default(),
+            p.recommended.unwrap_or_default(),
+        );
+        match r.verdict.as_str() {
+            "too low" => {
+                assert!(p.met, "{label}: {p:?}");
+                assert!(
+                    recommended.share_of_keys_constrained < 0.1,
+                    "{label}: {p:?}"
+                );
+                assert!(
+                    r.recommended_quota >= r.hourly_quota && r.recommended_capacity >= r.capacity,
+                    "{label}: never lower than in force: {p:?}"
+                );
+                assert!(
+                    recommended.share_of_requests < in_force.share_of_requests
+                        && recommended.share_of_keys <= in_force.share_of_keys,
+                    "{label}: {p:?}"
+                );
+            }
+            "too high" => {
+                assert!(
+                    recommended.share_of_requests
+                        <= in_force.share_of_requests + verdict_query::prove::REQUESTS_TOLERANCE
+                        && recommended.share_of_keys
+                            <= in_force.share_of_keys + verdict_query::prove::KEYS_TOLERANCE,
+                    "{label}: {p:?}"
+                );
+            }
+            _ => assert!(p.wrong.is_none() && !r.changes(), "{label}: {p:?}"),
+        }
+    }
+    // The override the review judged is changed in the candidate's overrides.
+    let rendered = recommend::render(&answer);
+    for o in answer.review.iter().filter(|o| o.override_key.is_some()) {
+        assert_eq!(
+            rendered.contains(o.override_key.as_deref().unwrap()),
+            o.changes(),
+            "{rendered}"
+        );
     }
 }
 

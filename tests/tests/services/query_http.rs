@@ -80,7 +80,8 @@ async fn every_endpoint_answers_in_every_format() {
             "denied_hourly",
             "demand_hourly",
             "overage",
-            "policies"
+            "policies",
+            "regions"
         ]
     );
     let decisions: Vec<&str> = tables["tables"][0]["columns"]
