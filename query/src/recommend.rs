@@ -466,6 +466,9 @@ pub fn render(r: &Replayed) -> String {
             o.recommended_capacity
         );
     }
+    if let Some(shares) = w.shares {
+        t += &format!("Regions: {shares}.\n");
+    }
     if let Some(weights) = &r.weights {
         t += &format!("The regions' weights: {}.\n", weights.reason);
         for g in &weights.regions {

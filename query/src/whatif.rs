@@ -34,6 +34,10 @@ pub const CAVEAT: &str = "recorded demand includes the retries of refused reques
     candidate looser than the policy in force replays retries that would not have been sent, \
     a stricter one misses the retries it would have caused";
 
+/// How a replay models several regions' shares (see [`WhatIf::shares`]).
+pub const STATIC_SHARES: &str = "each region enforced its static weight's share of every \
+    limit; where the reconcile moved shares in the range, its moves are not replayed";
+
 /// One recorded request, as the replay needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Recorded {
@@ -342,6 +346,7 @@ impl Replay {
             caveat: CAVEAT,
             limits,
             regions,
+            shares: self.policy.is_multi_region().then_some(STATIC_SHARES),
             keys: changed,
         }
     }
@@ -425,6 +430,10 @@ pub struct WhatIf {
     pub limits: Vec<LimitWhatIf>,
     /// Per region the requests came from.
     pub regions: Vec<RegionWhatIf>,
+    /// How the regions' shares were modelled, with several regions in the candidate:
+    /// each region its static weight's share (the reconcile's moves, where it ran, are not
+    /// replayed); `None` with one region, which enforces the whole.
+    pub shares: Option<&'static str>,
     /// The keys whose refusals change most, most first.
     pub keys: Vec<KeyWhatIf>,
 }
@@ -577,6 +586,9 @@ pub fn render(w: &WhatIf) -> String {
         w.to.to_rfc3339(),
         w.policy_version
     );
+    if let Some(shares) = w.shares {
+        t += &format!("Regions: {shares}.\n");
+    }
     t += &format!(
         "  {:<12} {:<10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8}\n",
         "tier",

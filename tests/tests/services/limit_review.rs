@@ -339,6 +339,18 @@ async fn replays_what_the_limiter_does(w: &World, label: &str) {
     // weight's, by replaying the policy in force with weights by the requests beside it as
     // it is; recommended only where they refuse fewer requests and no region's keys more
     // (the limits are then proven with them, and the candidate has them).
+    assert_eq!(
+        answer.what_if.shares,
+        w.regions
+            .as_ref()
+            .map(|_| verdict_query::whatif::STATIC_SHARES),
+        "{label}"
+    );
+    assert_eq!(
+        recommend::render(&answer).contains("Regions: each region enforced its static"),
+        w.regions.is_some(),
+        "{label}"
+    );
     match &w.regions {
         None => assert!(answer.weights.is_none(), "{label}"),
         Some(regions) => {
