@@ -205,18 +205,7 @@ impl PoliciesTable {
     /// The `regions` table's rows now (see [`region_rows`]): without a source, the row of
     /// a region enforcing the whole.
     pub async fn regions_batch(&self) -> DfResult<RecordBatch> {
-        match self.snapshot().await? {
-            Some(snapshot) => region_rows(&snapshot),
-            None => Ok(RecordBatch::try_new(
-                RegionsTable::table_schema(),
-                vec![
-                    Arc::new(UInt16Array::from(vec![None::<u16>])),
-                    Arc::new(StringArray::from(vec!["(unlisted)"])),
-                    Arc::new(Float64Array::from(vec![None::<f64>])),
-                    Arc::new(Float64Array::from(vec![1.0])),
-                ],
-            )?),
-        }
+        region_rows(self.snapshot().await?.as_deref())
     }
 }
 
@@ -324,12 +313,16 @@ impl RegionsTable {
     }
 }
 
-/// The rows of the `regions` table for `snapshot`.
-pub fn region_rows(snapshot: &PolicySnapshot) -> DfResult<RecordBatch> {
-    let listed = &snapshot.document().regions;
+/// The rows of the `regions` table for `snapshot` (none: the one row of a region enforcing
+/// the whole).
+pub fn region_rows(snapshot: Option<&PolicySnapshot>) -> DfResult<RecordBatch> {
+    let listed = snapshot.map_or(&[][..], |s| &s.document().regions[..]);
+    // Without a policy, a region enforces the whole.
     let share = |id: u16| {
-        f64::from(snapshot.region_static_ppm(verdict_schemas::RegionId(id)))
-            / f64::from(verdict_limiter::algo::PPM)
+        snapshot.map_or(1.0, |s| {
+            f64::from(s.region_static_ppm(verdict_schemas::RegionId(id)))
+                / f64::from(verdict_limiter::algo::PPM)
+        })
     };
     // A region id the policy does not list gives the share of an unlisted region.
     let unlisted = (0..=u16::MAX)
