@@ -36,6 +36,13 @@ pub struct ReconcileArgs {
     /// shares written to it.
     #[arg(long, env = "VERDICT_POLICY_POSTGRES")]
     pub policy_postgres: String,
+    /// The lake, where each round is recorded (`reconcile_rounds`) so that a what-if over a
+    /// range replays the shares as they moved.
+    #[command(flatten)]
+    pub lake: StoreArgs,
+    /// Rounds recorded per append to the lake (rounds also go in when the job stops).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub record_every_rounds: u64,
     /// Between rounds (also how far back a round looks for keys near their limit).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     pub interval_secs: u64,
@@ -75,6 +82,7 @@ fn parse_region(s: &str) -> Result<(String, String), String> {
 async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
     use verdict_jobs::reconcile::{ReconcileConfig, Reconciler, RegionEndpoint};
     use verdict_jobs::region_counters::RegionCounters;
+    use verdict_jobs::round_log::RoundLog;
     use verdict_jobs::share_rounds::ShareRounds;
     use verdict_limiter::PolicySource;
     use verdict_policy_store::PgSource;
@@ -128,14 +136,18 @@ async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
         missing.is_empty(),
         "the policy's regions {missing:?} were not given with --region: every region's Redis is needed (a region left out would keep its static weight on top of the shares the others get)"
     );
+    let log = RoundLog::new(args.lake.open()?, args.record_every_rounds as usize);
     let mut job = Reconciler::new(
         endpoints,
         policy,
         ShareRounds::new(&args.policy_postgres),
         cfg,
-    );
+    )
+    .with_log(log);
     if args.once {
-        let o = job.run_once(chrono::Utc::now().timestamp_millis()).await?;
+        let now = chrono::Utc::now().timestamp_millis();
+        let o = job.run_once(now).await?;
+        job.append_rounds(now).await?;
         println!(
             "reconcile: {} keys near their limit, {} share rows written, regions read {:?}, not reachable {:?}",
             o.keys,

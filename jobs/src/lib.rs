@@ -8,7 +8,7 @@
 //! - [`retention`]: whole partitions deleted past their window (raw 7 days, rollups and
 //!   overage 5 years), with a dry run;
 //! - [`reconcile`]: every 30 s, each region's share of the global limits of the keys near
-//!   them, from every region's usage;
+//!   them, from every region's usage, with [`round_log`] recording its rounds in the lake;
 //! - [`scheduler`]: running them once or on a schedule, with [`metrics`].
 //!
 //! Every job takes "now" as a parameter, so tests run them on a fake clock.
@@ -21,6 +21,7 @@ pub mod partitions;
 pub mod reconcile;
 pub mod region_counters;
 pub mod retention;
+pub mod round_log;
 pub mod scheduler;
 pub mod share_rounds;
 pub mod windows;

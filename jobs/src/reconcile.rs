@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
+pub use verdict_limiter::regions::{Reading, RegionInput, compute_shares};
 use verdict_limiter::regions::{Share, ShareEntry, ShareKey, ShareRow};
 use verdict_limiter::{LimitLookup, PolicySnapshot, PolicySource};
 use verdict_policy_store::PolicyStoreError;
@@ -40,9 +41,8 @@ use verdict_schemas::RegionId;
 
 use crate::metrics::JobMetrics;
 use crate::region_counters::RegionCounters;
+use crate::round_log::{RoundLog, RoundRecord};
 use crate::share_rounds::ShareRounds;
-
-const PPM: u32 = verdict_limiter::algo::PPM;
 
 /// How the reconcile runs.
 #[derive(Debug, Clone)]
@@ -85,83 +85,6 @@ pub struct RegionEndpoint {
     pub id: RegionId,
     /// Its counters.
     pub counters: RegionCounters,
-}
-
-/// What one region contributes to one key's round.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RegionInput {
-    /// The region's static share, ppm.
-    pub static_ppm: u32,
-    /// Its usage and demand, or None when it could not be read this round.
-    pub reading: Option<Reading>,
-    /// The share it enforces now (the last round's, decayed if stale, or its static weight).
-    pub last: Share,
-}
-
-/// One region's reading of one key.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Reading {
-    /// Requests in view of the key's sliding window in the region.
-    pub used: f64,
-    /// Near-limit requests the region saw in the last interval.
-    pub demand: u64,
-}
-
-/// The new shares of one key, one per input, for a global quota of `quota`. Regions that
-/// could not be read keep `last`; the others share the rest. The bucket shares, and the
-/// window shares, each sum to at most the whole ([`PPM`]).
-pub fn compute_shares(quota: u32, inputs: &[RegionInput], floor: f64) -> Vec<Share> {
-    let floor = floor.clamp(0.0, 1.0);
-    let fixed = |f: fn(&Share) -> u32| {
-        inputs
-            .iter()
-            .filter(|i| i.reading.is_none())
-            .map(|i| f(&i.last))
-            .sum::<u32>()
-            .min(PPM)
-    };
-    let avail_bucket = f64::from(PPM - fixed(|s| s.bucket_ppm));
-    let avail_window = f64::from(PPM - fixed(|s| s.window_ppm));
-    let readings: Vec<(usize, Reading, u32)> = inputs
-        .iter()
-        .enumerate()
-        .filter_map(|(i, r)| r.reading.map(|x| (i, x, r.static_ppm)))
-        .collect();
-    let demand: f64 = readings.iter().map(|(_, r, _)| r.demand as f64).sum();
-    let statics: f64 = readings.iter().map(|(_, _, s)| f64::from(*s)).sum();
-    let weight = |r: &Reading, s: u32| {
-        let s = if statics > 0.0 {
-            f64::from(s) / statics
-        } else {
-            1.0 / readings.len() as f64
-        };
-        if demand > 0.0 {
-            (1.0 - floor) * r.demand as f64 / demand + floor * s
-        } else {
-            s
-        }
-    };
-    let q = f64::from(quota);
-    let q_avail = q * avail_window / f64::from(PPM);
-    let used: f64 = readings.iter().map(|(_, r, _)| r.used.max(0.0)).sum();
-
-    let mut out: Vec<Share> = inputs.iter().map(|i| i.last).collect();
-    for (i, r, s) in &readings {
-        let w = weight(r, *s);
-        let window = if quota == 0 {
-            avail_window * w
-        } else if used >= q_avail {
-            // Over the global quota already: everyone keeps what it used, nothing more.
-            avail_window * r.used.max(0.0) / used.max(f64::MIN_POSITIVE)
-        } else {
-            (r.used.max(0.0) + w * (q_avail - used)) / q * f64::from(PPM)
-        };
-        out[*i] = Share {
-            bucket_ppm: (avail_bucket * w).floor() as u32,
-            window_ppm: window.floor().max(0.0) as u32,
-        };
-    }
-    out
 }
 
 /// A stale region's share on its way back to its static weight: `last` until
@@ -219,6 +142,7 @@ pub struct Reconciler {
     cfg: ReconcileConfig,
     last_policy: Option<PolicySnapshot>,
     metrics: JobMetrics,
+    log: Option<RoundLog>,
 }
 
 impl Reconciler {
@@ -237,6 +161,29 @@ impl Reconciler {
             cfg,
             last_policy: None,
             metrics: JobMetrics::new(),
+            log: None,
+        }
+    }
+
+    /// The same job recording its rounds in the lake (`reconcile_rounds`, see
+    /// [`crate::round_log`]).
+    pub fn with_log(mut self, log: RoundLog) -> Self {
+        self.log = Some(log);
+        self
+    }
+
+    /// Appends the rounds not yet in the lake (the job does every
+    /// [`RoundLog::every`] rounds and when it stops).
+    ///
+    /// # Errors
+    /// When the lake refuses them (they stay pending).
+    pub async fn append_rounds(
+        &mut self,
+        now_ms: i64,
+    ) -> Result<usize, verdict_rollup::RollupError> {
+        match &mut self.log {
+            Some(log) => log.append(now_ms).await,
+            None => Ok(0),
         }
     }
 
@@ -405,12 +352,16 @@ impl Reconciler {
             .write_round(&rows, &ids, &seen, now_ms, self.cfg.share_ttl)
             .await
             .map_err(ReconcileError::Shares)?;
-        Ok(RoundOutcome {
+        let outcome = RoundOutcome {
             keys: keys.len(),
             rows: rows.len(),
             reachable: seen,
             unreachable: unseen,
-        })
+        };
+        if let Some(log) = &mut self.log {
+            log.push(RoundRecord::of(now_ms, &self.cfg, &outcome));
+        }
+        Ok(outcome)
     }
 
     /// Rounds every interval until `stop` resolves. A failed round is logged and the next
@@ -421,7 +372,10 @@ impl Reconciler {
         tokio::pin!(stop);
         loop {
             tokio::select! {
-                () = &mut stop => return,
+                () = &mut stop => {
+                    self.append_logged().await;
+                    return;
+                }
                 _ = ticker.tick() => {}
             }
             let started = Instant::now();
@@ -447,6 +401,20 @@ impl Reconciler {
                     tracing::error!(error = %e, "reconcile round failed; the shares in force stay")
                 }
             }
+            if self.log.as_ref().is_some_and(RoundLog::due) {
+                self.append_logged().await;
+            }
+        }
+    }
+
+    async fn append_logged(&mut self) {
+        let now = chrono::Utc::now().timestamp_millis();
+        match self.append_rounds(now).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(rounds = n, "reconcile_rounds appended to the lake"),
+            Err(e) => {
+                tracing::warn!(error = %e, pending = self.log.as_ref().map_or(0, RoundLog::pending), "reconcile_rounds not appended; the rounds stay for the next append")
+            }
         }
     }
 }
@@ -454,6 +422,7 @@ impl Reconciler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use verdict_limiter::algo::PPM;
 
     const THIRD: u32 = PPM / 3;
 

@@ -1,4 +1,4 @@
-//! verdict's four tables: where each lives, how it is partitioned, its properties.
+//! verdict's five tables: where each lives, how it is partitioned, its properties.
 //!
 //! | table | root | partition columns | the log keeps |
 //! | --- | --- | --- | --- |
@@ -6,6 +6,7 @@
 //! | `denied_hourly` | `rollup/denied_hourly/` | `date` (files in `date=…/hour=…/`; the hour is the `hour` column) | 30 days |
 //! | `demand_hourly` | `rollup/demand_hourly/` | `date` (likewise) | 30 days |
 //! | `overage` | `overage/` | `date` (also a column of the files) | 30 days |
+//! | `reconcile_rounds` | `reconcile_rounds/` | `date` (also a column of the files) | 30 days |
 //!
 //! A removed file's bytes stay an hour (`delta.deletedFileRetentionDuration`): far longer
 //! than the query service lets a query run, so a query planned before a compaction or a
@@ -17,10 +18,10 @@ use arrow::datatypes::{DataType, Field, SchemaRef};
 use object_store::ObjectStore;
 use rand::RngCore;
 use verdict_schemas::layout::{
-    DEMAND_HOURLY_PREFIX, DENIED_HOURLY_PREFIX, OVERAGE_PREFIX, RAW_PREFIX,
+    DEMAND_HOURLY_PREFIX, DENIED_HOURLY_PREFIX, OVERAGE_PREFIX, RAW_PREFIX, RECONCILE_ROUNDS_PREFIX,
 };
 use verdict_schemas::tables::{
-    demand_hourly_schema, denied_hourly_schema, overage_schema, raw_schema,
+    demand_hourly_schema, denied_hourly_schema, overage_schema, raw_schema, reconcile_rounds_schema,
 };
 
 use verdict_schemas::HourPartition;
@@ -111,8 +112,29 @@ pub const OVERAGE: TableDef = TableDef {
     ],
 };
 
+/// The regional reconcile's rounds, one row each with the settings it ran with (a few
+/// thousand rows a day, appended a few rounds at a time).
+pub const RECONCILE_ROUNDS: TableDef = TableDef {
+    name: "reconcile_rounds",
+    root: RECONCILE_ROUNDS_PREFIX,
+    description: "one row per round of the regional reconcile, with its settings",
+    schema: reconcile_rounds_schema,
+    partitions: date,
+    properties: &[
+        (config::CHECKPOINT_INTERVAL, "100"),
+        (config::LOG_RETENTION, "interval 30 days"),
+        (config::DELETED_FILE_RETENTION, "interval 1 hours"),
+    ],
+};
+
 /// Every table, in the order the query service lists them.
-pub const ALL: [&TableDef; 4] = [&RAW, &DENIED_HOURLY, &DEMAND_HOURLY, &OVERAGE];
+pub const ALL: [&TableDef; 5] = [
+    &RAW,
+    &DENIED_HOURLY,
+    &DEMAND_HOURLY,
+    &OVERAGE,
+    &RECONCILE_ROUNDS,
+];
 
 /// The partition values of an hour in the raw table: `date`, `hour`.
 pub fn hour_partition(hour: &HourPartition) -> PartitionValues {

@@ -69,6 +69,11 @@ impl MemoryStore {
         }
     }
 
+    /// The counters of `key` as they are (`None`: it is full, or was never seen).
+    pub fn get(&self, key: &LimitKey) -> Option<CounterState> {
+        self.locked(key).get(key).copied()
+    }
+
     /// Decides one request now (synchronously: there is no I/O).
     pub fn decide(&self, key: &LimitKey, limits: &Limits) -> CounterCheck {
         let now = self.inner.clock.now_ms();

@@ -227,6 +227,83 @@ pub fn is_near_limit(
         || u64::from(remaining_window) * 2 < u64::from(limits.quota)
 }
 
+/// What one region contributes to one key's round.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RegionInput {
+    /// The region's static share, ppm.
+    pub static_ppm: u32,
+    /// Its usage and demand, or None when it could not be read this round.
+    pub reading: Option<Reading>,
+    /// The share it enforces now (the last round's, decayed if stale, or its static weight).
+    pub last: Share,
+}
+
+/// One region's reading of one key.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reading {
+    /// Requests in view of the key's sliding window in the region.
+    pub used: f64,
+    /// Near-limit requests the region saw in the last interval.
+    pub demand: u64,
+}
+
+/// The new shares of one key, one per input, for a global quota of `quota`. Regions that
+/// could not be read keep `last`; the others share the rest. The bucket shares, and the
+/// window shares, each sum to at most the whole ([`PPM`]).
+pub fn compute_shares(quota: u32, inputs: &[RegionInput], floor: f64) -> Vec<Share> {
+    let floor = floor.clamp(0.0, 1.0);
+    let fixed = |f: fn(&Share) -> u32| {
+        inputs
+            .iter()
+            .filter(|i| i.reading.is_none())
+            .map(|i| f(&i.last))
+            .sum::<u32>()
+            .min(PPM)
+    };
+    let avail_bucket = f64::from(PPM - fixed(|s| s.bucket_ppm));
+    let avail_window = f64::from(PPM - fixed(|s| s.window_ppm));
+    let readings: Vec<(usize, Reading, u32)> = inputs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.reading.map(|x| (i, x, r.static_ppm)))
+        .collect();
+    let demand: f64 = readings.iter().map(|(_, r, _)| r.demand as f64).sum();
+    let statics: f64 = readings.iter().map(|(_, _, s)| f64::from(*s)).sum();
+    let weight = |r: &Reading, s: u32| {
+        let s = if statics > 0.0 {
+            f64::from(s) / statics
+        } else {
+            1.0 / readings.len() as f64
+        };
+        if demand > 0.0 {
+            (1.0 - floor) * r.demand as f64 / demand + floor * s
+        } else {
+            s
+        }
+    };
+    let q = f64::from(quota);
+    let q_avail = q * avail_window / f64::from(PPM);
+    let used: f64 = readings.iter().map(|(_, r, _)| r.used.max(0.0)).sum();
+
+    let mut out: Vec<Share> = inputs.iter().map(|i| i.last).collect();
+    for (i, r, s) in &readings {
+        let w = weight(r, *s);
+        let window = if quota == 0 {
+            avail_window * w
+        } else if used >= q_avail {
+            // Over the global quota already: everyone keeps what it used, nothing more.
+            avail_window * r.used.max(0.0) / used.max(f64::MIN_POSITIVE)
+        } else {
+            (r.used.max(0.0) + w * (q_avail - used)) / q * f64::from(PPM)
+        };
+        out[*i] = Share {
+            bucket_ppm: (avail_bucket * w).floor() as u32,
+            window_ppm: window.floor().max(0.0) as u32,
+        };
+    }
+    out
+}
+
 /// One row of `verdict_policy.shares`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShareRow {

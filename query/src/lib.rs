@@ -20,6 +20,7 @@ pub mod ranks;
 pub mod recommend;
 pub mod reports;
 pub mod rules;
+pub mod shares;
 pub mod tables;
 pub mod view;
 pub mod weights;

@@ -152,6 +152,7 @@ impl Level {
                 ("requests", DataType::Int64),
                 ("refused", DataType::Int64),
                 ("first_seen", ts()),
+                ("enforced", DataType::UInt32),
             ],
             Self::Degraded => vec![
                 ("date", DataType::Date32),

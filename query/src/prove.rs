@@ -33,6 +33,7 @@ use crate::engine::Engine;
 use crate::error::QueryError;
 use crate::recommend::{self, Recommendation};
 use crate::reports::Range;
+use crate::shares::ShareModel;
 use crate::whatif::{self, Counts, Recorded, Replay};
 
 /// How much more of the requests a too-high limit's recommendation may refuse than the
@@ -251,6 +252,7 @@ struct Trial<'a> {
     doc: &'a verdict_limiter::PolicyDocument,
     row: &'a Recommendation,
     trace: &'a [Recorded],
+    model: &'a ShareModel,
     constrained_share: f64,
     replays: u32,
 }
@@ -267,7 +269,7 @@ impl Trial<'_> {
             ..self.row.clone()
         };
         let policy = recommend::apply(self.doc, std::slice::from_ref(&candidate))?;
-        let mut replay = Replay::new(policy);
+        let mut replay = Replay::with_shares(policy, self.model.clone());
         for r in self.trace {
             replay.feed(r)?;
         }
@@ -282,12 +284,14 @@ fn prove_row(
     doc: &verdict_limiter::PolicyDocument,
     row: &Recommendation,
     trace: &[Recorded],
+    model: &ShareModel,
     targets: Targets,
 ) -> Result<Proven, QueryError> {
     let mut t = Trial {
         doc,
         row,
         trace,
+        model,
         constrained_share: targets.constrained_share,
         replays: 0,
     };
@@ -436,6 +440,7 @@ pub async fn prove(
     in_force: &PolicySnapshot,
     review: &[Recommendation],
     range: Range,
+    model: &ShareModel,
     targets: Targets,
 ) -> Result<Vec<Proven>, QueryError> {
     // Only the judged rows' requests are kept: the others are not replayed.
@@ -469,7 +474,7 @@ pub async fn prove(
                 return Ok(Proven::kept(row));
             }
             let trace = traces.get(&row_key(row)?).map_or(&[][..], Vec::as_slice);
-            prove_row(in_force.document(), row, trace, targets)
+            prove_row(in_force.document(), row, trace, model, targets)
         })
         .collect()
 }
@@ -544,7 +549,14 @@ hourly_quota = 100
     fn a_quota_too_low_is_raised_to_the_first_round_value_its_replay_clears() {
         let doc = verdict_limiter::policy::parse_toml(POLICY).unwrap();
         // Every key needs 150 an hour against 100: each is refused a third.
-        let p = prove_row(&doc, &row(&doc, "too low", 1_000), &trace(20, 150), TARGETS).unwrap();
+        let p = prove_row(
+            &doc,
+            &row(&doc, "too low", 1_000),
+            &trace(20, 150),
+            &ShareModel::Static,
+            TARGETS,
+        )
+        .unwrap();
         assert_eq!(p.wrong, Some(Wrong::Quota));
         assert!(p.met);
         let r = &p.recommendation;
@@ -571,7 +583,14 @@ hourly_quota = 100
         let doc =
             verdict_limiter::policy::parse_toml(&POLICY.replace("= 100\n", "= 1000\n")).unwrap();
         assert_eq!(doc.limits[0].hourly_quota, 1000);
-        let p = prove_row(&doc, &row(&doc, "too high", 0), &trace(20, 10), TARGETS).unwrap();
+        let p = prove_row(
+            &doc,
+            &row(&doc, "too high", 0),
+            &trace(20, 10),
+            &ShareModel::Static,
+            TARGETS,
+        )
+        .unwrap();
         assert!(p.met);
         assert_eq!(p.wrong, Some(Wrong::QuotaAndBucket));
         let r = &p.recommendation;

@@ -23,6 +23,7 @@ use crate::engine::Engine;
 use crate::error::QueryError;
 use crate::prove::{self, Proven, Targets};
 use crate::reports::Range;
+use crate::shares::ShareModel;
 use crate::weights::{self, Weights};
 use crate::whatif::{self, LimitName, WhatIf};
 
@@ -344,14 +345,15 @@ pub async fn replay_review(
         })?;
     // The weights first: where they are what is wrong, the limits are proven with the
     // weights recommended.
-    let weights = weights::judge(engine, &in_force, range).await?;
+    let model = ShareModel::recorded(engine, range).await?;
+    let weights = weights::judge(engine, &in_force, range, &model).await?;
     let in_force = match weights.as_ref().and_then(|w| w.weighted.clone()) {
         Some(doc) => std::sync::Arc::new(PolicySnapshot::build(doc).map_err(|e| {
             QueryError::Invalid(format!("the policy with the recommended weights: {e}"))
         })?),
         None => in_force,
     };
-    let proven = prove::prove(engine, &in_force, &review, range, targets).await?;
+    let proven = prove::prove(engine, &in_force, &review, range, &model, targets).await?;
     let review: Vec<Recommendation> = proven.iter().map(|p| p.recommendation.clone()).collect();
     let candidate = apply(in_force.document(), &review)?;
     let what_if = whatif::what_if(engine, candidate.clone(), range, keys).await?;
@@ -466,7 +468,7 @@ pub fn render(r: &Replayed) -> String {
             o.recommended_capacity
         );
     }
-    if let Some(shares) = w.shares {
+    if let Some(shares) = &w.shares {
         t += &format!("Regions: {shares}.\n");
     }
     if let Some(weights) = &r.weights {

@@ -38,23 +38,24 @@ use tokio::sync::Mutex;
 use verdict_limiter::policy::ALL_ROUTES;
 use verdict_limiter::{PolicySnapshot, PolicySource};
 use verdict_schemas::layout::{
-    DEMAND_HOURLY_PREFIX, DENIED_HOURLY_PREFIX, OVERAGE_PREFIX, RAW_PREFIX,
+    DEMAND_HOURLY_PREFIX, DENIED_HOURLY_PREFIX, OVERAGE_PREFIX, RAW_PREFIX, RECONCILE_ROUNDS_PREFIX,
 };
 use verdict_schemas::tables::{
-    demand_hourly_schema, denied_hourly_schema, overage_schema, raw_schema,
+    demand_hourly_schema, denied_hourly_schema, overage_schema, raw_schema, reconcile_rounds_schema,
 };
 
 /// The URL under which the lake is known to DataFusion.
 pub const LAKE_URL: &str = "verdict://lake";
 
 /// The table names, in the order `GET /v1/tables` lists them.
-pub const TABLES: [&str; 6] = [
+pub const TABLES: [&str; 7] = [
     "decisions",
     "denied_hourly",
     "demand_hourly",
     "overage",
     "policies",
     "regions",
+    "reconcile_rounds",
 ];
 
 /// Registers the four tables in `ctx`, whose runtime must know the lake as [`LAKE_URL`].
@@ -106,6 +107,14 @@ pub fn register(ctx: &SessionContext, policies: Arc<PoliciesTable>) -> DfResult<
     ctx.register_table(
         "overage",
         listing(OVERAGE_PREFIX, parquet(), overage_schema())?,
+    )?;
+    ctx.register_table(
+        "reconcile_rounds",
+        listing(
+            RECONCILE_ROUNDS_PREFIX,
+            parquet(),
+            reconcile_rounds_schema(),
+        )?,
     )?;
     ctx.register_table(
         "regions",

@@ -47,7 +47,7 @@ pub struct ReaderView {
     folder: Option<Arc<LocalFileSystem>>,
     /// Each table's snapshot (in the order of [`ALL`]), kept between listings and brought
     /// up to date by each.
-    snapshots: Arc<[Mutex<Option<Snapshot>>; 4]>,
+    snapshots: Arc<[Mutex<Option<Snapshot>>; ALL.len()]>,
     /// The raw table's snapshot is of one version (time travel) and is never brought up to
     /// date.
     pinned: bool,
@@ -100,12 +100,10 @@ impl ReaderView {
             AsOf::Version(v) => table.load(Some(v)).await?,
             AsOf::Time(t) => table.load_as_of(t.timestamp_millis()).await?,
         };
-        let snapshots = Arc::new([
-            Mutex::new(Some(snapshot)),
-            Mutex::default(),
-            Mutex::default(),
-            Mutex::default(),
-        ]);
+        let mut snapshot = Some(snapshot);
+        let snapshots = Arc::new(std::array::from_fn(|i| {
+            Mutex::new(if i == 0 { snapshot.take() } else { None })
+        }));
         Ok(Self {
             inner: Arc::clone(&self.inner),
             folder: self.folder.clone(),

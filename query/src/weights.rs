@@ -22,6 +22,7 @@ use crate::engine::Engine;
 use crate::error::QueryError;
 use crate::prove::{KEYS_TOLERANCE, REQUESTS_TOLERANCE};
 use crate::reports::Range;
+use crate::shares::ShareModel;
 use rustc_hash::FxHashMap;
 use verdict_schemas::KeyId;
 
@@ -104,11 +105,12 @@ pub async fn judge(
     engine: &Engine,
     in_force: &PolicySnapshot,
     range: Range,
+    model: &ShareModel,
 ) -> Result<Option<Weights>, QueryError> {
     if !in_force.is_multi_region() {
         return Ok(None);
     }
-    let mut in_force_replay = Replay::new(in_force.clone());
+    let mut in_force_replay = Replay::with_shares(in_force.clone(), model.clone());
     whatif::feed_range(engine, &mut in_force_replay, range).await?;
     let before: FxHashMap<(KeyId, u8), u64> = in_force_replay
         .by_key()
@@ -163,7 +165,7 @@ pub async fn judge(
     let weighted = PolicySnapshot::build(weighted).map_err(|e| {
         QueryError::Invalid(format!("the policy with the recommended weights: {e}"))
     })?;
-    let mut weighted_replay = Replay::new(weighted.clone());
+    let mut weighted_replay = Replay::with_shares(weighted.clone(), model.clone());
     whatif::feed_range(engine, &mut weighted_replay, range).await?;
     let (mut keys, mut worse) = (0u64, 0u64);
     for (k, requests, refused) in weighted_replay.by_key() {

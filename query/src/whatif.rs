@@ -11,7 +11,9 @@
 //! time, and carries each counter's state from hour to hour: memory grows with the keys, not
 //! with the range. Decisions of the kill switch and of mode off are not demand the limits
 //! saw and are left out, as in the review. A hot key's sub-key is the recorded one (modulo
-//! the candidate's split); a region enforces its static share of the candidate's limits.
+//! the candidate's split). With several regions, each enforces its share of the candidate's
+//! limits: its static weight's, or the share the regional reconcile gave it where the lake
+//! records the reconcile's rounds ([`crate::shares`]).
 
 use std::collections::BTreeMap;
 
@@ -22,21 +24,19 @@ use arrow::record_batch::RecordBatch;
 use chrono::{DateTime, Duration, Timelike, Utc};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
+use verdict_limiter::regions::{Share, is_near_limit};
 use verdict_limiter::{CounterState, LimitLookup, Mode, PolicySnapshot, decide};
 use verdict_schemas::{KeyId, RegionId, RouteClassId, TierId};
 
 use crate::engine::Engine;
 use crate::error::QueryError;
 use crate::reports::Range;
+use crate::shares::{Reconcile, ShareModel};
 
 /// What every answer says about recorded demand.
 pub const CAVEAT: &str = "recorded demand includes the retries of refused requests: a \
     candidate looser than the policy in force replays retries that would not have been sent, \
     a stricter one misses the retries it would have caused";
-
-/// How a replay models several regions' shares (see [`WhatIf::shares`]).
-pub const STATIC_SHARES: &str = "each region enforced its static weight's share of every \
-    limit; where the reconcile moved shares in the range, its moves are not replayed";
 
 /// One recorded request, as the replay needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -122,11 +122,27 @@ pub struct Replay {
     /// The resolution of the last (key, route class, tier): requests come sorted by key, so
     /// one lookup in the policy serves a run of them.
     last: Option<((KeyId, u8, u8), LimitLookup)>,
+    /// How the regions' shares are modelled.
+    model: ShareModel,
+    /// The reconcile's rounds run again, when the model has them (and regions).
+    reconcile: Option<Reconcile>,
 }
 
 impl Replay {
-    /// A replay under `policy`.
+    /// A replay under `policy`, each region (if it has several) enforcing its static
+    /// weight's share.
     pub fn new(policy: PolicySnapshot) -> Self {
+        Self::with_shares(policy, ShareModel::Static)
+    }
+
+    /// A replay under `policy` with the regions' shares modelled by `model`.
+    pub fn with_shares(policy: PolicySnapshot, model: ShareModel) -> Self {
+        let reconcile = match &model {
+            ShareModel::Reconciled(rounds) if policy.is_multi_region() => {
+                Some(Reconcile::new(std::sync::Arc::clone(rounds), &policy))
+            }
+            _ => None,
+        };
         Self {
             policy,
             counters: FxHashMap::default(),
@@ -134,6 +150,8 @@ impl Replay {
             keys: FxHashMap::default(),
             regions: BTreeMap::new(),
             last: None,
+            model,
+            reconcile,
         }
     }
 
@@ -170,9 +188,27 @@ impl Replay {
                 sub_keys,
                 ..
             } => {
+                let limit_key = (r.key_id, r.route_class, r.tier);
                 if self.policy.is_multi_region() {
-                    let ppm = self.policy.region_static_ppm(RegionId(r.region));
-                    limits = limits.scaled(ppm, ppm);
+                    let share = match &mut self.reconcile {
+                        Some(reconcile) => {
+                            let counters = &self.counters;
+                            reconcile.share(
+                                limit_key,
+                                r.region,
+                                r.time_ms,
+                                &limits,
+                                sub_keys,
+                                |region, sub| {
+                                    counters
+                                        .get(&(r.key_id, r.route_class, region, sub))
+                                        .copied()
+                                },
+                            )
+                        }
+                        None => Share::uniform(self.policy.region_static_ppm(RegionId(r.region))),
+                    };
+                    limits = limits.scaled(share.bucket_ppm, share.window_ppm);
                 }
                 let counter = (
                     r.key_id,
@@ -197,6 +233,16 @@ impl Replay {
                         outcome
                     }
                 };
+                if let Some(reconcile) = &mut self.reconcile
+                    && is_near_limit(
+                        outcome.allowed,
+                        outcome.remaining_tokens,
+                        outcome.remaining_window,
+                        &limits,
+                    )
+                {
+                    reconcile.note_near(limit_key, r.region, r.time_ms);
+                }
                 (
                     !outcome.allowed,
                     outcome.denied_by_bucket,
@@ -346,7 +392,7 @@ impl Replay {
             caveat: CAVEAT,
             limits,
             regions,
-            shares: self.policy.is_multi_region().then_some(STATIC_SHARES),
+            shares: self.policy.is_multi_region().then(|| self.model.describe()),
             keys: changed,
         }
     }
@@ -431,9 +477,9 @@ pub struct WhatIf {
     /// Per region the requests came from.
     pub regions: Vec<RegionWhatIf>,
     /// How the regions' shares were modelled, with several regions in the candidate:
-    /// each region its static weight's share (the reconcile's moves, where it ran, are not
-    /// replayed); `None` with one region, which enforces the whole.
-    pub shares: Option<&'static str>,
+    /// each region its static weight's share, or the reconcile's rounds run again (see
+    /// [`crate::shares`]); `None` with one region, which enforces the whole.
+    pub shares: Option<String>,
     /// The keys whose refusals change most, most first.
     pub keys: Vec<KeyWhatIf>,
 }
@@ -548,7 +594,8 @@ pub async fn what_if(
     range: Range,
     keys: usize,
 ) -> Result<WhatIf, QueryError> {
-    let mut replay = Replay::new(policy);
+    let model = ShareModel::recorded(engine, range).await?;
+    let mut replay = Replay::with_shares(policy, model);
     feed_range(engine, &mut replay, range).await?;
     Ok(replay.finish(range, keys))
 }
@@ -586,7 +633,7 @@ pub fn render(w: &WhatIf) -> String {
         w.to.to_rfc3339(),
         w.policy_version
     );
-    if let Some(shares) = w.shares {
+    if let Some(shares) = &w.shares {
         t += &format!("Regions: {shares}.\n");
     }
     t += &format!(

@@ -19,6 +19,8 @@ pub const DENIED_HOURLY_PREFIX: &str = "rollup/denied_hourly";
 pub const DEMAND_HOURLY_PREFIX: &str = "rollup/demand_hourly";
 /// Prefix of the daily overage table.
 pub const OVERAGE_PREFIX: &str = "overage";
+/// Prefix of the regional reconcile's record of its rounds.
+pub const RECONCILE_ROUNDS_PREFIX: &str = "reconcile_rounds";
 /// File extension of every table file.
 pub const PARQUET_EXT: &str = "parquet";
 

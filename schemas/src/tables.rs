@@ -152,6 +152,31 @@ pub mod demand_hourly {
     pub const WINDOW_QUOTA: &str = "window_quota";
 }
 
+/// Column names of the `reconcile_rounds` table: one row per round of the regional reconcile
+/// (`verdict jobs reconcile`), with the settings it ran with, so a what-if over a range knows
+/// whether the regions' shares followed demand then (and how) or stayed at their static
+/// weights (no rounds).
+pub mod reconcile_rounds {
+    /// The UTC day of the round (partition column).
+    pub const DATE: &str = "date";
+    /// When the round read the regions' counters, UTC.
+    pub const ROUND_TIME: &str = "round_time";
+    /// Between rounds, ms (also how far back a round looks for keys near their limit).
+    pub const INTERVAL_MS: &str = "interval_ms";
+    /// How long after its round a share that grows takes effect, ms.
+    pub const INCREASE_DELAY_MS: &str = "increase_delay_ms";
+    /// How long a share the job no longer rewrites stays in force, ms.
+    pub const SHARE_TTL_MS: &str = "share_ttl_ms";
+    /// Part of the static weight every region keeps when shares follow demand (0 to 1).
+    pub const FLOOR: &str = "floor";
+    /// Keys near their limit in some region, whose shares the round computed.
+    pub const KEYS: &str = "keys";
+    /// Share rows written.
+    pub const SHARE_ROWS: &str = "share_rows";
+    /// Regions whose Redis did not answer (they kept their last shares).
+    pub const UNREACHABLE_REGIONS: &str = "unreachable_regions";
+}
+
 /// Demand buckets per doubling: each bucket spans a factor of 2^(1/4) ≈ 1.19.
 pub const DEMAND_BUCKETS_PER_OCTAVE: i32 = 4;
 /// The lowest bucket: demand up to 2^-10 (about 0.001) of the quota, and none.
@@ -246,6 +271,21 @@ static OVERAGE_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
     ]))
 });
 
+static RECONCILE_ROUNDS_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
+    use reconcile_rounds::*;
+    Arc::new(Schema::new(vec![
+        Field::new(DATE, DataType::Date32, false),
+        Field::new(ROUND_TIME, ts(), false),
+        Field::new(INTERVAL_MS, DataType::Int64, false),
+        Field::new(INCREASE_DELAY_MS, DataType::Int64, false),
+        Field::new(SHARE_TTL_MS, DataType::Int64, false),
+        Field::new(FLOOR, DataType::Float64, false),
+        Field::new(KEYS, DataType::UInt32, false),
+        Field::new(SHARE_ROWS, DataType::UInt32, false),
+        Field::new(UNREACHABLE_REGIONS, DataType::UInt16, false),
+    ]))
+});
+
 static DEMAND_HOURLY_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
     use demand_hourly::*;
     Arc::new(Schema::new(vec![
@@ -268,6 +308,12 @@ pub fn demand_hourly_schema() -> SchemaRef {
 /// The schema of the `overage` table's Parquet files (version `OVERAGE_SCHEMA_VERSION`).
 pub fn overage_schema() -> SchemaRef {
     Arc::clone(&OVERAGE_SCHEMA)
+}
+
+/// The schema of the `reconcile_rounds` table's Parquet files (`date` is also a column of the
+/// files, as in `overage`).
+pub fn reconcile_rounds_schema() -> SchemaRef {
+    Arc::clone(&RECONCILE_ROUNDS_SCHEMA)
 }
 
 /// The schema of the raw table's Parquet files (partition columns `date`/`hour` come from

@@ -31,9 +31,18 @@ use std::sync::Arc;
 use object_store::ObjectStore;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
+use std::time::Duration;
+
+use verdict_jobs::reconcile::ReconcileConfig;
+use verdict_jobs::round_log::{RoundLog, RoundRecord};
+use verdict_limiter::key::LimitKey;
+use verdict_limiter::regions::{
+    Reading, RegionInput, ShareEntry, ShareKey, ShareSnapshot, compute_shares,
+};
 use verdict_limiter::{
-    FakeClock, Limiter, LimiterConfig, LimiterMetrics, MemoryStore, PolicyHandle, PolicySnapshot,
-    Request, event_queue,
+    FakeClock, LimitLookup, Limiter, LimiterConfig, LimiterMetrics, MemoryStore, PolicyHandle,
+    PolicySnapshot, Regional, Request, event_queue,
 };
 use verdict_schemas::layout::HourPartition;
 use verdict_schemas::{DecisionEvent, KeyId, RegionId, RouteClassId, TierId};
@@ -92,6 +101,129 @@ pub struct Regions {
     /// regions' parts (a global client behind a global load balancer), rather than from its
     /// home.
     pub spread: bool,
+    /// The regional reconcile running, or the static weights throughout.
+    pub reconcile: Option<WorldReconcile>,
+}
+
+/// The regional reconcile as a world runs it: the job's settings (its defaults) and its
+/// arithmetic ([`compute_shares`]), every `interval_ms` of the world's clock, over the
+/// limiters' own near-limit notes and counters, the shares stored into their share handles
+/// as the gateways' poll would.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WorldReconcile {
+    /// Between rounds.
+    pub interval_ms: i64,
+    /// Delay of a growing share.
+    pub increase_delay_ms: i64,
+    /// Life of a share not rewritten.
+    pub share_ttl_ms: i64,
+    /// Part of the static weight kept.
+    pub floor: f64,
+}
+
+impl Default for WorldReconcile {
+    fn default() -> Self {
+        let cfg = ReconcileConfig::default();
+        Self {
+            interval_ms: cfg.interval.as_millis() as i64,
+            increase_delay_ms: cfg.increase_delay.as_millis() as i64,
+            share_ttl_ms: cfg.share_ttl.as_millis() as i64,
+            floor: cfg.floor,
+        }
+    }
+}
+
+impl WorldReconcile {
+    /// The world's rounds, as the job records them.
+    pub fn rounds(&self) -> Vec<RoundRecord> {
+        let end = START_MS + HOURS * HOUR_MS;
+        (1..)
+            .map(|k| START_MS + k * self.interval_ms)
+            .take_while(|t| *t < end)
+            .map(|time_ms| RoundRecord {
+                time_ms,
+                interval_ms: self.interval_ms,
+                increase_delay_ms: self.increase_delay_ms,
+                share_ttl_ms: self.share_ttl_ms,
+                floor: self.floor,
+                keys: 0,
+                share_rows: 0,
+                unreachable_regions: 0,
+            })
+            .collect()
+    }
+
+    /// One round at `now_ms` over the limiters of every region (their id is their place):
+    /// the keys noted near their limit since the last round, each region's usage from its
+    /// counters, the shares in force; the new shares stored in every region's handle.
+    fn round(
+        &self,
+        now_ms: i64,
+        policy: &PolicySnapshot,
+        stores: &[MemoryStore],
+        regional: &[Regional],
+    ) {
+        let notes: Vec<HashMap<ShareKey, u64>> = regional
+            .iter()
+            .map(|r| r.near.drain().into_iter().collect())
+            .collect();
+        let mut keys: Vec<ShareKey> = notes.iter().flat_map(|n| n.keys().copied()).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let mut written: Vec<HashMap<ShareKey, ShareEntry>> = regional
+            .iter()
+            .map(|r| {
+                r.shares
+                    .load()
+                    .entries
+                    .iter()
+                    .filter(|(_, e)| now_ms - e.computed_ms < self.share_ttl_ms)
+                    .map(|(k, e)| (*k, *e))
+                    .collect()
+            })
+            .collect();
+        for key in keys {
+            let LimitLookup::Check {
+                limits, sub_keys, ..
+            } = policy.resolve(&key.0, key.1, key.2)
+            else {
+                continue;
+            };
+            let inputs: Vec<RegionInput> = (0..regional.len())
+                .map(|i| {
+                    let static_ppm = policy.region_static_ppm(RegionId(i as u16));
+                    let used = stores[i]
+                        .get(&LimitKey::new(key.0, key.1, key.2))
+                        .map_or(0.0, |c| c.window_used(now_ms, limits.window_ms));
+                    RegionInput {
+                        static_ppm,
+                        reading: Some(Reading {
+                            used,
+                            demand: notes[i].get(&key).copied().unwrap_or(0),
+                        }),
+                        last: regional[i].shares.share(&key, now_ms, static_ppm),
+                    }
+                })
+                .collect();
+            let quota = limits.quota.saturating_mul(u32::from(sub_keys));
+            let shares = compute_shares(quota, &inputs, self.floor);
+            for (i, (input, share)) in inputs.iter().zip(shares).enumerate() {
+                written[i].insert(
+                    key,
+                    ShareEntry {
+                        before: input.last,
+                        after: share,
+                        effective_ms: now_ms + self.increase_delay_ms,
+                        computed_ms: now_ms,
+                    },
+                );
+            }
+        }
+        for (r, entries) in regional.iter().zip(written) {
+            let version = r.shares.load().version + 1;
+            r.shares.store(ShareSnapshot { version, entries });
+        }
+    }
 }
 
 impl Regions {
@@ -106,7 +238,14 @@ impl Regions {
             moving: 0.1,
             scaled: true,
             spread: false,
+            reconcile: None,
         }
+    }
+
+    /// The same regions with the regional reconcile running (its default settings).
+    pub fn reconciled(mut self) -> Self {
+        self.reconcile = Some(WorldReconcile::default());
+        self
     }
 
     /// Two regions of equal weight, home to 70 / 30 % of the keys.
@@ -116,6 +255,7 @@ impl Regions {
             moving: 0.1,
             scaled: true,
             spread: false,
+            reconcile: None,
         }
     }
 
@@ -131,6 +271,7 @@ impl Regions {
             moving: 0.0,
             scaled: false,
             spread: false,
+            reconcile: None,
         }
     }
 
@@ -143,6 +284,7 @@ impl Regions {
             moving: 0.0,
             scaled: false,
             spread: true,
+            reconcile: None,
         }
     }
 
@@ -429,7 +571,8 @@ impl World {
     /// The world's demand decided under `policies` (see [`decide_in`]).
     pub async fn decide(&self, policies: [PolicySnapshot; 2]) -> Vec<DecisionEvent> {
         let spread = self.regions.as_ref().filter(|r| r.spread);
-        decide_in(&self.demand, &self.places, spread, policies).await
+        let reconcile = self.regions.as_ref().and_then(|r| r.reconcile);
+        decide_in(&self.demand, &self.places, spread, reconcile, policies).await
     }
 }
 
@@ -440,16 +583,18 @@ pub async fn decide_all(
     demand: &BTreeMap<(u8, KeyId), Vec<i64>>,
     policies: [PolicySnapshot; 2],
 ) -> Vec<DecisionEvent> {
-    decide_in(demand, &BTreeMap::new(), None, policies).await
+    decide_in(demand, &BTreeMap::new(), None, None, policies).await
 }
 
 /// As [`decide_all`], each request in its key's region at its time (`places`, region 0 for
 /// a key not there; or drawn by `spread`'s parts), by that region's limiter: counters of its
-/// own, enforcing the region's share of the policy's limits.
+/// own, enforcing the region's share of the policy's limits: its static weight's, or with
+/// `reconcile` the shares its rounds compute.
 pub async fn decide_in(
     demand: &BTreeMap<(u8, KeyId), Vec<i64>>,
     places: &BTreeMap<(u8, KeyId), Place>,
     spread: Option<&Regions>,
+    reconcile: Option<WorldReconcile>,
     policies: [PolicySnapshot; 2],
 ) -> Vec<DecisionEvent> {
     let change_ms = START_MS + HOURS / 2 * HOUR_MS;
@@ -467,16 +612,31 @@ pub async fn decide_in(
         })
         .collect();
     requests.sort_unstable();
-    let regions = requests.iter().map(|r| r.3).max().unwrap_or(0) + 1;
+    let regions = requests
+        .iter()
+        .map(|r| r.3 + 1)
+        .chain([policies[0].document().regions.len() as u16])
+        .max()
+        .unwrap_or(1);
     let clock = FakeClock::at(START_MS);
     let metrics = Arc::new(LimiterMetrics::new());
     // The events are taken from each decision; the queue only has to exist.
     let (queue, _receiver) = event_queue(1, Arc::clone(&metrics));
     let [before, after] = policies;
+    let stores: Vec<MemoryStore> = (0..regions)
+        .map(|_| MemoryStore::with_clock(1_000_000, Arc::new(clock.clone())))
+        .collect();
+    let regional: Vec<Regional> = (0..regions)
+        .map(|_| {
+            Regional::new(Duration::from_millis(
+                reconcile.map_or(300_000, |r| r.share_ttl_ms) as u64,
+            ))
+        })
+        .collect();
     let limiters: Vec<_> = (0..regions)
         .map(|region| {
-            Limiter::with_clock(
-                MemoryStore::with_clock(1_000_000, Arc::new(clock.clone())),
+            let limiter = Limiter::with_clock(
+                stores[usize::from(region)].clone(),
                 PolicyHandle::new(before.clone(), START_MS),
                 queue.clone(),
                 Arc::clone(&metrics),
@@ -485,18 +645,38 @@ pub async fn decide_in(
                     ..LimiterConfig::default()
                 },
                 Arc::new(clock.clone()),
-            )
+            );
+            match reconcile {
+                Some(_) => limiter.with_regional(regional[usize::from(region)].clone()),
+                None => limiter,
+            }
         })
         .collect();
+    let mut current = before;
     let mut after = Some(after);
+    let mut next_round = reconcile.map(|r| START_MS + r.interval_ms);
     let mut events = Vec::with_capacity(requests.len());
     for (t, tier, key_id, region) in requests {
+        if let Some(r) = reconcile {
+            while let Some(round) = next_round.filter(|round| *round <= t) {
+                // The policy in force when the round ran.
+                let policy = if round >= change_ms && after.is_some() {
+                    after.as_ref().unwrap_or(&current)
+                } else {
+                    &current
+                };
+                clock.set(round);
+                r.round(round, policy, &stores, &regional);
+                next_round = Some(round + r.interval_ms);
+            }
+        }
         if t >= change_ms
             && let Some(next) = after.take()
         {
             for limiter in &limiters {
                 limiter.policy().store(next.clone(), t);
             }
+            current = next;
         }
         clock.set(t);
         let decision = limiters[usize::from(region)]
@@ -581,6 +761,17 @@ fn truth(
         }
     }
     out
+}
+
+/// Records `rounds` in the lake's `reconcile_rounds`, as the reconcile job does.
+pub async fn write_rounds(store: &Arc<dyn ObjectStore>, rounds: &[RoundRecord]) {
+    let mut log = RoundLog::new(Arc::clone(store), verdict_jobs::round_log::MAX_PENDING);
+    for chunk in rounds.chunks(verdict_jobs::round_log::MAX_PENDING) {
+        for r in chunk {
+            log.push(*r);
+        }
+        log.append(START_MS).await.expect("recording the rounds");
+    }
 }
 
 /// Writes decisions as raw files in `store` (2 partitions) and `policy` (the one in

@@ -197,6 +197,26 @@ pub(super) enum KeysFrom {
 }
 
 impl KeysFrom {
+    /// Each limit's largest regional quota under each policy version in the range:
+    /// `tier, route_class, policy_version, enforced`.
+    fn versions(&self) -> String {
+        match self {
+            Self::Decisions { range, .. } => format!(
+                "SELECT x.tier, x.route_class, x.policy_version, MAX(x.window_quota) AS enforced
+  FROM decisions x
+  WHERE {range} AND x.source IN (0, 1)
+  GROUP BY x.tier, x.route_class, x.policy_version"
+            ),
+            Self::Parts { range, .. } => merged(
+                Level::Versions,
+                range,
+                "tier, route_class, policy_version",
+                "MAX(enforced) AS enforced",
+                "",
+            ),
+        }
+    }
+
     fn ctes(&self) -> String {
         match self {
             Self::Decisions { range, filters } => per_key_from_decisions(range, filters),
@@ -257,6 +277,10 @@ fn keyed(keys: &KeysFrom, p: &ReviewParams) -> String {
         flagged = flagged(keys, p),
     )
 }
+
+/// How far apart (as a ratio) the largest regional quotas of two policy versions must be
+/// for the review to say the quota in force changed (see `review_sql`).
+pub const VERSION_QUOTA_RATIO: f64 = 1.1;
 
 /// A limit's identity in the review: its tier × route class, and the key of an override.
 const LIMIT: &str = "tier, route_class, override_key";
@@ -367,12 +391,22 @@ pub(super) fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
          || ') made ' || {} || ' % of the refusals' ELSE '' END",
         percent("CAST(l.outlier_refused AS DOUBLE) / l.refused")
     );
-    // A region's quota is its share of the global one, rounded down: q / share lies within
-    // 1 / share below the global quota, so the quota changed only where two of those
-    // ranges do not meet.
-    let changed = "CASE WHEN l.quota_high > l.quota_ceiling THEN '; the quota in force changed in the range (' \
-         || CAST(CAST(ROUND(l.quota_low) AS BIGINT) AS VARCHAR) || ' to ' \
-         || CAST(CAST(ROUND(l.quota_high) AS BIGINT) AS VARCHAR) || ')' ELSE '' END";
+    // The quota in force changed only where the policy did (two versions in the range) and
+    // where the regions' quotas say so twice: over their static shares they disagree (a
+    // region's quota is its share of the global one rounded down, so q / share lies within
+    // 1 / share below the global quota, and those ranges do not meet), and the largest
+    // regional quota of one version is more than a tenth off another's. The reconcile moves
+    // a key's regional quota between rounds, which the first test alone takes for a
+    // change; under it, the largest regional quota of each version is its global quota
+    // times the largest share any key's region was given (which stays near the whole while
+    // some key's traffic is in one region), so a change of less than a tenth is not named.
+    let changed = format!(
+        "CASE WHEN l.versions > 1 AND l.quota_high > l.quota_ceiling \
+           AND l.enforced_high > {VERSION_QUOTA_RATIO} * l.enforced_low \
+         THEN '; the quota in force changed in the range (policy versions with regional quotas up to ' \
+         || CAST(l.enforced_low AS VARCHAR) || ' and up to ' \
+         || CAST(l.enforced_high AS VARCHAR) || ')' ELSE '' END"
+    );
     let reason = format!(
         "CASE WHEN l.override_key IS NULL AND l.keys < {min_keys} THEN CAST(l.keys AS VARCHAR) \
            || ' active keys, fewer than the ' || CAST({min_keys} AS VARCHAR) || ' needed to judge'
@@ -386,6 +420,7 @@ pub(super) fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
         p99d = two_decimals("l.demand_p99"),
         p99b = two_decimals("l.burst_p99"),
     );
+    let versions = keys.versions();
     let judged = "v.verdict IN ('too low', 'too high')";
     // Scaling capacity and refill by the same factor keeps the bucket's time scale, and scales
     // what it admits in one span by that factor: the burst (a share of that) says how much.
@@ -415,9 +450,16 @@ pub(super) fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
     {all_need_p99} AS all_need_p99
   FROM {source}
   GROUP BY {limit}
+), version_quotas AS (
+  SELECT tier, route_class, COUNT(*) AS versions, MIN(enforced) AS enforced_low,
+    MAX(enforced) AS enforced_high
+  FROM ({versions}) v
+  GROUP BY tier, route_class
 ), judged AS (
   SELECT l.*, {verdict} AS verdict, {reason} AS reason
-  FROM per_limit l
+  FROM (SELECT p.*, q.versions, q.enforced_low, q.enforced_high
+    FROM per_limit p
+    LEFT JOIN version_quotas q ON q.tier = p.tier AND q.route_class = p.route_class) l
 )
 SELECT v.tier AS tier_id, p.tier, v.route_class AS route_class_id, p.route_class,
   v.override_key, v.mode, v.hourly_quota, v.enforced AS enforced_quota, v.capacity,

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use object_store::ObjectStore;
 use object_store::local::LocalFileSystem;
 use serde_json::Value;
+use verdict_jobs::round_log::RoundRecord;
 use verdict_query::reports::Range;
 use verdict_query::{Engine, Limits, PoliciesTable};
 use verdict_query::{recommend, whatif};
@@ -18,7 +19,7 @@ use verdict_schemas::{DecisionEvent, Verdict};
 use verdict_tests::query_fixture::{report_in, served_and_portable};
 use verdict_tests::review_world::{
     HOURS, Regions, START_MS, TIERS, World, decide_all, limits, policy_text, policy_toml,
-    snapshot_of, world, world_in, write_world,
+    snapshot_of, world, world_in, write_rounds, write_world,
 };
 
 /// An engine over a local folder holding `events` as raw files, with the world's policy.
@@ -28,10 +29,22 @@ async fn lake(events: &[DecisionEvent]) -> (Engine, tempfile::TempDir) {
 
 /// An engine over a local folder holding `events` as raw files, with `policy` in force.
 async fn lake_with(events: &[DecisionEvent], policy: &str) -> (Engine, tempfile::TempDir) {
+    lake_of(events, policy, &[]).await
+}
+
+/// A lake of `events` and the reconcile's `rounds`, the policy in force `policy`.
+async fn lake_of(
+    events: &[DecisionEvent],
+    policy: &str,
+    rounds: &[RoundRecord],
+) -> (Engine, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a temporary folder");
     let store: Arc<dyn ObjectStore> =
         Arc::new(LocalFileSystem::new_with_prefix(dir.path()).expect("a local store"));
     let policy = write_world(&store, dir.path(), events, policy).await;
+    if !rounds.is_empty() {
+        write_rounds(&store, rounds).await;
+    }
     // The hourly rollup, as the jobs run it: the denied rollup and the demand histogram.
     let rollup = verdict_rollup::Rollup::new(Arc::clone(&store), 2);
     for h in 0..HOURS {
@@ -48,6 +61,15 @@ async fn lake_with(events: &[DecisionEvent], policy: &str) -> (Engine, tempfile:
     )
     .expect("an engine");
     (engine, dir)
+}
+
+/// The reconcile's rounds in `w`, as the job records them (none without it).
+fn rounds_of(w: &World) -> Vec<RoundRecord> {
+    w.regions
+        .as_ref()
+        .and_then(|r| r.reconcile)
+        .map(|r| r.rounds())
+        .unwrap_or_default()
 }
 
 fn world_range() -> Range {
@@ -96,7 +118,7 @@ async fn the_review_names_the_truth_of_every_limit_in_a_world_of_regions() {
 /// policy changed it.
 async fn names_the_truth(w: &World, label: &str) {
     let events = w.events().await;
-    let (engine, _dir) = lake_with(&events, &w.policy_toml(2)).await;
+    let (engine, _dir) = lake_of(&events, &w.policy_toml(2), &rounds_of(w)).await;
     let range = world_range();
     let (from, to) = (range.from.to_rfc3339(), range.to.to_rfc3339());
     let got = report_in(&engine, "wrong-limits", &from, &to, &[]).await;
@@ -209,7 +231,9 @@ async fn the_review_splits_and_attributes_the_refusals_of_a_fine_limit() {
     // The changed tier's reason names the change of quota.
     let changed = got.iter().find(|r| r["tier"] == "changed").unwrap();
     assert!(
-        text(changed, "reason").contains("changed in the range (100 to 400)"),
+        text(changed, "reason").contains(
+            "changed in the range (policy versions with regional quotas up to 100 and up to 400)"
+        ),
         "{changed}"
     );
     // The thresholds are parameters: with min_keys above every tier's count, only the
@@ -311,6 +335,9 @@ async fn the_recommendation_replayed_in_a_world_of_regions_is_what_its_limiters_
         ("two", Regions::two()),
         ("lopsided", Regions::lopsided()),
         ("spread", Regions::spread()),
+        ("three regions, reconciled", Regions::three().reconciled()),
+        ("two, reconciled", Regions::two().reconciled()),
+        ("spread, reconciled", Regions::spread().reconciled()),
     ] {
         for seed in [1, 2, 3] {
             let w = world_in(seed, 1, Some(regions.clone()));
@@ -324,7 +351,7 @@ async fn the_recommendation_replayed_in_a_world_of_regions_is_what_its_limiters_
 /// fewer requests and keys and is never lower, a too-high limit's refuses at most the
 /// tolerance more.
 async fn replays_what_the_limiter_does(w: &World, label: &str) {
-    let (engine, _dir) = lake_with(&w.events().await, &w.policy_toml(2)).await;
+    let (engine, _dir) = lake_of(&w.events().await, &w.policy_toml(2), &rounds_of(w)).await;
     let range = world_range();
     let params = [
         ("from".to_string(), range.from.to_rfc3339()),
@@ -339,16 +366,20 @@ async fn replays_what_the_limiter_does(w: &World, label: &str) {
     // weight's, by replaying the policy in force with weights by the requests beside it as
     // it is; recommended only where they refuse fewer requests and no region's keys more
     // (the limits are then proven with them, and the candidate has them).
+    let reconciled = w.regions.as_ref().is_some_and(|r| r.reconcile.is_some());
     assert_eq!(
-        answer.what_if.shares,
-        w.regions
-            .as_ref()
-            .map(|_| verdict_query::whatif::STATIC_SHARES),
-        "{label}"
+        answer
+            .what_if
+            .shares
+            .as_deref()
+            .map(|s| s.starts_with("shares moved by the regional reconcile")),
+        w.regions.as_ref().map(|_| reconciled),
+        "{label}: {:?}",
+        answer.what_if.shares
     );
     assert_eq!(
         recommend::render(&answer).contains("Regions: each region enforced its static"),
-        w.regions.is_some(),
+        w.regions.is_some() && !reconciled,
         "{label}"
     );
     match &w.regions {
@@ -391,8 +422,10 @@ async fn replays_what_the_limiter_does(w: &World, label: &str) {
             assert_eq!(in_candidate, expected, "{label}");
             // Keys living in one region: weights by the requests would refuse the small
             // regions' keys more, and are kept. Keys sending from every region in a mix
-            // unlike the weights: they are recommended, near the mix.
-            if regions.spread {
+            // unlike the weights: they are recommended, near the mix; unless the reconcile
+            // runs, moving every key's shares to where its requests are, when the weights
+            // change little and are kept.
+            if regions.spread && regions.reconcile.is_none() {
                 assert!(weights.recommended, "{label}: {weights:?}");
                 let got: Vec<f64> = weights
                     .regions
@@ -422,6 +455,15 @@ async fn replays_what_the_limiter_does(w: &World, label: &str) {
         let refused = of_tier().filter(|e| e.verdict != Verdict::Allowed).count() as f64;
         let requests = of_tier().count() as f64;
         let predicted = l.share_of_requests_refused.1 * l.requests as f64;
+        println!(
+            "{label}, {:?} {}: quota {} -> {}, capacity {} -> {}; refused under the recommendation: replay {predicted:.0}, limiter {refused} of {requests}",
+            l.limit.tier.as_deref().unwrap_or("?"),
+            l.verdict.as_deref().unwrap_or("?"),
+            l.hourly_quota.0,
+            l.hourly_quota.1,
+            l.capacity.0,
+            l.capacity.1,
+        );
         assert!(
             (predicted - refused).abs() <= 0.02 * refused.max(1.0),
             "{label}, tier {:?}: replay {predicted}, limiter {refused}",
@@ -492,6 +534,16 @@ async fn replays_what_the_limiter_does(w: &World, label: &str) {
             }
             _ => assert!(p.wrong.is_none() && !r.changes(), "{label}: {p:?}"),
         }
+    }
+    // "The quota in force changed" only where the policy changed it, whether the regions'
+    // quotas stayed at their static shares or the reconcile moved them.
+    let (from, to) = (range.from.to_rfc3339(), range.to.to_rfc3339());
+    for r in report_in(&engine, "wrong-limits", &from, &to, &[]).await {
+        assert_eq!(
+            text(&r, "reason").contains("the quota in force changed"),
+            text(&r, "tier") == "changed" && text(&r, "verdict") != "not enough data",
+            "{label}: {r}"
+        );
     }
     // The override the review judged is changed in the candidate's overrides.
     let rendered = recommend::render(&answer);

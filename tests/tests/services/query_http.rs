@@ -81,7 +81,8 @@ async fn every_endpoint_answers_in_every_format() {
             "demand_hourly",
             "overage",
             "policies",
-            "regions"
+            "regions",
+            "reconcile_rounds"
         ]
     );
     let decisions: Vec<&str> = tables["tables"][0]["columns"]
