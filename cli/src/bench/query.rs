@@ -388,6 +388,54 @@ async fn replay(
             "replay_decisions_per_s_per_core": requests.len() as f64 / core,
         })
     );
+    recommended(engine, range, end_to_end, args.runs).await
+}
+
+/// `verdict what-if --recommended` over the same range: the review, the search that proves
+/// each judged limit's recommendation with the replay, and the replay of the whole
+/// recommendation; the search's time beside one what-if's (`end_to_end`).
+async fn recommended(
+    engine: &Engine,
+    range: verdict_query::reports::Range,
+    end_to_end: f64,
+    runs: u32,
+) -> anyhow::Result<()> {
+    use verdict_query::recommend;
+    let params: BTreeMap<String, String> = [
+        ("from".to_string(), range.from.to_rfc3339()),
+        ("to".to_string(), range.to.to_rfc3339()),
+    ]
+    .into();
+    let (mut totals, mut reviews) = (Vec::new(), Vec::new());
+    let mut answer = None;
+    for _ in 0..runs.max(1) {
+        let started = Instant::now();
+        let sql = engine.report_sql("wrong-limits", &params).await?;
+        engine.collect(&sql, usize::MAX).await?;
+        reviews.push(started.elapsed().as_secs_f64());
+        let started = Instant::now();
+        answer = Some(recommend::replay(engine, &params, chrono::Utc::now(), 10).await?);
+        totals.push(started.elapsed().as_secs_f64());
+    }
+    let answer = answer.expect("at least one run");
+    let (total, review) = (median(&totals), median(&reviews));
+    // What the proofs add: the whole, less the review and the final replay of the
+    // recommendation (one what-if).
+    let search = (total - review - end_to_end).max(0.0);
+    println!(
+        "{}",
+        serde_json::json!({
+            "bench": "query",
+            "query": "what-if --recommended",
+            "limits_judged": answer.proven.iter().filter(|p| p.replays > 0).count(),
+            "replays_in_search": answer.proven.iter().map(|p| p.replays).sum::<u32>(),
+            "seconds_p50": total,
+            "review_seconds_p50": review,
+            "one_what_if_seconds": end_to_end,
+            "search_seconds": search,
+            "search_over_one_what_if": search / end_to_end,
+        })
+    );
     Ok(())
 }
 

@@ -97,27 +97,24 @@ fn per_key_from_decisions(range: &str, filters: &str) -> String {
     format!(
         "{LIM}, d AS (
   SELECT x.tier, x.route_class, x.key_id, x.region, x.date, x.hour, x.window_quota,
+    CASE WHEN x.verdict = 1 THEN 1 ELSE 0 END AS denied,
+    CASE WHEN x.verdict = 2 THEN 1 ELSE 0 END AS would_deny,
+    CASE WHEN x.verdict <> 0 AND x.denied_by_bucket THEN 1 ELSE 0 END AS by_bucket,
+    CASE WHEN x.verdict <> 0 AND x.denied_by_window THEN 1 ELSE 0 END AS by_window,
     CAST(FLOOR(date_part('epoch', x.event_time) / l.span_s) AS BIGINT) AS span
   FROM decisions x
   JOIN lim l ON l.tier_id = x.tier AND l.route_class_id = x.route_class
   WHERE {range} AND x.source IN (0, 1){filters}
-), refused AS (
-  SELECT x.tier, x.route_class, x.key_id,
-    SUM(CASE WHEN x.verdict = 1 THEN 1 ELSE 0 END) AS denied,
-    SUM(CASE WHEN x.verdict = 2 THEN 1 ELSE 0 END) AS would_deny,
-    SUM(CASE WHEN x.denied_by_bucket THEN 1 ELSE 0 END) AS by_bucket,
-    SUM(CASE WHEN x.denied_by_window THEN 1 ELSE 0 END) AS by_window
-  FROM decisions x
-  WHERE {range} AND x.source IN (0, 1) AND x.verdict <> 0{filters}
-  GROUP BY x.tier, x.route_class, x.key_id
 ), per_span AS (
   SELECT tier, route_class, key_id, region, date, hour, span, COUNT(*) AS requests,
-    MAX(window_quota) AS quota
+    MAX(window_quota) AS quota, SUM(denied) AS denied, SUM(would_deny) AS would_deny,
+    SUM(by_bucket) AS by_bucket, SUM(by_window) AS by_window
   FROM d
   GROUP BY tier, route_class, key_id, region, date, hour, span
 ), per_region_hour AS (
   SELECT tier, route_class, key_id, region, date, hour, SUM(requests) AS requests,
-    MAX(requests) AS peak_span, MAX(quota) AS quota
+    MAX(requests) AS peak_span, MAX(quota) AS quota, SUM(denied) AS denied,
+    SUM(would_deny) AS would_deny, SUM(by_bucket) AS by_bucket, SUM(by_window) AS by_window
   FROM per_span
   GROUP BY tier, route_class, key_id, region, date, hour
 ), per_hour AS (
@@ -128,26 +125,21 @@ fn per_key_from_decisions(range: &str, filters: &str) -> String {
     MIN(CAST(h.quota AS DOUBLE) / COALESCE(g.share, u.share)) AS quota_low,
     MAX(CAST(h.quota AS DOUBLE) / COALESCE(g.share, u.share)) AS quota_high,
     MIN(CAST(h.quota + 1 AS DOUBLE) / COALESCE(g.share, u.share)) AS quota_ceiling,
-    MAX(h.quota) AS enforced
+    MAX(h.quota) AS enforced, SUM(h.denied) AS denied, SUM(h.would_deny) AS would_deny,
+    SUM(h.by_bucket) AS by_bucket, SUM(h.by_window) AS by_window
   FROM per_region_hour h
   LEFT JOIN regions g ON g.region = h.region
   CROSS JOIN (SELECT share FROM regions WHERE region IS NULL) u
   GROUP BY h.tier, h.route_class, h.key_id, h.date, h.hour
-), per_key_hours AS (
+), per_key AS (
   SELECT h.tier, h.route_class, h.key_id, SUM(h.requests) AS requests,
     MAX(h.demand) AS demand, MAX(h.requests) AS peak_hour, MAX(h.need) AS need,
     MAX(h.peak_span) AS peak_span, MIN(h.quota_low) AS quota_low, MAX(h.quota_high) AS quota_high,
-    MIN(h.quota_ceiling) AS quota_ceiling, MAX(h.enforced) AS enforced
+    MIN(h.quota_ceiling) AS quota_ceiling, MAX(h.enforced) AS enforced,
+    SUM(h.denied) AS denied, SUM(h.would_deny) AS would_deny, SUM(h.by_bucket) AS by_bucket,
+    SUM(h.by_window) AS by_window
   FROM per_hour h
   GROUP BY h.tier, h.route_class, h.key_id
-), per_key AS (
-  SELECT k.tier, k.route_class, k.key_id, k.requests, k.demand, k.peak_hour, k.need,
-    k.peak_span, k.quota_low, k.quota_high, k.quota_ceiling, k.enforced, COALESCE(r.denied, 0) AS denied,
-    COALESCE(r.would_deny, 0) AS would_deny, COALESCE(r.by_bucket, 0) AS by_bucket,
-    COALESCE(r.by_window, 0) AS by_window
-  FROM per_key_hours k
-  LEFT JOIN refused r ON r.tier = k.tier AND r.route_class = k.route_class
-    AND r.key_id = k.key_id
 )"
     )
 }
