@@ -1,7 +1,8 @@
 //! Retention: whole partitions go once they are older than their table's window, found from
 //! the table's log (the Delta tables) or by listing folders (the quarantine, a plain prefix
 //! of the rejected records), never by reading rows. Raw hours and quarantine days go after `raw_keep`
-//! (7 days); rollup hours and overage days after `rollup_keep` (5 years). A partition is
+//! (7 days), the reconcile's round days a day later; rollup hours and overage days after
+//! `rollup_keep` (5 years). A partition is
 //! old once its *end* is further back than the window: the hour that started exactly 7
 //! days ago still has an hour to live.
 //!
@@ -17,7 +18,7 @@ use object_store::path::Path;
 use std::collections::BTreeMap;
 use verdict_ingest::flush::QUARANTINE_PREFIX;
 
-use verdict_lake::tables::{DEMAND_HOURLY, DENIED_HOURLY, OVERAGE, RAW};
+use verdict_lake::tables::{DEMAND_HOURLY, DENIED_HOURLY, OVERAGE, RAW, RECONCILE_ROUNDS};
 use verdict_lake::vacuum;
 use verdict_lake::{Action, Add, Commit, LakeError, PartitionValues, Snapshot, Table, TableDef};
 use verdict_rollup::{hour_files_in, hours_in};
@@ -42,7 +43,8 @@ pub enum RetentionError {
 /// A partition past its window.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Expired {
-    /// Its table: `raw`, `quarantine`, `denied_hourly`, `demand_hourly` or `overage`.
+    /// Its table: `raw`, `quarantine`, `denied_hourly`, `demand_hourly`, `overage` or
+    /// `reconcile_rounds`.
     pub table: &'static str,
     /// Its folder.
     pub prefix: Path,
@@ -106,12 +108,15 @@ pub async fn plan(
     Ok(out)
 }
 
-/// The tables derived from raw, each with its window.
-fn derived(windows: &Windows) -> [(&'static TableDef, std::time::Duration); 3] {
+/// The tables partitioned by day or hour beside raw, each with its window. The reconcile's
+/// rounds are read only to replay the raw table's range (and the hour before it), so they
+/// are kept a day longer than raw.
+fn derived(windows: &Windows) -> [(&'static TableDef, std::time::Duration); 4] {
     [
         (&DENIED_HOURLY, windows.rollup_keep),
         (&DEMAND_HOURLY, windows.rollup_keep),
         (&OVERAGE, windows.rollup_keep),
+        (&RECONCILE_ROUNDS, windows.raw_keep + DAY),
     ]
 }
 
@@ -129,7 +134,7 @@ fn derived_expired(
         let Some(date) = parts.next().and_then(parse_date_segment) else {
             continue;
         };
-        let hour = if def.name == OVERAGE.name {
+        let hour = if def.name == OVERAGE.name || def.name == RECONCILE_ROUNDS.name {
             None
         } else {
             parts.next().and_then(parse_hour_segment)

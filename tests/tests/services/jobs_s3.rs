@@ -16,7 +16,7 @@ use parquet::file::metadata::ParquetMetaDataReader;
 use verdict_ingest::{ConsumedEvent, Prefixed};
 use verdict_jobs::late::{Why, due_hours};
 use verdict_jobs::{Job, Jobs, JobsConfig, Windows};
-use verdict_lake::tables::{DENIED_HOURLY, OVERAGE, RAW};
+use verdict_lake::tables::{DENIED_HOURLY, OVERAGE, RAW, RECONCILE_ROUNDS};
 use verdict_rollup::{Rollup, hour_files};
 use verdict_schemas::layout::RAW_PREFIX;
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
@@ -191,10 +191,16 @@ async fn retention_deletes_exactly_the_partitions_past_their_windows() {
     let overage = format!("date={}/overage-0.parquet", day(1828));
     put_empty(&store, format!("overage/{overage}")).await;
     commit_table_object(&store, &OVERAGE, at(1828).date(), &overage, 10).await;
+    // The reconcile's rounds: kept a day longer than raw (8 days), days 7 and 9.
+    for d in [7, 9] {
+        let rounds = format!("date={}/rounds-0.parquet", day(d));
+        put_empty(&store, format!("reconcile_rounds/{rounds}")).await;
+        commit_table_object(&store, &RECONCILE_ROUNDS, at(d).date(), &rounds, 10).await;
+    }
 
     let jobs = Jobs::new(Arc::clone(&store), config());
     let dry = jobs.run_once(Job::Retention, now, true).await.unwrap();
-    assert_eq!((dry.deleted, dry.bytes_deleted), (4, 40), "{dry:?}");
+    assert_eq!((dry.deleted, dry.bytes_deleted), (5, 50), "{dry:?}");
     assert!(
         exists_under(&store, &at(8).raw_prefix()).await,
         "a dry run deleted"
@@ -213,12 +219,13 @@ async fn retention_deletes_exactly_the_partitions_past_their_windows() {
         format!("denied_hourly {}", at(1827).denied_hourly_prefix()),
         format!("quarantine quarantine/date={}", day(9)),
         format!("overage overage/date={}", day(1828)),
+        format!("reconcile_rounds reconcile_rounds/date={}", day(9)),
     ];
     want.sort();
     assert_eq!(doomed, want);
 
     let done = jobs.run_once(Job::Retention, now, false).await.unwrap();
-    assert_eq!(done.deleted, 4);
+    assert_eq!(done.deleted, 5);
     // The raw hour left the table in one commit; its bytes stay for the queries planned
     // before it until vacuum, past the table's hour of retention, deletes them.
     let raw_hours = |s: &verdict_lake::Snapshot| verdict_rollup::hours_in(s);
@@ -232,12 +239,13 @@ async fn retention_deletes_exactly_the_partitions_past_their_windows() {
     assert_eq!(doomed.files.len(), 1, "{:?}", doomed.files);
     verdict_lake::vacuum::run(&table, &doomed).await.unwrap();
     // Likewise the rollup's and the overage's expired partitions.
-    for def in [&DENIED_HOURLY, &OVERAGE] {
+    for def in [&DENIED_HOURLY, &OVERAGE, &RECONCILE_ROUNDS] {
         let t = def.table(Arc::clone(&store));
         let s = t.snapshot().await.unwrap();
         assert!(
-            !s.files()
-                .any(|a| a.path.contains(&day(1827)) || a.path.contains(&day(1828))),
+            !s.files().any(|a| a.path.contains(&day(1827))
+                || a.path.contains(&day(1828))
+                || a.path.contains(&day(9))),
             "{}: an expired partition is still in the table",
             def.name
         );
@@ -252,6 +260,7 @@ async fn retention_deletes_exactly_the_partitions_past_their_windows() {
         at(1827).denied_hourly_prefix(),
         format!("quarantine/date={}", day(9)),
         format!("overage/date={}", day(1828)),
+        format!("reconcile_rounds/date={}", day(9)),
     ] {
         assert!(!exists_under(&store, &gone).await, "{gone} is still there");
     }
@@ -260,13 +269,14 @@ async fn retention_deletes_exactly_the_partitions_past_their_windows() {
         at(7).raw_prefix(),
         at(1825).denied_hourly_prefix(),
         format!("quarantine/date={}", day(6)),
+        format!("reconcile_rounds/date={}", day(7)),
     ] {
         assert!(exists_under(&store, &kept).await, "{kept} was deleted");
     }
     assert!(
         jobs.metrics()
             .render()
-            .contains("verdict_job_partitions_deleted_total{job=\"retention\"} 4"),
+            .contains("verdict_job_partitions_deleted_total{job=\"retention\"} 5"),
         "{}",
         jobs.metrics().render()
     );
