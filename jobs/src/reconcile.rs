@@ -45,7 +45,7 @@ use crate::round_log::{RoundLog, RoundRecord};
 use crate::share_rounds::ShareRounds;
 
 /// How the reconcile runs.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ReconcileConfig {
     /// Between rounds; also how far back a round looks for near-limit keys.
     pub interval: Duration,
@@ -304,8 +304,8 @@ impl Reconciler {
                 let static_ppm = policy.region_static_ppm(r.id);
                 let last = prior
                     .get(&(r.id, *key))
-                    .filter(|e| now_ms - e.computed_ms < ttl_ms)
-                    .map_or(Share::uniform(static_ppm), |e| e.in_force(now_ms));
+                    .and_then(|e| e.in_force_within(now_ms, ttl_ms))
+                    .unwrap_or(Share::uniform(static_ppm));
                 let reading = usage[i].as_ref().map(|u| Reading {
                     used: u[k],
                     demand: near[i]

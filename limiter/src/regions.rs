@@ -83,6 +83,18 @@ impl ShareEntry {
             self.before.min(self.after)
         }
     }
+
+    /// Whether the entry is still in force at `now_ms` for a share life of `ttl_ms`
+    /// (younger than it); an older one gives way to the static weight.
+    pub fn is_fresh(&self, now_ms: i64, ttl_ms: i64) -> bool {
+        now_ms - self.computed_ms < ttl_ms
+    }
+
+    /// The share in force at `now_ms` ([`Self::in_force`]), or `None` once the entry is older
+    /// than `ttl_ms` (the static weight applies).
+    pub fn in_force_within(&self, now_ms: i64, ttl_ms: i64) -> Option<Share> {
+        self.is_fresh(now_ms, ttl_ms).then(|| self.in_force(now_ms))
+    }
 }
 
 /// The shares in force in one region.
@@ -128,10 +140,12 @@ impl ShareHandle {
     /// This region's share of `key` at `now_ms`, or `static_ppm` when the job has none (or
     /// only an expired one).
     pub fn share(&self, key: &ShareKey, now_ms: i64, static_ppm: u32) -> Share {
-        match self.current.load().entries.get(key) {
-            Some(e) if now_ms - e.computed_ms < self.ttl_ms => e.in_force(now_ms),
-            _ => Share::uniform(static_ppm),
-        }
+        self.current
+            .load()
+            .entries
+            .get(key)
+            .and_then(|e| e.in_force_within(now_ms, self.ttl_ms))
+            .unwrap_or(Share::uniform(static_ppm))
     }
 }
 

@@ -921,14 +921,14 @@ ORDER BY o.date, o.quota_denied + o.quota_would_deny DESC, o.key_id, o.route_cla
     ))
 }
 
-/// The per-version level of `policy-changes` over the decisions within `range` with
+/// The per-version level of `policy-changes` over the decisions (`x`) within `range` with
 /// `filters`: each limit's requests, refusals, first decision and largest regional quota
 /// under each policy version.
-fn version_counts(range: &str, filters: &str) -> String {
+pub(super) fn version_counts(range: &str, filters: &str) -> String {
     format!(
         "SELECT tier, route_class, policy_version, COUNT(*) AS requests, SUM({REFUSED}) AS refused,
     MIN(event_time) AS first_seen, MAX(window_quota) AS enforced
-  FROM decisions
+  FROM decisions x
   WHERE {range} AND source IN (0, 1){filters}
   GROUP BY tier, route_class, policy_version"
     )

@@ -132,36 +132,6 @@ impl ShareModel {
         rounds.dedup_by_key(|r| r.time_ms);
         Self::Reconciled(rounds.into())
     }
-
-    /// What the answer says about it, for a policy with several regions.
-    pub fn describe(&self) -> String {
-        match self {
-            Self::Static => STATIC_SHARES.to_owned(),
-            Self::Reconciled(rounds) => {
-                let last = rounds[rounds.len() - 1];
-                format!(
-                    "shares moved by the regional reconcile as recorded: {} rounds in the range \
-                     (every {} s, growing shares {} s after their round, shares kept {} s, \
-                     floor {} of the static weight), each run again on the replayed counters \
-                     under the candidate's limits",
-                    rounds.len(),
-                    last.interval_ms / 1000,
-                    last.increase_delay_ms / 1000,
-                    last.share_ttl_ms / 1000,
-                    last.floor
-                )
-            }
-        }
-    }
-}
-
-/// The static share of the region at `index` of `regions`; a region the policy does not
-/// list gets the limiter's rule for it (an equal part, as if it were one more region).
-fn static_share(regions: &[(RegionId, u32)], index: Option<usize>) -> Share {
-    Share::uniform(index.map_or(
-        verdict_limiter::algo::PPM / (regions.len() as u32 + 1),
-        |i| regions[i].1,
-    ))
 }
 
 /// One key's shares and near-limit notes, per region of the policy (in its order).
@@ -209,10 +179,27 @@ impl Reconcile {
         self.rounds.partition_point(|r| r.time_ms <= t_ms)
     }
 
-    /// Region `region`'s share of `key`'s limits at `t_ms`, after running the rounds
-    /// passed since the key's last request. `limits` are the global limits of one counter
-    /// (divided for a split key), `sub_keys` the split, and `used` reads a region's
-    /// counter of a sub-key.
+    /// What the answer says about the rounds it replays.
+    pub fn describe(&self) -> String {
+        let last = self.rounds[self.rounds.len() - 1];
+        format!(
+            "shares moved by the regional reconcile as recorded: {} rounds in the range \
+             (every {} s, growing shares {} s after their round, shares kept {} s, \
+             floor {} of the static weight), each run again on the replayed counters \
+             under the candidate's limits",
+            self.rounds.len(),
+            last.interval_ms / 1000,
+            last.increase_delay_ms / 1000,
+            last.share_ttl_ms / 1000,
+            last.floor
+        )
+    }
+
+    /// Region `region`'s share of `key`'s limits at `t_ms` as the reconcile left it, after
+    /// running the rounds passed since the key's last request; `None` where no round's
+    /// share is in force (the region's static weight applies). `limits` are the global
+    /// limits of one counter (divided for a split key), `sub_keys` the split, and `used`
+    /// reads a region's counter of a sub-key.
     pub fn share(
         &mut self,
         key: (KeyId, u8, u8),
@@ -221,12 +208,9 @@ impl Reconcile {
         limits: &Limits,
         sub_keys: u8,
         used: impl Fn(u16, u8) -> Option<CounterState>,
-    ) -> Share {
+    ) -> Option<Share> {
         let until = self.rounds_until(t_ms);
-        let index = self.index(region);
-        let Some(state) = self.keys.get_mut(&key) else {
-            return static_share(&self.regions, index);
-        };
+        let state = self.keys.get_mut(&key)?;
         if state.next_round < until {
             let round = self.rounds[state.next_round];
             state.next_round = until;
@@ -244,8 +228,8 @@ impl Reconcile {
                             .map(|c| c.window_used(t, limits.window_ms))
                             .sum();
                         let last = state.entries[i]
-                            .filter(|e| t - e.computed_ms < round.share_ttl_ms)
-                            .map_or(Share::uniform(*static_ppm), |e| e.in_force(t));
+                            .and_then(|e| e.in_force_within(t, round.share_ttl_ms))
+                            .unwrap_or(Share::uniform(*static_ppm));
                         RegionInput {
                             static_ppm: *static_ppm,
                             reading: Some(Reading {
@@ -268,14 +252,9 @@ impl Reconcile {
             }
             state.near.iter_mut().for_each(|n| *n = 0);
         }
-        let Some(i) = index else {
-            return static_share(&self.regions, None);
-        };
         let ttl = self.rounds[until.saturating_sub(1)].share_ttl_ms;
-        match state.entries[i] {
-            Some(e) if t_ms - e.computed_ms < ttl => e.in_force(t_ms),
-            _ => Share::uniform(self.regions[i].1),
-        }
+        let i = self.regions.iter().position(|(id, _)| id.0 == region)?;
+        state.entries[i]?.in_force_within(t_ms, ttl)
     }
 
     /// Notes a request of `key` in `region` at `t_ms` that found the key near its regional

@@ -31,7 +31,7 @@ use verdict_schemas::{KeyId, RegionId, RouteClassId, TierId};
 use crate::engine::Engine;
 use crate::error::QueryError;
 use crate::reports::Range;
-use crate::shares::{Reconcile, ShareModel};
+use crate::shares::{Reconcile, STATIC_SHARES, ShareModel};
 
 /// What every answer says about recorded demand.
 pub const CAVEAT: &str = "recorded demand includes the retries of refused requests: a \
@@ -122,9 +122,8 @@ pub struct Replay {
     /// The resolution of the last (key, route class, tier): requests come sorted by key, so
     /// one lookup in the policy serves a run of them.
     last: Option<((KeyId, u8, u8), LimitLookup)>,
-    /// How the regions' shares are modelled.
-    model: ShareModel,
-    /// The reconcile's rounds run again, when the model has them (and regions).
+    /// The reconcile's rounds run again, when the model has them (and regions); without
+    /// them each region enforces its static weight's share.
     reconcile: Option<Reconcile>,
 }
 
@@ -150,7 +149,6 @@ impl Replay {
             keys: FxHashMap::default(),
             regions: BTreeMap::new(),
             last: None,
-            model,
             reconcile,
         }
     }
@@ -190,9 +188,11 @@ impl Replay {
             } => {
                 let limit_key = (r.key_id, r.route_class, r.tier);
                 if self.policy.is_multi_region() {
-                    let share = match &mut self.reconcile {
-                        Some(reconcile) => {
-                            let counters = &self.counters;
+                    let counters = &self.counters;
+                    let share = self
+                        .reconcile
+                        .as_mut()
+                        .and_then(|reconcile| {
                             reconcile.share(
                                 limit_key,
                                 r.region,
@@ -205,9 +205,10 @@ impl Replay {
                                         .copied()
                                 },
                             )
-                        }
-                        None => Share::uniform(self.policy.region_static_ppm(RegionId(r.region))),
-                    };
+                        })
+                        .unwrap_or_else(|| {
+                            Share::uniform(self.policy.region_static_ppm(RegionId(r.region)))
+                        });
                     limits = limits.scaled(share.bucket_ppm, share.window_ppm);
                 }
                 let counter = (
@@ -392,7 +393,11 @@ impl Replay {
             caveat: CAVEAT,
             limits,
             regions,
-            shares: self.policy.is_multi_region().then(|| self.model.describe()),
+            shares: self.policy.is_multi_region().then(|| {
+                self.reconcile
+                    .as_ref()
+                    .map_or_else(|| STATIC_SHARES.to_owned(), Reconcile::describe)
+            }),
             keys: changed,
         }
     }

@@ -32,9 +32,8 @@ use object_store::ObjectStore;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
-use std::time::Duration;
 
-use verdict_jobs::reconcile::ReconcileConfig;
+use verdict_jobs::reconcile::{ReconcileConfig, RoundOutcome};
 use verdict_jobs::round_log::{RoundLog, RoundRecord};
 use verdict_limiter::key::LimitKey;
 use verdict_limiter::regions::{
@@ -105,51 +104,28 @@ pub struct Regions {
     pub reconcile: Option<WorldReconcile>,
 }
 
-/// The regional reconcile as a world runs it: the job's settings (its defaults) and its
-/// arithmetic ([`compute_shares`]), every `interval_ms` of the world's clock, over the
+/// The regional reconcile as a world runs it, with the job's settings ([`ReconcileConfig`])
+/// and its arithmetic ([`compute_shares`]), every interval of the world's clock, over the
 /// limiters' own near-limit notes and counters, the shares stored into their share handles
 /// as the gateways' poll would.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct WorldReconcile {
-    /// Between rounds.
-    pub interval_ms: i64,
-    /// Delay of a growing share.
-    pub increase_delay_ms: i64,
-    /// Life of a share not rewritten.
-    pub share_ttl_ms: i64,
-    /// Part of the static weight kept.
-    pub floor: f64,
-}
-
-impl Default for WorldReconcile {
-    fn default() -> Self {
-        let cfg = ReconcileConfig::default();
-        Self {
-            interval_ms: cfg.interval.as_millis() as i64,
-            increase_delay_ms: cfg.increase_delay.as_millis() as i64,
-            share_ttl_ms: cfg.share_ttl.as_millis() as i64,
-            floor: cfg.floor,
-        }
-    }
+    /// The job's settings (its defaults unless a test says otherwise).
+    pub cfg: ReconcileConfig,
 }
 
 impl WorldReconcile {
+    fn interval_ms(&self) -> i64 {
+        self.cfg.interval.as_millis() as i64
+    }
+
     /// The world's rounds, as the job records them.
     pub fn rounds(&self) -> Vec<RoundRecord> {
         let end = START_MS + HOURS * HOUR_MS;
         (1..)
-            .map(|k| START_MS + k * self.interval_ms)
+            .map(|k| START_MS + k * self.interval_ms())
             .take_while(|t| *t < end)
-            .map(|time_ms| RoundRecord {
-                time_ms,
-                interval_ms: self.interval_ms,
-                increase_delay_ms: self.increase_delay_ms,
-                share_ttl_ms: self.share_ttl_ms,
-                floor: self.floor,
-                keys: 0,
-                share_rows: 0,
-                unreachable_regions: 0,
-            })
+            .map(|time_ms| RoundRecord::of(time_ms, &self.cfg, &RoundOutcome::default()))
             .collect()
     }
 
@@ -170,6 +146,7 @@ impl WorldReconcile {
         let mut keys: Vec<ShareKey> = notes.iter().flat_map(|n| n.keys().copied()).collect();
         keys.sort_unstable();
         keys.dedup();
+        let ttl_ms = self.cfg.share_ttl.as_millis() as i64;
         let mut written: Vec<HashMap<ShareKey, ShareEntry>> = regional
             .iter()
             .map(|r| {
@@ -177,7 +154,7 @@ impl WorldReconcile {
                     .load()
                     .entries
                     .iter()
-                    .filter(|(_, e)| now_ms - e.computed_ms < self.share_ttl_ms)
+                    .filter(|(_, e)| e.is_fresh(now_ms, ttl_ms))
                     .map(|(k, e)| (*k, *e))
                     .collect()
             })
@@ -206,14 +183,14 @@ impl WorldReconcile {
                 })
                 .collect();
             let quota = limits.quota.saturating_mul(u32::from(sub_keys));
-            let shares = compute_shares(quota, &inputs, self.floor);
+            let shares = compute_shares(quota, &inputs, self.cfg.floor);
             for (i, (input, share)) in inputs.iter().zip(shares).enumerate() {
                 written[i].insert(
                     key,
                     ShareEntry {
                         before: input.last,
                         after: share,
-                        effective_ms: now_ms + self.increase_delay_ms,
+                        effective_ms: now_ms + self.cfg.increase_delay.as_millis() as i64,
                         computed_ms: now_ms,
                     },
                 );
@@ -626,13 +603,13 @@ pub async fn decide_in(
     let stores: Vec<MemoryStore> = (0..regions)
         .map(|_| MemoryStore::with_clock(1_000_000, Arc::new(clock.clone())))
         .collect();
-    let regional: Vec<Regional> = (0..regions)
-        .map(|_| {
-            Regional::new(Duration::from_millis(
-                reconcile.map_or(300_000, |r| r.share_ttl_ms) as u64,
-            ))
+    let regional: Vec<Regional> = reconcile
+        .map(|r| {
+            (0..regions)
+                .map(|_| Regional::new(r.cfg.share_ttl))
+                .collect()
         })
-        .collect();
+        .unwrap_or_default();
     let limiters: Vec<_> = (0..regions)
         .map(|region| {
             let limiter = Limiter::with_clock(
@@ -646,28 +623,27 @@ pub async fn decide_in(
                 },
                 Arc::new(clock.clone()),
             );
-            match reconcile {
-                Some(_) => limiter.with_regional(regional[usize::from(region)].clone()),
+            match regional.get(usize::from(region)) {
+                Some(r) => limiter.with_regional(r.clone()),
                 None => limiter,
             }
         })
         .collect();
     let mut current = before;
     let mut after = Some(after);
-    let mut next_round = reconcile.map(|r| START_MS + r.interval_ms);
+    let mut next_round = reconcile.map(|r| START_MS + r.interval_ms());
     let mut events = Vec::with_capacity(requests.len());
     for (t, tier, key_id, region) in requests {
         if let Some(r) = reconcile {
             while let Some(round) = next_round.filter(|round| *round <= t) {
                 // The policy in force when the round ran.
-                let policy = if round >= change_ms && after.is_some() {
-                    after.as_ref().unwrap_or(&current)
-                } else {
-                    &current
+                let policy = match &after {
+                    Some(next) if round >= change_ms => next,
+                    _ => &current,
                 };
                 clock.set(round);
                 r.round(round, policy, &stores, &regional);
-                next_round = Some(round + r.interval_ms);
+                next_round = Some(round + r.interval_ms());
             }
         }
         if t >= change_ms

@@ -19,7 +19,7 @@
 //! the same. The statement that reads the decisions all the way ([`KeysFrom::Decisions`])
 //! is the portable one, which the benchmark runs in DuckDB too, and gives the same rows.
 
-use super::{Args, QueryError, Range, merged};
+use super::{Args, QueryError, Range, merged, version_counts};
 use crate::parts::Level;
 
 /// The review's thresholds, checked (see the report's parameters for their meaning).
@@ -189,16 +189,11 @@ pub(super) enum KeysFrom {
 }
 
 impl KeysFrom {
-    /// Each limit's largest regional quota under each policy version in the range:
-    /// `tier, route_class, policy_version, enforced`.
+    /// Each limit's largest regional quota under each policy version in the range
+    /// (`policy-changes`' level): `tier, route_class, policy_version, enforced`, …
     fn versions(&self) -> String {
         match self {
-            Self::Decisions { range, .. } => format!(
-                "SELECT x.tier, x.route_class, x.policy_version, MAX(x.window_quota) AS enforced
-  FROM decisions x
-  WHERE {range} AND x.source IN (0, 1)
-  GROUP BY x.tier, x.route_class, x.policy_version"
-            ),
+            Self::Decisions { range, .. } => version_counts(range, ""),
             Self::Parts { range, .. } => merged(
                 Level::Versions,
                 range,
