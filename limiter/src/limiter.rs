@@ -292,7 +292,7 @@ impl<S: CounterStore> Limiter<S> {
             }
         };
         // The policy's limits are global; with several regions this one enforces its share.
-        let limits = if policy.is_multi_region() {
+        let (limits, static_limits) = if policy.is_multi_region() {
             let static_ppm = policy.region_static_ppm(self.cfg.region);
             let share = match &self.regional {
                 Some(r) => r.shares.share(
@@ -302,9 +302,12 @@ impl<S: CounterStore> Limiter<S> {
                 ),
                 None => Share::uniform(static_ppm),
             };
-            limits.scaled(share.bucket_ppm, share.window_ppm)
+            (
+                limits.scaled(share.bucket_ppm, share.window_ppm),
+                limits.scaled(static_ppm, static_ppm),
+            )
         } else {
-            limits
+            (limits, limits)
         };
 
         let (outcome, source) = self.decide(&key, &limits).await;
@@ -315,6 +318,7 @@ impl<S: CounterStore> Limiter<S> {
                 outcome.remaining_tokens,
                 outcome.remaining_window,
                 &limits,
+                &static_limits,
             )
             && !r.near.record((req.key_id, req.route_class, req.tier))
         {

@@ -228,17 +228,26 @@ impl NearLimit {
     }
 }
 
-/// True when a decision shows its key near the regional limit: refused, or less than half
-/// of the bucket or of the quota left.
+/// True when a decision shows its key near the regional limit, so that the next round
+/// gives it (or renews) a share: refused, less than half of the bucket or of the quota it
+/// enforces (`limits`) left, or more than half of its static share of either (`static_limits`)
+/// used. The last keeps a key noted while it relies on a share the reconcile gave it above its
+/// static one: a share not rewritten expires (`share_ttl`), and a key whose traffic still
+/// needs it would be refused until the next round noticed.
 pub fn is_near_limit(
     allowed: bool,
     remaining_tokens: u32,
     remaining_window: u32,
     limits: &crate::algo::Limits,
+    static_limits: &crate::algo::Limits,
 ) -> bool {
+    let used_tokens = limits.capacity.saturating_sub(remaining_tokens);
+    let used_window = limits.quota.saturating_sub(remaining_window);
     !allowed
         || u64::from(remaining_tokens) * 2 < u64::from(limits.capacity)
         || u64::from(remaining_window) * 2 < u64::from(limits.quota)
+        || u64::from(used_tokens) * 2 > u64::from(static_limits.capacity)
+        || u64::from(used_window) * 2 > u64::from(static_limits.quota)
 }
 
 /// What one region contributes to one key's round.
@@ -422,9 +431,21 @@ mod tests {
     #[test]
     fn near_means_refused_or_under_half_left() {
         let l = Limits::per_hour(10, 1.0, 100);
-        assert!(is_near_limit(false, 9, 99, &l));
-        assert!(is_near_limit(true, 4, 99, &l));
-        assert!(is_near_limit(true, 9, 49, &l));
-        assert!(!is_near_limit(true, 5, 50, &l));
+        assert!(is_near_limit(false, 9, 99, &l, &l));
+        assert!(is_near_limit(true, 4, 99, &l, &l));
+        assert!(is_near_limit(true, 9, 49, &l, &l));
+        assert!(!is_near_limit(true, 5, 50, &l, &l));
+    }
+
+    #[test]
+    fn a_key_using_more_than_half_its_static_share_stays_near() {
+        // Given 90 % of the limit where the static weight is 20 %: 30 of the quota used is
+        // far from the region's 90, but more than half of the static 20.
+        let global = Limits::per_hour(100, 1.0, 100);
+        let given = global.scaled(900_000, 900_000);
+        let static_limits = global.scaled(200_000, 200_000);
+        assert!(is_near_limit(true, 89, 60, &given, &static_limits));
+        assert!(is_near_limit(true, 78, 85, &given, &static_limits));
+        assert!(!is_near_limit(true, 89, 85, &given, &static_limits));
     }
 }

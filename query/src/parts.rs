@@ -47,7 +47,7 @@ use datafusion::prelude::SessionContext;
 
 use datafusion::execution::object_store::ObjectStoreUrl;
 use futures::StreamExt;
-use verdict_schemas::layout::{HourPartition, RAW_PREFIX};
+use verdict_schemas::layout::{HourPartition, RAW_PREFIX, RECONCILE_ROUNDS_PREFIX};
 
 use crate::answers::{AnswerKey, Answers};
 use crate::reports::{Range, parse_time, part_sql};
@@ -105,7 +105,7 @@ impl Level {
     /// The SQL of its part over the decisions within `piece`.
     fn sql(self, piece: &Range) -> String {
         match self {
-            Self::Review => part_sql(&piece.sql("x.event_time", true)),
+            Self::Review => part_sql(piece),
             Self::Shadow => crate::reports::shadow_part_sql(piece),
             Self::Versions => crate::reports::versions_part_sql(piece),
             Self::Degraded => crate::reports::degraded_part_sql(piece),
@@ -222,6 +222,9 @@ pub struct Warmed {
 pub struct Listing {
     policy: Option<Arc<verdict_limiter::PolicySnapshot>>,
     by_day: HashMap<NaiveDate, Vec<(u8, String)>>,
+    /// The files of the reconcile's rounds, by day: the review counts a key's need by
+    /// whether the reconcile ran, so a day's part is computed again when its rounds change.
+    rounds_by_day: HashMap<NaiveDate, Vec<String>>,
 }
 
 impl Listing {
@@ -232,16 +235,23 @@ impl Listing {
         days
     }
 
-    /// The files of `piece`'s hours (it never crosses a midnight).
+    /// The raw files of `piece`'s hours (it never crosses a midnight), then the files of its
+    /// day's reconcile rounds; none when it has no raw files.
     fn files(&self, piece: &Range) -> Vec<String> {
         let hours = piece.from.hour()..=(piece.to - Duration::milliseconds(1)).hour();
-        self.by_day
-            .get(&piece.from.date_naive())
+        let day = piece.from.date_naive();
+        let mut files: Vec<String> = self
+            .by_day
+            .get(&day)
             .into_iter()
             .flatten()
             .filter(|(hour, _)| hours.contains(&u32::from(*hour)))
             .map(|(_, file)| file.clone())
-            .collect()
+            .collect();
+        if !files.is_empty() {
+            files.extend(self.rounds_by_day.get(&day).into_iter().flatten().cloned());
+        }
+        files
     }
 }
 
@@ -276,7 +286,32 @@ impl Parts {
         for files in by_day.values_mut() {
             files.sort_unstable();
         }
-        Ok(Listing { policy, by_day })
+        let mut rounds_by_day: HashMap<NaiveDate, Vec<String>> = HashMap::new();
+        let mut listed = store.list(Some(&object_store::path::Path::from(
+            RECONCILE_ROUNDS_PREFIX,
+        )));
+        while let Some(meta) = listed.next().await {
+            let meta = meta?;
+            let day = meta
+                .location
+                .parts()
+                .find_map(|p| p.as_ref().strip_prefix("date=").map(str::to_owned))
+                .and_then(|d| NaiveDate::parse_from_str(&d, "%Y-%m-%d").ok());
+            if let Some(day) = day {
+                rounds_by_day
+                    .entry(day)
+                    .or_default()
+                    .push(crate::engine::describe(&meta));
+            }
+        }
+        for files in rounds_by_day.values_mut() {
+            files.sort_unstable();
+        }
+        Ok(Listing {
+            policy,
+            by_day,
+            rounds_by_day,
+        })
     }
 
     /// The rows of `level` in each of `pieces` (none crossing a midnight), in `ctx`: kept, or

@@ -710,7 +710,7 @@ fn review_keys(a: &Args<'_>, now: DateTime<Utc>) -> Result<KeysFrom, QueryError>
     let range = a.range(now, 7)?;
     Ok(if a.portable {
         KeysFrom::Decisions {
-            range: range.sql("x.event_time", true),
+            range,
             filters: a.filters("x.")?,
         }
     } else {

@@ -187,6 +187,7 @@ impl Replay {
                 ..
             } => {
                 let limit_key = (r.key_id, r.route_class, r.tier);
+                let mut static_limits = limits;
                 if self.policy.is_multi_region() {
                     let counters = &self.counters;
                     let share = self
@@ -209,6 +210,8 @@ impl Replay {
                         .unwrap_or_else(|| {
                             Share::uniform(self.policy.region_static_ppm(RegionId(r.region)))
                         });
+                    let static_ppm = self.policy.region_static_ppm(RegionId(r.region));
+                    static_limits = limits.scaled(static_ppm, static_ppm);
                     limits = limits.scaled(share.bucket_ppm, share.window_ppm);
                 }
                 let counter = (
@@ -240,6 +243,7 @@ impl Replay {
                         outcome.remaining_tokens,
                         outcome.remaining_window,
                         &limits,
+                        &static_limits,
                     )
                 {
                     reconcile.note_near(limit_key, r.region, r.time_ms);

@@ -19,9 +19,12 @@
 //! A world may have regions ([`Regions`]): the policy lists them with their weights, each
 //! key lives in one (drawn by the regions' parts of the keys, which differ from their
 //! weights) and some move to another at the world's midpoint. A key sends what it would in
-//! a world of one region times its region's share, and bursts one over its region's share of the
-//! bucket, so each limit's truth is the same; each region's requests are decided by a
-//! limiter of its own (its own counters, enforcing its static share). In a world of
+//! a world of one region times the share its region gives it ([`Regions::sending_share`]:
+//! the static weight's, or with the reconcile the near-whole share it gives a key in one
+//! region), and bursts one over its region's static share of the bucket (a burst comes
+//! before any round), so each limit's truth is the same; each region's requests are decided
+//! by a limiter of its own (its own counters, enforcing its static share or the shares the
+//! reconcile's rounds give). In a world of
 //! [`Regions::lopsided`] keys send the same wherever they are, and the weights are what is
 //! wrong.
 
@@ -284,6 +287,18 @@ impl Regions {
         (self.regions.len() - 1) as u16
     }
 
+    /// The share of every limit that a key living in region `r` alone is given: its static
+    /// share, or with the reconcile running, the share a round gives a key all of whose
+    /// demand is in one region (the whole, but for the other regions' floor: `1 - floor ×
+    /// (1 - share)`). A key of a scaled world sends this share of its one-region demand.
+    pub fn sending_share(&self, r: u16) -> f64 {
+        let share = self.share(r);
+        match self.reconcile {
+            Some(w) => 1.0 - w.cfg.floor * (1.0 - share),
+            None => share,
+        }
+    }
+
     /// Region `r`'s static share of every limit, as the limiter computes it.
     pub fn share(&self, r: u16) -> f64 {
         let snapshot = snapshot_of(&format!("{}{}", policy_toml(2), self.toml()));
@@ -451,7 +466,13 @@ pub fn world_in(seed: u64, scale: u32, regions: Option<Regions>) -> World {
     let shares: Vec<f64> = regions.as_ref().map_or(vec![1.0], |r| {
         (0..r.regions.len() as u16).map(|i| r.share(i)).collect()
     });
+    let sending: Vec<f64> = regions.as_ref().map_or(vec![1.0], |r| {
+        (0..r.regions.len() as u16)
+            .map(|i| r.sending_share(i))
+            .collect()
+    });
     let share_at = |p: Place, t: i64| shares[usize::from(region_at(p, t))];
+    let sending_at = |p: Place, t: i64| sending[usize::from(region_at(p, t))];
     let scaled = regions.as_ref().is_some_and(|r| r.scaled);
     // Each request kept with its region's share of probability.
     let thin = |times: Vec<i64>, p: Place, rng: &mut SmallRng| -> Vec<i64> {
@@ -460,7 +481,7 @@ pub fn world_in(seed: u64, scale: u32, regions: Option<Regions>) -> World {
         }
         times
             .into_iter()
-            .filter(|t| rng.random_bool(share_at(p, *t)))
+            .filter(|t| rng.random_bool(sending_at(p, *t)))
             .collect()
     };
     for (tier, keys, per_hour) in [
@@ -509,7 +530,7 @@ pub fn world_in(seed: u64, scale: u32, regions: Option<Regions>) -> World {
     // A world whose keys send the same wherever they are has no truth of its limits
     // written down: its point is the weights.
     let truth = if regions.as_ref().is_none_or(|r| r.scaled) {
-        truth(&demand, &places, &shares)
+        truth(&demand, &places, &sending)
     } else {
         Vec::new()
     };

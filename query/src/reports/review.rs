@@ -9,8 +9,18 @@
 //! The levels, each much smaller than the one before: decisions → per key × region × hour ×
 //! bucket span (a count and the quota only: the span level has the most groups, so it
 //! carries the fewest columns) → per key × region × hour → per key × hour → per key → per
-//! limit. Refusals are counted per key from the refused decisions alone, a few percent of
-//! the rows, and joined at the key level.
+//! limit. Refusals are counted in the same pass as the requests.
+//!
+//! With several regions, a key's need (the global quota its busiest hour calls for) and its
+//! peak span are taken against the share of the limit its region can hold, as the limiter
+//! enforces shares over the range. On static shares (no round of the reconcile recorded in
+//! the range, `reconcile_rounds`), each region holds its weight's share alone: the need is
+//! the most any region's requests in the hour call for over its share. With the reconcile,
+//! the regions pool the global quota (a round gives a key's quota to where its traffic is,
+//! and keeps what a region already used there): the need is the key's requests in the hour
+//! over all regions, over the most a round gives one region (all but the others' floor,
+//! `1 - floor × (1 - share)`). A burst is one region's either way, over what its region can
+//! hold.
 //!
 //! The levels up to the key are nearly all of the work (seconds over a week of raw
 //! decisions), and they merge across midnights. So the query service reads each key's row
@@ -92,8 +102,10 @@ const LIM: &str = "lim AS (
 
 /// The review's levels from the decisions within `range` (a condition on `x`, the decisions)
 /// and `filters` (`AND x.…` conditions) up to one row per key: `lim AS (…), …, per_key AS
-/// (…)`, with the key's requests, demand, peaks, quotas and refusals.
-fn per_key_from_decisions(range: &str, filters: &str) -> String {
+/// (…)`, with the key's requests, demand, peaks, quotas and refusals. `rounds` is the same
+/// range as a condition on `reconcile_rounds`: whether the reconcile ran in it decides how
+/// a key's need is counted (see the module's documentation).
+fn per_key_from_decisions(range: &str, rounds: &str, filters: &str) -> String {
     format!(
         "{LIM}, d AS (
   SELECT x.tier, x.route_class, x.key_id, x.region, x.date, x.hour, x.window_quota,
@@ -117,20 +129,31 @@ fn per_key_from_decisions(range: &str, filters: &str) -> String {
     SUM(would_deny) AS would_deny, SUM(by_bucket) AS by_bucket, SUM(by_window) AS by_window
   FROM per_span
   GROUP BY tier, route_class, key_id, region, date, hour
-), per_hour AS (
-  SELECT h.tier, h.route_class, h.key_id, h.date, h.hour, SUM(h.requests) AS requests,
-    MAX(CAST(h.requests AS DOUBLE) / GREATEST(h.quota, 1)) AS demand,
-    MAX(CAST(h.requests AS DOUBLE) / COALESCE(g.share, u.share)) AS need,
-    MAX(CAST(h.peak_span AS DOUBLE) / COALESCE(g.share, u.share)) AS peak_span,
-    MIN(CAST(h.quota AS DOUBLE) / COALESCE(g.share, u.share)) AS quota_low,
-    MAX(CAST(h.quota AS DOUBLE) / COALESCE(g.share, u.share)) AS quota_high,
-    MIN(CAST(h.quota + 1 AS DOUBLE) / COALESCE(g.share, u.share)) AS quota_ceiling,
-    MAX(h.quota) AS enforced, SUM(h.denied) AS denied, SUM(h.would_deny) AS would_deny,
-    SUM(h.by_bucket) AS by_bucket, SUM(h.by_window) AS by_window
+), reconciled AS (
+  SELECT CASE WHEN COUNT(*) > 0 THEN 1 ELSE 0 END AS pooled, COALESCE(MAX(floor), 0.0) AS floor
+  FROM reconcile_rounds
+  WHERE {rounds}
+), shared AS (
+  SELECT h.*, COALESCE(g.share, u.share) AS static_share, r.pooled,
+    CASE WHEN r.pooled = 1 THEN 1.0 - r.floor * (1.0 - COALESCE(g.share, u.share))
+      ELSE COALESCE(g.share, u.share) END AS share
   FROM per_region_hour h
   LEFT JOIN regions g ON g.region = h.region
   CROSS JOIN (SELECT share FROM regions WHERE region IS NULL) u
-  GROUP BY h.tier, h.route_class, h.key_id, h.date, h.hour
+  CROSS JOIN reconciled r
+), per_hour AS (
+  SELECT tier, route_class, key_id, date, hour, SUM(requests) AS requests,
+    MAX(CAST(requests AS DOUBLE) / GREATEST(quota, 1)) AS demand,
+    CASE WHEN MAX(pooled) = 1 THEN CAST(SUM(requests) AS DOUBLE) / MAX(share)
+      ELSE MAX(CAST(requests AS DOUBLE) / share) END AS need,
+    MAX(CAST(peak_span AS DOUBLE) / share) AS peak_span,
+    MIN(CAST(quota AS DOUBLE) / static_share) AS quota_low,
+    MAX(CAST(quota AS DOUBLE) / static_share) AS quota_high,
+    MIN(CAST(quota + 1 AS DOUBLE) / static_share) AS quota_ceiling,
+    MAX(quota) AS enforced, SUM(denied) AS denied, SUM(would_deny) AS would_deny,
+    SUM(by_bucket) AS by_bucket, SUM(by_window) AS by_window
+  FROM shared
+  GROUP BY tier, route_class, key_id, date, hour
 ), per_key AS (
   SELECT h.tier, h.route_class, h.key_id, SUM(h.requests) AS requests,
     MAX(h.demand) AS demand, MAX(h.requests) AS peak_hour, MAX(h.need) AS need,
@@ -151,12 +174,16 @@ fn per_key_from_decisions(range: &str, filters: &str) -> String {
 /// refusals and the maximum of its demand and peaks (the minimum of its lowest quota) over
 /// the parts, because every level below the key (the hour, the bucket's span) lies within
 /// one part. See [`crate::parts`], which keeps each day's part.
-pub fn part_sql(range: &str) -> String {
+pub fn part_sql(range: &Range) -> String {
     format!(
         "WITH {}\nSELECT tier, route_class, key_id, requests, demand, peak_hour, need, peak_span, \
          quota_low, quota_high, quota_ceiling, enforced, denied, would_deny, by_bucket, \
          by_window FROM per_key",
-        per_key_from_decisions(range, "")
+        per_key_from_decisions(
+            &range.sql("x.event_time", true),
+            &range.sql("round_time", false),
+            ""
+        )
     )
 }
 
@@ -181,9 +208,9 @@ fn per_key_from_parts(range: &Range, filters: &str) -> String {
 /// Where the review reads each key's row from.
 #[derive(Debug, Clone)]
 pub(super) enum KeysFrom {
-    /// The decisions within a range (a condition on `x`) with `AND x.…` filters: one
-    /// statement, portable to DuckDB.
-    Decisions { range: String, filters: String },
+    /// The decisions within a range with `AND x.…` filters: one statement, portable to
+    /// DuckDB.
+    Decisions { range: Range, filters: String },
     /// The query service's kept parts of a range, with `AND k.…` filters.
     Parts { range: Range, filters: String },
 }
@@ -193,7 +220,7 @@ impl KeysFrom {
     /// (`policy-changes`' level): `tier, route_class, policy_version, enforced`, …
     fn versions(&self) -> String {
         match self {
-            Self::Decisions { range, .. } => version_counts(range, ""),
+            Self::Decisions { range, .. } => version_counts(&range.sql("x.event_time", true), ""),
             Self::Parts { range, .. } => merged(
                 Level::Versions,
                 range,
@@ -206,7 +233,11 @@ impl KeysFrom {
 
     fn ctes(&self) -> String {
         match self {
-            Self::Decisions { range, filters } => per_key_from_decisions(range, filters),
+            Self::Decisions { range, filters } => per_key_from_decisions(
+                &range.sql("x.event_time", true),
+                &range.sql("round_time", false),
+                filters,
+            ),
             Self::Parts { range, filters } => per_key_from_parts(range, filters),
         }
     }

@@ -105,7 +105,12 @@ async fn the_review_names_the_truth_of_every_limit_in_every_world() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_review_names_the_truth_of_every_limit_in_a_world_of_regions() {
-    for (name, regions) in [("three regions", Regions::three()), ("two", Regions::two())] {
+    for (name, regions) in [
+        ("three regions", Regions::three()),
+        ("two", Regions::two()),
+        ("three regions, reconciled", Regions::three().reconciled()),
+        ("two, reconciled", Regions::two().reconciled()),
+    ] {
         for seed in [1, 2, 3, 4, 5, 6] {
             let w = world_in(seed, 1, Some(regions.clone()));
             names_the_truth(&w, &format!("{name}, seed {seed}")).await;
