@@ -5,6 +5,7 @@
 //! | `POST /v1/sql` | body: one SQL query (text, or JSON `{"sql": "…"}`) |
 //! | `GET /v1/reports` | the named reports with their parameters |
 //! | `GET /v1/reports/{name}?…` | one report's rows |
+//! | `GET /v1/recommendations?…` | the review's recommendations, each proven by a replay of the range, as a policy |
 //! | `GET /v1/tables` | the tables and their columns |
 //! | `GET /v1/openapi.json` | the OpenAPI 3.1 document |
 //! | `GET /healthz`, `GET /metrics` | liveness, Prometheus metrics (no token needed) |
@@ -149,6 +150,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/reports", get(list_reports))
         .route("/v1/reports/{name}", get(report))
         .route("/v1/what-if", post(what_if))
+        .route("/v1/recommendations", get(recommendations))
         .route("/v1/tables", get(tables))
         .route("/v1/openapi.json", get(openapi))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
@@ -358,6 +360,21 @@ async fn report(
     answer(&state, "report", &sql, &params, &headers, None, Keep::Yes).await
 }
 
+/// The `keys` parameter of the replays: how many keys whose refusals change most to list
+/// (10 unless given, at most 10,000).
+fn keys_param(keys: Option<&String>) -> Result<usize, QueryError> {
+    match keys {
+        Some(k) => k
+            .parse::<usize>()
+            .ok()
+            .filter(|k| *k <= 10_000)
+            .ok_or_else(|| {
+                QueryError::Invalid("parameter keys: a whole number from 0 to 10000".into())
+            }),
+        None => Ok(10),
+    }
+}
+
 /// `POST /v1/what-if?from=…&to=…&keys=N`, the candidate policy (TOML) in the body.
 async fn what_if(
     State(state): State<Arc<AppState>>,
@@ -372,16 +389,7 @@ async fn what_if(
                 )));
             }
         }
-        let keys = match params.get("keys") {
-            Some(k) => k
-                .parse::<usize>()
-                .ok()
-                .filter(|k| *k <= 10_000)
-                .ok_or_else(|| {
-                    QueryError::Invalid("parameter keys: a whole number from 0 to 10000".into())
-                })?,
-            None => 10,
-        };
+        let keys = keys_param(params.get("keys"))?;
         let range = crate::reports::Range::parse(
             params.get("from").map(String::as_str),
             params.get("to").map(String::as_str),
@@ -406,6 +414,40 @@ async fn what_if(
                 .into_response()
         }
         Err(e) => answer_error(&state, "what_if", e),
+    }
+}
+
+/// `GET /v1/recommendations?from=…&to=…&keys=N&…`: the limit review's recommendations, each
+/// proven by replaying the range ([`crate::recommend::replay`]), with the policy in force
+/// with them put in (TOML) and the `verdict policy set-limit` commands that apply them. It
+/// takes the review's parameters (`wrong-limits`) and `keys`.
+async fn recommendations(
+    State(state): State<Arc<AppState>>,
+    Query(mut params): Query<BTreeMap<String, String>>,
+) -> Response {
+    let answer = async {
+        let keys = keys_param(params.remove("keys").as_ref())?;
+        let replayed =
+            crate::recommend::replay(&state.engine, &params, chrono::Utc::now(), keys).await?;
+        let policy = verdict_limiter::policy::to_toml(&replayed.candidate)
+            .map_err(|e| QueryError::Invalid(format!("the recommended policy as TOML: {e}")))?;
+        let mut body = serde_json::to_value(&replayed)
+            .map_err(|e| QueryError::Invalid(format!("the answer as JSON: {e}")))?;
+        body["policy"] = json!(policy);
+        body["commands"] = json!(replayed.set_limit_commands());
+        Ok::<_, QueryError>(body)
+    }
+    .await;
+    match answer {
+        Ok(body) => {
+            state
+                .metrics
+                .requests
+                .with_label_values(&["recommendations", "ok"])
+                .inc();
+            axum::Json(body).into_response()
+        }
+        Err(e) => answer_error(&state, "recommendations", e),
     }
 }
 

@@ -53,6 +53,13 @@ pub fn openapi_document() -> serde_json::Value {
         }},
     });
     let answer = with_errors(answer, QUERY_ERRORS);
+    // The replays' range and the keys they list (what-if; the recommendations also take the
+    // review's parameters, which `/v1/reports` lists).
+    let replay_params = json!([
+        {"name": "from", "in": "query", "required": false, "description": "start, inclusive (default: to minus 7 days)", "schema": {"type": "string"}},
+        {"name": "to", "in": "query", "required": false, "description": "end, exclusive (default: the next full hour)", "schema": {"type": "string"}},
+        {"name": "keys", "in": "query", "required": false, "description": "keys whose refusals change most to list (default 10, at most 10000)", "schema": {"type": "integer"}}
+    ]);
     let mut report_params = vec![
         json!({"name": "name", "in": "path", "required": true, "schema": {"type": "string", "enum": catalog().iter().map(|r| r.name).collect::<Vec<_>>()}}),
         formats.clone(),
@@ -89,16 +96,17 @@ pub fn openapi_document() -> serde_json::Value {
             "/v1/reports/{name}": {"get": {"summary": "Run a named report", "parameters": report_params, "responses": answer}},
             "/v1/what-if": {"post": {
                 "summary": "Replay the recorded requests of a range under a candidate policy (the limiter's decision core): per tier × route class, what it would have refused beside what was refused, and the keys that change most",
-                "parameters": [
-                    {"name": "from", "in": "query", "required": false, "description": "start, inclusive (default: to minus 7 days)", "schema": {"type": "string"}},
-                    {"name": "to", "in": "query", "required": false, "description": "end, exclusive (default: the next full hour)", "schema": {"type": "string"}},
-                    {"name": "keys", "in": "query", "required": false, "description": "keys to list (default 10, at most 10000)", "schema": {"type": "integer"}}
-                ],
+                "parameters": replay_params,
                 "requestBody": {"required": true, "content": {"application/toml": {"schema": {"type": "string"}}, "text/plain": {"schema": {"type": "string"}}}},
                 "responses": with_errors(
                     with_errors(json!({"200": {"description": "the replay", "content": {"application/json": {}}}}), QUERY_ERRORS),
                     BODY_ERRORS
                 )
+            }},
+            "/v1/recommendations": {"get": {
+                "summary": "The limit review's recommendations, each proven by replaying the range under it (share of requests and keys refused, in force and recommended), the policy in force with them put in (`policy`, TOML) and the `verdict policy set-limit` commands that apply them (`commands`)",
+                "parameters": replay_params,
+                "responses": with_errors(json!({"200": {"description": "the proven recommendations", "content": {"application/json": {}}}}), QUERY_ERRORS)
             }},
             "/v1/tables": {"get": {"summary": "The tables and their columns",
                 "responses": with_errors(json!({"200": {"description": "tables", "content": {"application/json": {}}}}), &["401", "405", "414", "431", "500"])}},

@@ -206,6 +206,56 @@ async fn every_endpoint_answers_in_every_format() {
     .await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
 
+    // The review's recommendations over HTTP, each proven by a replay of the range: tight
+    // (too low by its bucket: every key refused by it) gets a bigger bucket the replay shows
+    // refusing less than the one in force and its quota kept, the answer's policy is one the
+    // limiter accepts and carries it, and the commands apply it.
+    let r = get("/v1/recommendations?from=2026-11-30&to=2026-12-01&min_keys=5&keys=0").await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let rec = json(&r.bytes().await.unwrap());
+    let tight = rec["proven"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["verdict"] == "too low" && p["override_key"].is_null())
+        .unwrap_or_else(|| panic!("no too-low limit proven in {rec}"))
+        .clone();
+    assert_eq!(tight["met"], true, "{tight}");
+    assert!(
+        tight["recommended"]["share_of_requests"].as_f64().unwrap()
+            < tight["in_force"]["share_of_requests"].as_f64().unwrap(),
+        "{tight}"
+    );
+    assert_eq!(tight["wrong"], "bucket", "{tight}");
+    assert_eq!(tight["recommended_quota"], tight["hourly_quota"], "{tight}");
+    let capacity = tight["recommended_capacity"].as_i64().unwrap();
+    assert!(capacity > tight["capacity"].as_i64().unwrap(), "{tight}");
+    let policy = verdict_query::whatif::candidate(rec["policy"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("the recommended policy: {e}\n{}", rec["policy"]));
+    let in_policy = policy
+        .rule(
+            verdict_schemas::TierId(tight["tier_id"].as_u64().unwrap() as u8),
+            verdict_schemas::RouteClassId(tight["route_class_id"].as_u64().unwrap() as u8),
+        )
+        .map(|r| i64::from(r.limits.capacity));
+    assert_eq!(in_policy, Some(capacity), "{}", rec["policy"]);
+    assert!(
+        rec["commands"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c.as_str().unwrap().starts_with("verdict policy set-limit")),
+        "{rec}"
+    );
+    // A parameter the review does not take is refused by name.
+    let r = get("/v1/recommendations?from=2026-11-30&to=2026-12-01&colour=red").await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let e = json(&r.bytes().await.unwrap());
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("colour"),
+        "{e}"
+    );
+
     // The overage export in each streamed format.
     let csv = get("/v1/reports/overage?from=2026-11-30&to=2026-12-01&format=csv").await;
     assert_eq!(csv.headers()["content-type"], "text/csv; charset=utf-8");

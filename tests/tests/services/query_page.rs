@@ -150,12 +150,20 @@ fn page_script(base: &str) {
     assert!(rate.iter().all(|r| r[10] == "raw"), "{rate:?}");
     assert!(text(&mut b, "#view-rate .note").starts_with("From the raw decisions"));
 
-    // 2. The limit review: `tight` marked too low, `roomy` too high, each with its reason.
+    // 2. The limit review: `tight` marked too low, `roomy` too high, each with its reason,
+    //    and each recommendation proven by the service's replay of the range.
+    b.wait_for(
+        "[...document.querySelectorAll('#view-review li.limit.verdict-too-low, #view-review li.limit.verdict-too-high')]\
+         .every(li => li.dataset.proven && li.dataset.proven !== 'pending')",
+        WAIT,
+    )
+    .unwrap();
     let review = b
         .eval(
             "[...document.querySelectorAll('#view-review li.limit')].map(li => ({
                tier: li.dataset.tier, override: li.dataset.override, verdict: li.dataset.verdict,
                colour: li.className, reason: li.querySelector('.reason').textContent,
+               proven: li.dataset.proven,
                recommendation: li.querySelector('.recommendation').textContent }))",
         )
         .unwrap();
@@ -170,13 +178,23 @@ fn page_script(base: &str) {
     };
     assert_eq!(limit("tight")["verdict"], "too low");
     assert_eq!(limit("tight")["colour"], "limit verdict-too-low");
+    // The recommendation shown is the one the replay proved, with what it refused beside
+    // what the limit in force refused.
+    assert_eq!(limit("tight")["proven"], "met", "{}", limit("tight"));
+    let shown = limit("tight")["recommendation"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     assert!(
-        limit("tight")["recommendation"]
-            .as_str()
-            .unwrap()
-            .starts_with("Recommended: quota 1,000 →"),
+        shown.starts_with("Recommended, proven by replaying the range: quota 1,000 →")
+            && shown.contains("Replayed: ")
+            && shown.contains("under the limit in force: "),
+        "{shown}"
+    );
+    assert!(
+        ["met", "unmet"].contains(&limit("roomy")["proven"].as_str().unwrap()),
         "{}",
-        limit("tight")
+        limit("roomy")
     );
     assert_eq!(limit("roomy")["verdict"], "too high");
     assert_eq!(limit("roomy")["colour"], "limit verdict-too-high");

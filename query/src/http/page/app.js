@@ -479,7 +479,7 @@ async function reviewView(c, range, params) {
         "li",
         {
           class: `limit verdict-${String(r.verdict).replace(/ /g, "-")}`,
-          dataset: { tier: r.tier ?? "", routeClass: r.route_class ?? "", verdict: r.verdict, override: r.override_key || "" },
+          dataset: { tier: r.tier ?? "", routeClass: r.route_class ?? "", tierId: String(r.tier_id), routeClassId: String(r.route_class_id), verdict: r.verdict, override: r.override_key || "" },
         },
         el(
           "button",
@@ -499,6 +499,7 @@ async function reviewView(c, range, params) {
     }),
   );
   if (!rows.length) list.replaceChildren(el("li", { class: "empty", text: "No decisions in this range (the review reads the raw table's 7 days)." }));
+  else proveRecommendations(list, { ...p, ...c.review });
   v.detail.replaceChildren();
   v.data.replaceChildren(
     dataBlock("limit review", [
@@ -525,6 +526,54 @@ async function reviewView(c, range, params) {
       ["recommended refill per s", (r) => r.recommended_refill_per_s],
     ], rows),
   );
+}
+
+// Each recommendation proven: the service replays the range under every candidate it tries
+// and answers the roundest that meets the review's target, with what it refused. The
+// limits the review judged too low or too high say so beside their recommendation.
+async function proveRecommendations(list, params) {
+  const judged = [...list.querySelectorAll("li.limit.verdict-too-low, li.limit.verdict-too-high")];
+  if (!judged.length) return;
+  for (const li of judged) {
+    li.dataset.proven = "pending";
+    $(".recommendation", li).textContent += " Replaying the range under it…";
+  }
+  const query = new URLSearchParams();
+  for (const [k, v] of Object.entries(params)) if (v) query.set(k, v);
+  query.set("keys", "0");
+  let answer;
+  try {
+    answer = await api(`/v1/recommendations?${query}`);
+  } catch (e) {
+    for (const li of judged) {
+      li.dataset.proven = "failed";
+      $(".recommendation", li).textContent = `The recommendation could not be replayed: ${e.message}`;
+    }
+    return;
+  }
+  const same = (li, r) =>
+    String(r.tier_id) === li.dataset.tierId &&
+    String(r.route_class_id) === li.dataset.routeClassId &&
+    (r.override_key || "") === li.dataset.override;
+  for (const li of judged) {
+    const r = answer.proven.find((x) => same(li, x));
+    if (!r) {
+      li.dataset.proven = "missing";
+      $(".recommendation", li).textContent = "The replay did not judge this limit (the range changed since the review); show it again.";
+      continue;
+    }
+    const refused = (x) => (x ? `${pct(x.share_of_requests)} of requests and ${pct(x.share_of_keys)} of keys refused` : "not replayed");
+    const what = `quota ${num(r.hourly_quota)} → ${num(r.recommended_quota)}/h; bucket ${num(r.capacity)} → ${num(r.recommended_capacity)} (refill ${ratio(r.refill_per_s)} → ${ratio(r.recommended_refill_per_s)}/s)`;
+    li.dataset.proven = r.met ? "met" : "unmet";
+    $(".recommendation", li).textContent = r.met
+      ? `Recommended, proven by replaying the range: ${what}. Replayed: ${refused(r.recommended)}; under the limit in force: ${refused(r.in_force)}.`
+      : `No round value within the search's reach met the target; keep the limit in force (replayed: ${refused(r.in_force)}).`;
+  }
+  if (answer.commands && answer.commands.length) {
+    list.after(el("div", { class: "commands" },
+      el("p", { text: "To apply the proven recommendations to the PostgreSQL policy:" }),
+      el("pre", { text: answer.commands.join("\n") })));
+  }
 }
 
 // 3. Shadow mode: per shadow limit, the would-deny rate over time and the keys refused.
