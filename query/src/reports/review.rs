@@ -106,6 +106,8 @@ const LIM: &str = "lim AS (
 /// range as a condition on `reconcile_rounds`: whether the reconcile ran in it decides how
 /// a key's need is counted (see the module's documentation).
 fn per_key_from_decisions(range: &str, rounds: &str, filters: &str) -> String {
+    // In `shared`, the one-row tables come first: a cross join holds its left side in
+    // memory, and DataFusion counts the aggregates' sliced batches at their buffers' size.
     format!(
         "{LIM}, d AS (
   SELECT x.tier, x.route_class, x.key_id, x.region, x.date, x.hour, x.window_quota,
@@ -137,10 +139,10 @@ fn per_key_from_decisions(range: &str, rounds: &str, filters: &str) -> String {
   SELECT h.*, COALESCE(g.share, u.share) AS static_share, r.pooled,
     CASE WHEN r.pooled = 1 THEN 1.0 - r.floor * (1.0 - COALESCE(g.share, u.share))
       ELSE COALESCE(g.share, u.share) END AS share
-  FROM per_region_hour h
-  LEFT JOIN regions g ON g.region = h.region
-  CROSS JOIN (SELECT share FROM regions WHERE region IS NULL) u
+  FROM (SELECT share FROM regions WHERE region IS NULL) u
   CROSS JOIN reconciled r
+  CROSS JOIN per_region_hour h
+  LEFT JOIN regions g ON g.region = h.region
 ), per_hour AS (
   SELECT tier, route_class, key_id, date, hour, SUM(requests) AS requests,
     MAX(CAST(requests AS DOUBLE) / GREATEST(quota, 1)) AS demand,
