@@ -292,8 +292,11 @@ impl<S: CounterStore> Limiter<S> {
             }
         };
         // The policy's limits are global; with several regions this one enforces its share.
-        let (limits, static_limits) = if policy.is_multi_region() {
-            let static_ppm = policy.region_static_ppm(self.cfg.region);
+        let global = limits;
+        let static_ppm = policy
+            .is_multi_region()
+            .then(|| policy.region_static_ppm(self.cfg.region));
+        let limits = if let Some(static_ppm) = static_ppm {
             let share = match &self.regional {
                 Some(r) => r.shares.share(
                     &(req.key_id, req.route_class, req.tier),
@@ -302,12 +305,9 @@ impl<S: CounterStore> Limiter<S> {
                 ),
                 None => Share::uniform(static_ppm),
             };
-            (
-                limits.scaled(share.bucket_ppm, share.window_ppm),
-                limits.scaled(static_ppm, static_ppm),
-            )
+            limits.scaled(share.bucket_ppm, share.window_ppm)
         } else {
-            (limits, limits)
+            limits
         };
 
         let (outcome, source) = self.decide(&key, &limits).await;
@@ -318,7 +318,8 @@ impl<S: CounterStore> Limiter<S> {
                 outcome.remaining_tokens,
                 outcome.remaining_window,
                 &limits,
-                &static_limits,
+                // The static limits, scaled only when the near check runs.
+                &static_ppm.map_or(limits, |p| global.scaled(p, p)),
             )
             && !r.near.record((req.key_id, req.route_class, req.tier))
         {

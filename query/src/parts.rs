@@ -47,7 +47,9 @@ use datafusion::prelude::SessionContext;
 
 use datafusion::execution::object_store::ObjectStoreUrl;
 use futures::StreamExt;
-use verdict_schemas::layout::{HourPartition, RAW_PREFIX, RECONCILE_ROUNDS_PREFIX};
+use verdict_schemas::layout::{
+    HourPartition, RAW_PREFIX, RECONCILE_ROUNDS_PREFIX, parse_date_segment,
+};
 
 use crate::answers::{AnswerKey, Answers};
 use crate::reports::{Range, parse_time, part_sql};
@@ -292,12 +294,11 @@ impl Parts {
         )));
         while let Some(meta) = listed.next().await {
             let meta = meta?;
-            let day = meta
+            if let Some(day) = meta
                 .location
                 .parts()
-                .find_map(|p| p.as_ref().strip_prefix("date=").map(str::to_owned))
-                .and_then(|d| NaiveDate::parse_from_str(&d, "%Y-%m-%d").ok());
-            if let Some(day) = day {
+                .find_map(|p| parse_date_segment(p.as_ref()))
+            {
                 rounds_by_day
                     .entry(day)
                     .or_default()

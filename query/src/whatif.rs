@@ -189,6 +189,7 @@ impl Replay {
                 let limit_key = (r.key_id, r.route_class, r.tier);
                 let mut static_limits = limits;
                 if self.policy.is_multi_region() {
+                    let static_ppm = self.policy.region_static_ppm(RegionId(r.region));
                     let counters = &self.counters;
                     let share = self
                         .reconcile
@@ -207,10 +208,7 @@ impl Replay {
                                 },
                             )
                         })
-                        .unwrap_or_else(|| {
-                            Share::uniform(self.policy.region_static_ppm(RegionId(r.region)))
-                        });
-                    let static_ppm = self.policy.region_static_ppm(RegionId(r.region));
+                        .unwrap_or(Share::uniform(static_ppm));
                     static_limits = limits.scaled(static_ppm, static_ppm);
                     limits = limits.scaled(share.bucket_ppm, share.window_ppm);
                 }
