@@ -1,13 +1,17 @@
-//! `verdict demo`: the embedded default. No Redis, Kafka or S3: the gateway runs in this
-//! process with memory counters and a file policy, in front of a built-in upstream, and a
-//! traffic generator sends it an hour of API traffic over HTTP, compressed into a minute
-//! (the limiter's clock runs 60× faster). Every decision goes through the 64-byte wire format
+//! `verdict demo`: the embedded default. No Redis, Kafka or S3: three regions' gateways run
+//! in this process, each with memory counters of its own and the same file policy, each
+//! enforcing its region's share of every global limit (shares moved by the regional
+//! reconcile, run in the process too), in front of a built-in upstream, and a traffic
+//! generator sends them an hour of API traffic over HTTP, compressed into a minute (the
+//! limiter's clock runs 60× faster). Every decision goes through the 64-byte wire format
 //! on an in-process queue, where Kafka stands in production, and into the raw table by the
 //! ingest worker's own flush; the local folder plays the object store. Then the hourly
 //! rollup runs and the query engine answers `wrong-limits` and `shadow-impact`.
 //!
 //! - [`world`]: the synthetic world at the demo's rate, its key directory and its requests.
 //! - [`policy`]: that world's tiers and route classes as a policy document.
+//! - [`regions`]: the three regions, where each key's requests come from, and the
+//!   reconcile's rounds over the regions' gateways.
 //! - [`local_gateway`]: a gateway and an upstream on loopback (also what `verdict bench
 //!   gateway` measures).
 //! - [`queue`]: the in-process queue's consumer and the raw table's writes from it.
@@ -19,6 +23,7 @@
 pub mod local_gateway;
 pub mod policy;
 pub mod queue;
+pub mod regions;
 pub mod report;
 pub mod world;
 
@@ -30,13 +35,19 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use object_store::ObjectStore;
 use object_store::local::LocalFileSystem;
-use verdict_gateway::{BuiltGateway, GatewayBuilder, KeyDirectory};
-use verdict_limiter::{Clock, FileSource, LimiterMetrics, PolicyHandle, PolicySource, ScaledClock};
+use verdict_gateway::{BuiltGateway, GatewayBuilder, GatewayStore, KeyDirectory};
+use verdict_jobs::reconcile::ReconcileConfig;
+use verdict_jobs::round_log::RoundLog;
+use verdict_limiter::{
+    Clock, FileSource, LimiterConfig, LimiterMetrics, MemoryStore, PolicyHandle, PolicySource,
+    Regional, ScaledClock,
+};
 use verdict_load::{LoadProgress, LoadSpec};
 use verdict_query::{Engine, Limits, PoliciesTable};
 use verdict_rollup::Rollup;
 use verdict_schemas::EVENT_V1_LEN;
-use verdict_schemas::layout::RAW_PREFIX;
+use verdict_schemas::RegionId;
+use verdict_schemas::layout::{RAW_PREFIX, RECONCILE_ROUNDS_PREFIX};
 use verdict_schemas::synth::SynthTraffic;
 
 pub use local_gateway::{LocalGateway, spawn_upstream};
@@ -137,44 +148,76 @@ pub async fn demo(
     let world = world::world(cfg);
     let synth = SynthTraffic::new(world.clone());
     let policy_path = cfg.out.join("policy.toml");
-    std::fs::write(&policy_path, policy::per_route_policy_toml(&world, 1))
+    let policy_text = policy::per_route_policy_toml(&world, 1) + &regions::regions_toml();
+    std::fs::write(&policy_path, policy_text)
         .with_context(|| format!("writing {}", policy_path.display()))?;
     let keys_path = cfg.out.join("keys.csv");
     world::write_keys(&keys_path, &synth)?;
 
-    // The gateway, as `verdict gateway` builds it, on the demo's clock and memory counters.
+    // A gateway per region, as `verdict gateway` builds it, on the demo's clock and memory
+    // counters of the region's own; one policy, one key directory.
     let clock: Arc<dyn Clock> = Arc::new(ScaledClock::starting_at(start_ms, f64::from(cfg.speed)));
     let source: Arc<dyn PolicySource> = Arc::new(FileSource::new(&policy_path));
     let snapshot = source.load().await.context("loading the demo's policy")?;
+    let policy = PolicyHandle::new(snapshot, clock.now_ms());
     let metrics = Arc::new(LimiterMetrics::new());
     let upstream = spawn_upstream().await?;
-    let builder =
-        GatewayBuilder::new(format!("http://{upstream}").parse()?).clock(Arc::clone(&clock));
-    let BuiltGateway { gateway, events } = builder.clone().build(
-        builder.memory_counters(),
-        PolicyHandle::new(snapshot, clock.now_ms()),
-        Arc::clone(&metrics),
-        KeyDirectory::load(&keys_path)?,
-    );
-    let gateway = LocalGateway::start(gateway).await?;
-
-    // Where Kafka stands: every event encoded to its wire form, on its key's partition.
-    let counts = Arc::new(queue::Counts::default());
-    let (finish_queue, finish) = tokio::sync::oneshot::channel::<()>();
-    let consumer = tokio::spawn(queue::consume(
-        events,
-        cfg.partitions,
-        Arc::clone(&counts),
-        finish,
+    let keys = KeyDirectory::load(&keys_path)?;
+    let reconcile_cfg = ReconcileConfig::default();
+    let mut gateways = Vec::new();
+    let mut states = Vec::new();
+    let mut consumers = Vec::new();
+    let counts = Arc::new(queue::Counts::new(regions::REGIONS.len()));
+    for region in 0..regions::REGIONS.len() {
+        let builder =
+            GatewayBuilder::new(format!("http://{upstream}").parse()?).clock(Arc::clone(&clock));
+        let limiter = LimiterConfig {
+            region: RegionId(region as u16),
+            ..builder.limiter_config().clone()
+        };
+        let builder = builder.limiter(limiter);
+        let store = Arc::new(MemoryStore::with_clock(
+            builder.limiter_config().fallback_max_keys,
+            Arc::clone(&clock),
+        ));
+        let regional = Regional::new(reconcile_cfg.share_ttl);
+        let BuiltGateway { gateway, events } = builder.regional(regional.clone()).build(
+            GatewayStore::Memory(Arc::clone(&store)),
+            policy.clone(),
+            Arc::clone(&metrics),
+            keys.clone(),
+        );
+        gateways.push(LocalGateway::start(gateway).await?);
+        states.push(regions::RegionState { store, regional });
+        // Where Kafka stands: every event encoded to its wire form, on its key's partition.
+        let (finish, finished) = tokio::sync::oneshot::channel::<()>();
+        let consumer = tokio::spawn(queue::consume(
+            events,
+            cfg.partitions,
+            Arc::clone(&counts),
+            finished,
+        ));
+        consumers.push((finish, consumer));
+    }
+    let (stop_rounds, rounds_stopped) = tokio::sync::oneshot::channel::<()>();
+    let rounds = tokio::spawn(regions::reconcile(
+        Arc::clone(&clock),
+        cfg.speed,
+        policy.load(),
+        states,
+        reconcile_cfg,
+        start_ms,
+        rounds_stopped,
     ));
 
+    let addrs: Vec<std::net::SocketAddr> = gateways.iter().map(|g| g.addr).collect();
     tracing::info!(
-        gateway = %gateway.addr,
+        gateways = ?addrs,
         upstream = %upstream,
         keys = cfg.keys,
         rate = cfg.rate,
         seconds = cfg.seconds,
-        "sending traffic through the gateway"
+        "sending traffic through the regions' gateways"
     );
     let spec = LoadSpec {
         concurrency: usize::from(cfg.concurrency),
@@ -194,12 +237,20 @@ pub async fn demo(
         progress_every,
         on_progress,
     ));
-    let sent = verdict_load::run(&spec, world::traffic(cfg, gateway.addr, synth), progress).await;
+    let sent = verdict_load::run(&spec, world::traffic(cfg, addrs, synth), progress).await;
     ticker.abort();
-    // Every request was answered, so every decision's event is in the queue by now.
-    gateway.stop().await?;
-    let _ = finish_queue.send(());
-    let partitions = consumer.await.context("the queue consumer failed")?;
+    let _ = stop_rounds.send(());
+    let rounds = rounds.await.context("the reconcile task failed")?;
+    // Every request was answered, so every decision's event is in a queue by now.
+    let mut partitions: queue::Partitions = vec![Vec::new(); usize::from(cfg.partitions)];
+    for (gateway, (finish, consumer)) in gateways.into_iter().zip(consumers) {
+        gateway.stop().await?;
+        let _ = finish.send(());
+        let region = consumer.await.context("a queue consumer failed")?;
+        for (all, more) in partitions.iter_mut().zip(region) {
+            all.extend(more);
+        }
+    }
 
     report.requests = sent.sent;
     report.answered_per_s = sent.rate();
@@ -231,6 +282,15 @@ pub async fn demo(
     ) else {
         bail!("no decision reached the raw table: did the gateway answer at all?");
     };
+    // The reconcile's rounds, recorded as the job records them.
+    let mut log = RoundLog::new(Arc::clone(&store), rounds.len().max(1));
+    for round in &rounds {
+        log.push(*round);
+    }
+    report.reconcile_rounds = log
+        .append(clock.now_ms())
+        .await
+        .context("recording the reconcile's rounds")?;
     report.first_hour = first.to_string();
     report.last_hour = last.to_string();
     report.end_hour = last.next().unwrap_or(last).to_string();
@@ -286,7 +346,7 @@ async fn report_progress(
 }
 
 /// Refuses to mix a new raw table into an old one unless asked to replace it (then removes
-/// the raw table and the rollup).
+/// the raw table, the rollup and the reconcile's rounds).
 pub fn prepare_out(out: &Path, overwrite: bool) -> anyhow::Result<()> {
     let raw = out.join(RAW_PREFIX);
     if raw.exists() {
@@ -297,10 +357,12 @@ pub fn prepare_out(out: &Path, overwrite: bool) -> anyhow::Result<()> {
             );
         }
         std::fs::remove_dir_all(&raw).with_context(|| format!("removing {}", raw.display()))?;
-        let rollup = out.join("rollup");
-        if rollup.exists() {
-            std::fs::remove_dir_all(&rollup)
-                .with_context(|| format!("removing {}", rollup.display()))?;
+        for table in ["rollup", RECONCILE_ROUNDS_PREFIX] {
+            let path = out.join(table);
+            if path.exists() {
+                std::fs::remove_dir_all(&path)
+                    .with_context(|| format!("removing {}", path.display()))?;
+            }
         }
     }
     Ok(())
@@ -381,6 +443,52 @@ mod tests {
             .unwrap();
         assert_eq!(snapshot.files().count(), r.files);
         assert_eq!(snapshot.num_records(), r.events);
+
+        // Three regions decided, by their keys' homes: the largest the most.
+        assert_eq!(r.regions.len(), 3, "{:?}", r.regions);
+        assert_eq!(r.regions.iter().map(|g| g.events).sum::<u64>(), r.events);
+        assert!(
+            r.regions[0].events > r.regions[1].events
+                && r.regions[1].events > r.regions[2].events
+                && r.regions[2].events > 0,
+            "{:?}",
+            r.regions
+        );
+        // The reconcile ran every 30 s of the demo's hour (4.9 s of traffic at 720×: 117
+        // rounds), and its rounds are in the lake, as the job records them.
+        assert!(
+            (110..=120).contains(&r.reconcile_rounds),
+            "{}",
+            r.reconcile_rounds
+        );
+        let what_if = &r.recommendation.as_ref().unwrap().what_if;
+        let shares = what_if.shares.as_deref().unwrap_or_default();
+        assert!(
+            shares.starts_with(&format!(
+                "shares moved by the regional reconcile as recorded: {} rounds",
+                r.reconcile_rounds
+            )),
+            "{shares}"
+        );
+        assert_eq!(what_if.regions.len(), 3, "{:?}", what_if.regions);
+        // Every recommendation shown is proven by that replay, and its quota is the one
+        // printed.
+        let replayed = r.recommendation.as_ref().unwrap();
+        let judged: Vec<_> = replayed
+            .proven
+            .iter()
+            .filter(|p| matches!(p.recommendation.verdict.as_str(), "too low" | "too high"))
+            .collect();
+        assert!(!judged.is_empty(), "{:#?}", r.wrong_limits);
+        for p in &judged {
+            assert!(p.met, "{p:#?}");
+            let shown = r.wrong_limits.iter().find(|w| {
+                w.verdict == p.recommendation.verdict
+                    && w.override_key == p.recommendation.override_key
+                    && w.recommended_quota == p.recommendation.recommended_quota as u64
+            });
+            assert!(shown.is_some(), "{p:#?} not in {:#?}", r.wrong_limits);
+        }
 
         // The rollup counts every refusal once.
         assert_eq!(r.rollup_denied, r.denied);

@@ -18,7 +18,7 @@ use crate::DemoReport;
 /// The topic name the demo writes into file names, as production does.
 pub const DEMO_TOPIC: &str = "verdict.decisions.v1";
 
-/// What the queue's consumer has seen so far.
+/// What the queue's consumers have seen so far.
 #[derive(Debug, Default)]
 pub(crate) struct Counts {
     events: AtomicU64,
@@ -26,11 +26,27 @@ pub(crate) struct Counts {
     denied: AtomicU64,
     pub(crate) would_deny: AtomicU64,
     degraded: AtomicU64,
+    /// Per region (by id): events, and refusals (denied or would-deny).
+    regions: Vec<(AtomicU64, AtomicU64)>,
 }
 
 impl Counts {
+    /// Nothing seen yet, from `regions` regions.
+    pub(crate) fn new(regions: usize) -> Self {
+        Self {
+            regions: (0..regions).map(|_| Default::default()).collect(),
+            ..Self::default()
+        }
+    }
+
     fn take(&self, e: &DecisionEvent) {
         self.events.fetch_add(1, Ordering::Relaxed);
+        if let Some((events, refused)) = self.regions.get(usize::from(e.region.0)) {
+            events.fetch_add(1, Ordering::Relaxed);
+            if e.verdict != Verdict::Allowed {
+                refused.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         match e.verdict {
             Verdict::Allowed => &self.allowed,
             Verdict::Denied => &self.denied,
@@ -50,6 +66,18 @@ impl Counts {
         report.denied = c(&self.denied);
         report.would_deny = c(&self.would_deny);
         report.degraded = c(&self.degraded);
+        report.regions = crate::regions::REGIONS
+            .iter()
+            .zip(&self.regions)
+            .map(
+                |((name, weight, _), (events, refused))| crate::report::RegionTraffic {
+                    name: (*name).to_owned(),
+                    weight: *weight,
+                    events: c(events),
+                    refused: c(refused),
+                },
+            )
+            .collect();
     }
 }
 
@@ -63,7 +91,7 @@ pub fn partition_of(e: &DecisionEvent, partitions: u32) -> usize {
 /// Each partition's records in wire form, in offset order.
 pub type Partitions = Vec<Vec<[u8; EVENT_V1_LEN]>>;
 
-/// Takes events off the gateway's queue until told to finish (then takes what is left):
+/// Takes events off a gateway's queue until told to finish (then takes what is left):
 /// each is counted, encoded to its wire form and appended to its key's partition.
 pub(crate) async fn consume(
     mut events: EventReceiver,

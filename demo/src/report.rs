@@ -41,7 +41,11 @@ pub struct DemoReport {
     pub would_deny: u64,
     /// Decided by the local fallback rather than the counter store.
     pub degraded: u64,
-    /// Events the gateway's queue dropped (verdict_events_dropped_total).
+    /// Each region's traffic, in the order of [`crate::regions::REGIONS`].
+    pub regions: Vec<RegionTraffic>,
+    /// Rounds of the regional reconcile, recorded in the lake's `reconcile_rounds`.
+    pub reconcile_rounds: usize,
+    /// Events the gateways' queues dropped (verdict_events_dropped_total).
     pub events_dropped: u64,
     /// Bytes of one event on the wire.
     pub wire_bytes_per_event: usize,
@@ -89,6 +93,19 @@ pub struct DemoReport {
     pub end_hour: String,
 }
 
+/// One region's traffic.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct RegionTraffic {
+    /// Its name.
+    pub name: String,
+    /// Its static weight in the policy.
+    pub weight: f64,
+    /// Decisions its gateway made.
+    pub events: u64,
+    /// Of those, refused (denied or would-deny).
+    pub refused: u64,
+}
+
 /// One row of the `wrong-limits` report, as the demo prints it.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct WrongLimit {
@@ -108,7 +125,7 @@ pub struct WrongLimit {
     pub verdict: String,
     /// Why, in words.
     pub reason: String,
-    /// The hourly quota the review recommends.
+    /// The hourly quota the review recommends, as proven by the replay.
     pub recommended_quota: u64,
 }
 
@@ -185,9 +202,16 @@ pub(crate) async fn ask(
     )?;
     let review = verdict_query::recommend::read(&batches)?;
     let targets = verdict_query::prove::Targets::from_params(&range)?;
-    report.recommendation = Some(
-        verdict_query::recommend::replay_review(engine, review, replay_range, targets, 0).await?,
-    );
+    let replayed =
+        verdict_query::recommend::replay_review(engine, review, replay_range, targets, 0).await?;
+    // The quota shown is the one the replay proved (the review's rows and the proven ones
+    // are in the same order).
+    for (row, proven) in report.wrong_limits.iter_mut().zip(&replayed.review) {
+        if row.override_key == proven.override_key {
+            row.recommended_quota = proven.recommended_quota.max(0) as u64;
+        }
+    }
+    report.recommendation = Some(replayed);
     let sql = engine.report_sql("shadow-impact", &range).await?;
     report.shadow_impact = rows(engine, &sql)
         .await?
@@ -265,6 +289,25 @@ pub fn render_review(rows: &[WrongLimit]) -> String {
     t
 }
 
+/// Each region's weight and traffic, in a line.
+fn render_regions(r: &DemoReport) -> String {
+    let weights: f64 = r.regions.iter().map(|g| g.weight).sum();
+    r.regions
+        .iter()
+        .map(|g| {
+            format!(
+                "{} (weight {:.0} %) {} decisions ({:.1} %), {:.1} % refused",
+                g.name,
+                100.0 * g.weight / weights.max(f64::MIN_POSITIVE),
+                g.events,
+                pct(g.events, r.events),
+                pct(g.refused, g.events)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The text summary.
 pub fn render(r: &DemoReport, cfg: &DemoConfig) -> String {
     let status = |code: u16| r.statuses.get(&code).copied().unwrap_or_default();
@@ -287,6 +330,7 @@ pub fn render(r: &DemoReport, cfg: &DemoConfig) -> String {
          decisions     {n} events: allowed {allowed} ({allowed_p:.1} %), denied {denied} \
          ({denied_p:.1} %), would-deny in shadow mode {would} ({would_p:.1} %), by the local \
          fallback {degraded}; the queue dropped {dropped}\n\
+         regions       {regions}; the reconcile ran {rounds} rounds (recorded in {out}/reconcile_rounds/)\n\
          on the wire   {wire} bytes per event, {wire_mb:.1} MB through {parts} queue partitions\n\
          raw table     {files} Parquet files in {hour_parts} hour partitions ({first} to {last}), \
          {pq_mb:.2} MB, {pq_per:.2} bytes per event, written in {write_s:.2} s\n\
@@ -316,6 +360,8 @@ pub fn render(r: &DemoReport, cfg: &DemoConfig) -> String {
         would_p = pct(r.would_deny, n),
         degraded = r.degraded,
         dropped = r.events_dropped,
+        regions = render_regions(r),
+        rounds = r.reconcile_rounds,
         wire = r.wire_bytes_per_event,
         wire_mb = mb(r.wire_bytes_per_event as u64 * n),
         parts = r.partitions,

@@ -13,6 +13,7 @@ use verdict_schemas::synth::{SynthConfig, SynthTraffic, synth_key_id};
 
 use crate::DemoConfig;
 use crate::policy::ROUTES;
+use crate::regions::region_of;
 
 /// The synthetic world at the rate the demo aims at: one demo hour holds `rate × 3600 /
 /// speed` requests, and the limits are scaled to that, so the tiers keep their shape at any
@@ -54,10 +55,12 @@ pub fn write_keys(path: &Path, traffic: &SynthTraffic) -> anyhow::Result<()> {
 
 /// The requests: keys and route classes as the synthetic world draws them (Zipf keys, the
 /// 8 % tenant, bursts of one key), plus one deliberate burst: 600 back-to-back requests of
-/// a pro key at 40 % of the run.
+/// a pro key at 40 % of the run. Each goes to the gateway of the region it is sent from
+/// (`gateways`, in the order of [`crate::regions::REGIONS`]; see
+/// [`crate::regions::region_of`]).
 pub fn traffic(
     cfg: &DemoConfig,
-    gateway: std::net::SocketAddr,
+    gateways: Vec<std::net::SocketAddr>,
     synth: SynthTraffic,
 ) -> MakeRequest {
     let planned = u64::from(cfg.rate) * cfg.seconds;
@@ -77,6 +80,7 @@ pub fn traffic(
                 .map_or((synth_key_id(0), 0), |e| (e.key_id, e.route_class.0)),
         };
         let route = ROUTES[usize::from(route) % ROUTES.len()];
+        let gateway = gateways[region_of(&key, i) % gateways.len()];
         Request::get(format!("http://{gateway}/v1/{route}/{i}"))
             .header("x-api-key", api_key(&key))
             .body(Body::empty())

@@ -54,5 +54,8 @@ pub use limiter::{Decision, Limiter, LimiterConfig, Regional, RegionalTimings, R
 pub use memory::MemoryStore;
 pub use metrics::LimiterMetrics;
 pub use policy::{LimitLookup, Mode, PolicyDocument, PolicyHandle, PolicySnapshot, RegionRow};
-pub use regions::{NearLimit, Share, ShareEntry, ShareHandle, ShareKey, ShareRow, ShareSnapshot};
+pub use regions::{
+    NearLimit, RoundCounts, RoundSettings, Share, ShareEntry, ShareHandle, ShareKey, ShareRow,
+    ShareSnapshot, round_in_process,
+};
 pub use sources::{CachedSource, FileSource, PolicySource, SourceError, spawn_refresher};

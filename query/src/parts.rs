@@ -137,6 +137,7 @@ impl Level {
                 ("would_deny", DataType::Int64),
                 ("by_bucket", DataType::Int64),
                 ("by_window", DataType::Int64),
+                ("home", DataType::Int64),
             ],
             Self::Shadow => vec![
                 ("tier", DataType::UInt8),

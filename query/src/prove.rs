@@ -323,42 +323,58 @@ fn prove_row(
                     .filter(|&r| r > v && r as f64 <= cap)
                     .collect()
             };
-            let candidates: Vec<Values> = match wrong {
-                Wrong::Quota => above(now.quota)
-                    .into_iter()
-                    .map(|q| Values { quota: q, ..now })
-                    .collect(),
-                Wrong::Bucket => above(now.capacity)
-                    .into_iter()
-                    .map(|c| now.with_capacity(c))
-                    .collect(),
-                // Both by one factor: each round quota above the one in force, with the
-                // bucket raised by as much, rounded up to a round value.
-                Wrong::QuotaAndBucket => above(now.quota)
-                    .into_iter()
-                    .filter_map(|q| {
-                        let least = now.capacity as f64 * q as f64 / now.quota.max(1) as f64;
-                        let c = rounds
-                            .iter()
-                            .map(|&r| i64::from(r))
-                            .find(|&r| r as f64 >= least && r > now.capacity)?;
-                        Some(Values {
-                            quota: q,
-                            ..now.with_capacity(c)
+            let candidates = |wrong: Wrong| -> Vec<Values> {
+                match wrong {
+                    Wrong::Quota => above(now.quota)
+                        .into_iter()
+                        .map(|q| Values { quota: q, ..now })
+                        .collect(),
+                    Wrong::Bucket => above(now.capacity)
+                        .into_iter()
+                        .map(|c| now.with_capacity(c))
+                        .collect(),
+                    // Both by one factor: each round quota above the one in force, with the
+                    // bucket raised by as much, rounded up to a round value.
+                    Wrong::QuotaAndBucket => above(now.quota)
+                        .into_iter()
+                        .filter_map(|q| {
+                            let least = now.capacity as f64 * q as f64 / now.quota.max(1) as f64;
+                            let c = rounds
+                                .iter()
+                                .map(|&r| i64::from(r))
+                                .find(|&r| r as f64 >= least && r > now.capacity)?;
+                            Some(Values {
+                                quota: q,
+                                ..now.with_capacity(c)
+                            })
                         })
-                    })
-                    .collect(),
+                        .collect(),
+                }
             };
             let limit = targets.too_low_share;
-            let index = first_meeting(&candidates, |v| {
+            let mut meets = |v: &Values| -> Result<bool, QueryError> {
                 let (refused, constrained) = t.replay(*v)?;
                 let newly = constrained
                     .iter()
                     .any(|k| constrained_now.binary_search(k).is_err());
                 Ok(refused.share_of_keys_constrained < limit && !newly)
-            })?;
-            match index {
-                Some(i) => Some((candidates[i], wrong)),
+            };
+            // What refused first is what the review saw; the other part may be short as
+            // well, hidden behind it (a bucket that refills a few tokens an hour behind a
+            // quota of one): when raising the one alone meets no target, both are raised.
+            let mut found = None;
+            for wrong in [wrong, Wrong::QuotaAndBucket] {
+                let tried = candidates(wrong);
+                if let Some(i) = first_meeting(&tried, &mut meets)? {
+                    found = Some((tried[i], wrong));
+                    break;
+                }
+                if wrong == Wrong::QuotaAndBucket {
+                    break;
+                }
+            }
+            match found {
+                Some(found) => Some(found),
                 None => return Ok(keep(&t, Some(wrong), false)),
             }
         }
@@ -545,18 +561,24 @@ hourly_quota = 100
         constrained_share: 0.01,
     };
 
-    #[test]
-    fn a_quota_too_low_is_raised_to_the_first_round_value_its_replay_clears() {
-        let doc = verdict_limiter::policy::parse_toml(POLICY).unwrap();
-        // Every key needs 150 an hour against 100: each is refused a third.
-        let p = prove_row(
+    /// Twenty keys each sending 150 an hour under `policy`, its limit judged too low by
+    /// its quota, proven.
+    fn too_low_at_150(policy: &str) -> Proven {
+        let doc = verdict_limiter::policy::parse_toml(policy).unwrap();
+        prove_row(
             &doc,
             &row(&doc, "too low", 1_000),
             &trace(20, 150),
             &ShareModel::Static,
             TARGETS,
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn a_quota_too_low_is_raised_to_the_first_round_value_its_replay_clears() {
+        // Every key needs 150 an hour against 100: each is refused a third.
+        let p = too_low_at_150(POLICY);
         assert_eq!(p.wrong, Some(Wrong::Quota));
         assert!(p.met);
         let r = &p.recommendation;
@@ -576,6 +598,25 @@ hourly_quota = 100
             (0.0, 0.0)
         );
         assert!(p.replays <= 12, "{} replays", p.replays);
+    }
+
+    #[test]
+    fn a_bucket_short_behind_a_quota_too_low_is_raised_with_it() {
+        // A quota of 10 an hour in front of a bucket of 5 that refills 3.6 tokens an hour:
+        // the window refuses first, so the review sees the quota alone short; raising it
+        // alone, the bucket refuses instead. Both are raised by one factor.
+        let p = too_low_at_150(
+            &POLICY
+                .replace("capacity = 1000", "capacity = 5")
+                .replace("refill_per_s = 100.0", "refill_per_s = 0.001")
+                .replace("hourly_quota = 100", "hourly_quota = 10"),
+        );
+        assert!(p.met, "{p:#?}");
+        assert_eq!(p.wrong, Some(Wrong::QuotaAndBucket));
+        let r = &p.recommendation;
+        assert!(r.recommended_quota >= 150, "{r:?}");
+        assert!(r.recommended_capacity > 5, "{r:?}");
+        assert_eq!(p.recommended.unwrap().share_of_keys_constrained, 0.0);
     }
 
     #[test]

@@ -34,17 +34,13 @@ use std::sync::Arc;
 use object_store::ObjectStore;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use std::collections::HashMap;
 
 use verdict_jobs::reconcile::{ReconcileConfig, RoundOutcome};
 use verdict_jobs::round_log::{RoundLog, RoundRecord};
 use verdict_limiter::key::LimitKey;
-use verdict_limiter::regions::{
-    Reading, RegionInput, ShareEntry, ShareKey, ShareSnapshot, compute_shares,
-};
 use verdict_limiter::{
-    FakeClock, LimitLookup, Limiter, LimiterConfig, LimiterMetrics, MemoryStore, PolicyHandle,
-    PolicySnapshot, Regional, Request, event_queue,
+    FakeClock, Limiter, LimiterConfig, LimiterMetrics, MemoryStore, PolicyHandle, PolicySnapshot,
+    Regional, Request, RoundSettings, event_queue, round_in_process,
 };
 use verdict_schemas::layout::HourPartition;
 use verdict_schemas::{DecisionEvent, KeyId, RegionId, RouteClassId, TierId};
@@ -132,9 +128,8 @@ impl WorldReconcile {
             .collect()
     }
 
-    /// One round at `now_ms` over the limiters of every region (their id is their place):
-    /// the keys noted near their limit since the last round, each region's usage from its
-    /// counters, the shares in force; the new shares stored in every region's handle.
+    /// One round at `now_ms` over the limiters of every region (their id is their place),
+    /// as the demo runs it: [`round_in_process`] on the job's settings.
     fn round(
         &self,
         now_ms: i64,
@@ -142,67 +137,21 @@ impl WorldReconcile {
         stores: &[MemoryStore],
         regional: &[Regional],
     ) {
-        let notes: Vec<HashMap<ShareKey, u64>> = regional
-            .iter()
-            .map(|r| r.near.drain().into_iter().collect())
-            .collect();
-        let mut keys: Vec<ShareKey> = notes.iter().flat_map(|n| n.keys().copied()).collect();
-        keys.sort_unstable();
-        keys.dedup();
-        let ttl_ms = self.cfg.share_ttl.as_millis() as i64;
-        let mut written: Vec<HashMap<ShareKey, ShareEntry>> = regional
-            .iter()
-            .map(|r| {
-                r.shares
-                    .load()
-                    .entries
-                    .iter()
-                    .filter(|(_, e)| e.is_fresh(now_ms, ttl_ms))
-                    .map(|(k, e)| (*k, *e))
-                    .collect()
-            })
-            .collect();
-        for key in keys {
-            let LimitLookup::Check {
-                limits, sub_keys, ..
-            } = policy.resolve(&key.0, key.1, key.2)
-            else {
-                continue;
-            };
-            let inputs: Vec<RegionInput> = (0..regional.len())
-                .map(|i| {
-                    let static_ppm = policy.region_static_ppm(RegionId(i as u16));
-                    let used = stores[i]
-                        .get(&LimitKey::new(key.0, key.1, key.2))
-                        .map_or(0.0, |c| c.window_used(now_ms, limits.window_ms));
-                    RegionInput {
-                        static_ppm,
-                        reading: Some(Reading {
-                            used,
-                            demand: notes[i].get(&key).copied().unwrap_or(0),
-                        }),
-                        last: regional[i].shares.share(&key, now_ms, static_ppm),
-                    }
-                })
-                .collect();
-            let quota = limits.quota.saturating_mul(u32::from(sub_keys));
-            let shares = compute_shares(quota, &inputs, self.cfg.floor);
-            for (i, (input, share)) in inputs.iter().zip(shares).enumerate() {
-                written[i].insert(
-                    key,
-                    ShareEntry {
-                        before: input.last,
-                        after: share,
-                        effective_ms: now_ms + self.cfg.increase_delay.as_millis() as i64,
-                        computed_ms: now_ms,
-                    },
-                );
-            }
-        }
-        for (r, entries) in regional.iter().zip(written) {
-            let version = r.shares.load().version + 1;
-            r.shares.store(ShareSnapshot { version, entries });
-        }
+        round_in_process(
+            now_ms,
+            policy,
+            regional,
+            |i, key, limits| {
+                stores[i]
+                    .get(&LimitKey::new(key.0, key.1, key.2))
+                    .map_or(0.0, |c| c.window_used(now_ms, limits.window_ms))
+            },
+            RoundSettings {
+                increase_delay_ms: self.cfg.increase_delay.as_millis() as i64,
+                share_ttl_ms: self.cfg.share_ttl.as_millis() as i64,
+                floor: self.cfg.floor,
+            },
+        );
     }
 }
 

@@ -9,7 +9,9 @@
 //! The levels, each much smaller than the one before: decisions → per key × region × hour ×
 //! bucket span (a count and the quota only: the span level has the most groups, so it
 //! carries the fewest columns) → per key × region × hour → per key × hour → per key → per
-//! limit. Refusals are counted in the same pass as the requests.
+//! limit. Refusals are counted per key in a second read of the refused decisions alone (a
+//! few per cent of the rows) and joined to the key's row: carried on the span level, they
+//! took the review over the bench's 8.4 M rows past its 1 GiB per query.
 //!
 //! With several regions, a key's need (the global quota its busiest hour calls for) and its
 //! peak span are taken against the share of the limit its region can hold, as the limiter
@@ -92,6 +94,16 @@ fn percent(x: &str) -> String {
     format!("CAST(CAST(ROUND(100.0 * ({x})) AS BIGINT) AS VARCHAR)")
 }
 
+/// A key's home region is the region that sent its busiest hour: per hour the most
+/// requests of one region times this plus the region's id, the largest over the hours,
+/// modulo this. A maximum, so it merges over parts as the peaks do.
+const HOME_BASE: i64 = 65_536;
+
+/// How much larger a region's part of a limit's constrained keys must be than its part of
+/// the limit's keys, at least, for the reason of a limit too low to name it (it must also
+/// hold half of the constrained keys at least).
+pub const DRIVING_RATIO: f64 = 1.5;
+
 /// The `lim` CTE: each limit of the policy in force, and its bucket's time scale.
 const LIM: &str = "lim AS (
   SELECT tier_id, route_class_id, capacity, refill_per_s, hourly_quota, mode,
@@ -111,24 +123,27 @@ fn per_key_from_decisions(range: &str, rounds: &str, filters: &str) -> String {
     format!(
         "{LIM}, d AS (
   SELECT x.tier, x.route_class, x.key_id, x.region, x.date, x.hour, x.window_quota,
-    CASE WHEN x.verdict = 1 THEN 1 ELSE 0 END AS denied,
-    CASE WHEN x.verdict = 2 THEN 1 ELSE 0 END AS would_deny,
-    CASE WHEN x.verdict <> 0 AND x.denied_by_bucket THEN 1 ELSE 0 END AS by_bucket,
-    CASE WHEN x.verdict <> 0 AND x.denied_by_window THEN 1 ELSE 0 END AS by_window,
     CAST(FLOOR(date_part('epoch', x.event_time) / l.span_s) AS BIGINT) AS span
   FROM decisions x
   JOIN lim l ON l.tier_id = x.tier AND l.route_class_id = x.route_class
   WHERE {range} AND x.source IN (0, 1){filters}
+), refused AS (
+  SELECT x.tier, x.route_class, x.key_id,
+    SUM(CASE WHEN x.verdict = 1 THEN 1 ELSE 0 END) AS denied,
+    SUM(CASE WHEN x.verdict = 2 THEN 1 ELSE 0 END) AS would_deny,
+    SUM(CASE WHEN x.denied_by_bucket THEN 1 ELSE 0 END) AS by_bucket,
+    SUM(CASE WHEN x.denied_by_window THEN 1 ELSE 0 END) AS by_window
+  FROM decisions x
+  WHERE {range} AND x.source IN (0, 1) AND x.verdict <> 0{filters}
+  GROUP BY x.tier, x.route_class, x.key_id
 ), per_span AS (
   SELECT tier, route_class, key_id, region, date, hour, span, COUNT(*) AS requests,
-    MAX(window_quota) AS quota, SUM(denied) AS denied, SUM(would_deny) AS would_deny,
-    SUM(by_bucket) AS by_bucket, SUM(by_window) AS by_window
+    MAX(window_quota) AS quota
   FROM d
   GROUP BY tier, route_class, key_id, region, date, hour, span
 ), per_region_hour AS (
   SELECT tier, route_class, key_id, region, date, hour, SUM(requests) AS requests,
-    MAX(requests) AS peak_span, MAX(quota) AS quota, SUM(denied) AS denied,
-    SUM(would_deny) AS would_deny, SUM(by_bucket) AS by_bucket, SUM(by_window) AS by_window
+    MAX(requests) AS peak_span, MAX(quota) AS quota
   FROM per_span
   GROUP BY tier, route_class, key_id, region, date, hour
 ), reconciled AS (
@@ -152,19 +167,25 @@ fn per_key_from_decisions(range: &str, rounds: &str, filters: &str) -> String {
     MIN(CAST(quota AS DOUBLE) / static_share) AS quota_low,
     MAX(CAST(quota AS DOUBLE) / static_share) AS quota_high,
     MIN(CAST(quota + 1 AS DOUBLE) / static_share) AS quota_ceiling,
-    MAX(quota) AS enforced, SUM(denied) AS denied, SUM(would_deny) AS would_deny,
-    SUM(by_bucket) AS by_bucket, SUM(by_window) AS by_window
+    MAX(quota) AS enforced,
+    MAX(CAST(requests AS BIGINT) * {HOME_BASE} + CAST(region AS BIGINT)) AS home
   FROM shared
   GROUP BY tier, route_class, key_id, date, hour
-), per_key AS (
+), per_key_hours AS (
   SELECT h.tier, h.route_class, h.key_id, SUM(h.requests) AS requests,
     MAX(h.demand) AS demand, MAX(h.requests) AS peak_hour, MAX(h.need) AS need,
     MAX(h.peak_span) AS peak_span, MIN(h.quota_low) AS quota_low, MAX(h.quota_high) AS quota_high,
-    MIN(h.quota_ceiling) AS quota_ceiling, MAX(h.enforced) AS enforced,
-    SUM(h.denied) AS denied, SUM(h.would_deny) AS would_deny, SUM(h.by_bucket) AS by_bucket,
-    SUM(h.by_window) AS by_window
+    MIN(h.quota_ceiling) AS quota_ceiling, MAX(h.enforced) AS enforced, MAX(h.home) AS home
   FROM per_hour h
   GROUP BY h.tier, h.route_class, h.key_id
+), per_key AS (
+  SELECT k.tier, k.route_class, k.key_id, k.requests, k.demand, k.peak_hour, k.need,
+    k.peak_span, k.quota_low, k.quota_high, k.quota_ceiling, k.enforced, k.home,
+    COALESCE(r.denied, 0) AS denied, COALESCE(r.would_deny, 0) AS would_deny,
+    COALESCE(r.by_bucket, 0) AS by_bucket, COALESCE(r.by_window, 0) AS by_window
+  FROM per_key_hours k
+  LEFT JOIN refused r ON r.tier = k.tier AND r.route_class = k.route_class
+    AND r.key_id = k.key_id
 )"
     )
 }
@@ -180,7 +201,7 @@ pub fn part_sql(range: &Range) -> String {
     format!(
         "WITH {}\nSELECT tier, route_class, key_id, requests, demand, peak_hour, need, peak_span, \
          quota_low, quota_high, quota_ceiling, enforced, denied, would_deny, by_bucket, \
-         by_window FROM per_key",
+         by_window, home FROM per_key",
         per_key_from_decisions(
             &range.sql("x.event_time", true),
             &range.sql("round_time", false),
@@ -201,7 +222,7 @@ fn per_key_from_parts(range: &Range, filters: &str) -> String {
     MIN(quota_low) AS quota_low,
     MAX(quota_high) AS quota_high, MIN(quota_ceiling) AS quota_ceiling,
     MAX(enforced) AS enforced, SUM(denied) AS denied, SUM(would_deny) AS would_deny,
-    SUM(by_bucket) AS by_bucket, SUM(by_window) AS by_window",
+    SUM(by_bucket) AS by_bucket, SUM(by_window) AS by_window, MAX(home) AS home",
         filters,
     );
     format!("{LIM}, per_key AS (\n  {merged}\n)")
@@ -258,6 +279,7 @@ fn flagged(keys: &KeysFrom, p: &ReviewParams) -> String {
   SELECT k.tier, k.route_class, o.key_id AS override_key, k.key_id, k.requests,
     k.denied, k.would_deny, k.by_bucket, k.by_window, k.denied + k.would_deny AS refused,
     k.demand, k.peak_hour, k.need, k.quota_low, k.quota_high, k.quota_ceiling, k.enforced, l.span_s,
+    k.home % {HOME_BASE} AS home_region,
     COALESCE(o.capacity, l.capacity) AS capacity,
     COALESCE(o.refill_per_s, l.refill_per_s) AS refill_per_s,
     COALESCE(o.hourly_quota, l.hourly_quota) AS hourly_quota,
@@ -427,12 +449,26 @@ pub(super) fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
          || CAST(l.enforced_low AS VARCHAR) || ' and up to ' \
          || CAST(l.enforced_high AS VARCHAR) || ')' ELSE '' END"
     );
+    // A region drives a verdict of too low when it holds most of the constrained keys and
+    // clearly fewer of the keys: its keys meet the limit where the others' do not (its
+    // share is too small for them, or its keys send more).
+    let driving = format!(
+        "CASE WHEN l.constrained_keys > 0 \
+           AND l.region_constrained >= 0.5 * l.constrained_keys \
+           AND CAST(l.region_constrained AS DOUBLE) / l.constrained_keys \
+             >= {DRIVING_RATIO} * CAST(l.region_keys AS DOUBLE) / l.keys \
+         THEN '; ' || COALESCE(l.region_name, 'region ' || CAST(l.home_region AS VARCHAR)) \
+           || '''s keys are ' || {} || ' % of those constrained and ' || {} || ' % of the keys' \
+         ELSE '' END",
+        percent("CAST(l.region_constrained AS DOUBLE) / l.constrained_keys"),
+        percent("CAST(l.region_keys AS DOUBLE) / l.keys"),
+    );
     let reason = format!(
         "CASE WHEN l.override_key IS NULL AND l.keys < {min_keys} THEN CAST(l.keys AS VARCHAR) \
            || ' active keys, fewer than the ' || CAST({min_keys} AS VARCHAR) || ' needed to judge'
        WHEN (l.typical_demand > 1.0 OR l.typical_burst > 1.0)
          AND l.constrained_keys >= {too_low_share} * l.keys THEN {needs} || '; ' || {constrained} \
-           || {changed}
+           || {driving} || {changed}
        WHEN l.demand_p99 < {too_high_use} AND l.burst_p99 < {too_high_use}
          AND l.constrained_keys = 0 THEN 'p99 key uses ' || {p99d} || '× the hourly quota and ' \
            || {p99b} || '× the bucket; no key constrained'
@@ -470,6 +506,16 @@ pub(super) fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
     {all_need_p99} AS all_need_p99
   FROM {source}
   GROUP BY {limit}
+), by_region AS (
+  SELECT {limit}, home_region, COUNT(*) AS region_keys,
+    SUM(CASE WHEN constrained THEN 1 ELSE 0 END) AS region_constrained
+  FROM {source}
+  GROUP BY {limit}, home_region
+), driving AS (
+  SELECT b.*, g.name AS region_name,
+    ROW_NUMBER() OVER (PARTITION BY {limit} ORDER BY b.region_constrained DESC, b.home_region) AS rn
+  FROM by_region b
+  LEFT JOIN regions g ON g.region = b.home_region
 ), version_quotas AS (
   SELECT tier, route_class, COUNT(*) AS versions, MIN(enforced) AS enforced_low,
     MAX(enforced) AS enforced_high
@@ -477,9 +523,12 @@ pub(super) fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
   GROUP BY tier, route_class
 ), judged AS (
   SELECT l.*, {verdict} AS verdict, {reason} AS reason
-  FROM (SELECT p.*, q.versions, q.enforced_low, q.enforced_high
+  FROM (SELECT p.*, q.versions, q.enforced_low, q.enforced_high, d.home_region,
+      d.region_name, d.region_keys, d.region_constrained
     FROM per_limit p
-    LEFT JOIN version_quotas q ON q.tier = p.tier AND q.route_class = p.route_class) l
+    LEFT JOIN version_quotas q ON q.tier = p.tier AND q.route_class = p.route_class
+    LEFT JOIN driving d ON d.rn = 1 AND d.tier = p.tier AND d.route_class = p.route_class
+      AND d.override_key IS NOT DISTINCT FROM p.override_key) l
 )
 SELECT v.tier AS tier_id, p.tier, v.route_class AS route_class_id, p.route_class,
   v.override_key, v.mode, v.hourly_quota, v.enforced AS enforced_quota, v.capacity,

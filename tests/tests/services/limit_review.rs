@@ -15,7 +15,7 @@ use verdict_query::reports::Range;
 use verdict_query::{Engine, Limits, PoliciesTable};
 use verdict_query::{recommend, whatif};
 use verdict_schemas::layout::HourPartition;
-use verdict_schemas::{DecisionEvent, Verdict};
+use verdict_schemas::{DecisionEvent, KeyId, Verdict};
 use verdict_tests::query_fixture::{report_in, served_and_portable};
 use verdict_tests::review_world::{
     HOURS, Regions, START_MS, TIERS, World, decide_all, limits, policy_text, policy_toml,
@@ -187,6 +187,65 @@ async fn names_the_truth(w: &World, label: &str) {
                 t.tier
             );
         }
+    }
+}
+
+/// A limit too low only for the keys of one region (two regions of equal weight; 30 keys
+/// in us-east-1 send 24 requests an hour, within their region's half of the quota of 100;
+/// 10 keys in eu-central-1 send 90, past theirs): the reason names eu-central-1, in the
+/// served review and in the portable one; a limit whose constrained keys are spread as its
+/// keys are names none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reason_names_the_region_whose_keys_the_limit_constrains() {
+    use std::collections::BTreeMap;
+    use verdict_tests::review_world::{decide_in, key};
+    let regions = "[[regions]]\nid = 0\nname = \"us-east-1\"\nweight = 1\n\
+                   [[regions]]\nid = 1\nname = \"eu-central-1\"\nweight = 1\n";
+    // "low" (tier 0) is constrained in eu-central-1 only; "fine" (tier 1) everywhere.
+    let mut rows = limits(2);
+    rows[0] = ("low", 1_000, 10.0, 100, "enforce");
+    rows[1] = ("fine", 1_000, 10.0, 100, "enforce");
+    let policy = policy_text(2, &rows) + regions;
+    let mut demand: BTreeMap<(u8, KeyId), Vec<i64>> = BTreeMap::new();
+    let mut places = BTreeMap::new();
+    let evenly = |per_hour: i64| -> Vec<i64> {
+        (0..HOURS * per_hour)
+            .map(|i| START_MS + i * 3_600_000 / per_hour)
+            .collect()
+    };
+    for n in 0..40u16 {
+        let far = n >= 30;
+        let k = key(0, n);
+        demand.insert((0, k), evenly(if far { 90 } else { 24 }));
+        places.insert((0, k), if far { (1, 1) } else { (0, 0) });
+        // Every "fine" key sends 90 an hour, in both regions alike.
+        let k = key(1, n);
+        demand.insert((1, k), evenly(90));
+        places.insert((1, k), if n % 4 == 0 { (1, 1) } else { (0, 0) });
+    }
+    let snapshot = snapshot_of(&policy);
+    let events = decide_in(&demand, &places, None, None, [snapshot.clone(), snapshot]).await;
+    let (engine, _dir) = lake_with(&events, &policy).await;
+    let range = world_range();
+    let (from, to) = (range.from.to_rfc3339(), range.to.to_rfc3339());
+    let (served, portable) = served_and_portable(&engine, "wrong-limits", &from, &to, &[]).await;
+    for rows in [&served, &portable] {
+        let row = |tier: &str| {
+            rows.iter()
+                .find(|r| text(r, "tier") == tier && r["override_key"].is_null())
+                .unwrap_or_else(|| panic!("{tier} in {rows:#?}"))
+        };
+        let low = row("low");
+        assert_eq!(text(low, "verdict"), "too low", "{low}");
+        assert!(
+            text(low, "reason").ends_with(
+                "; eu-central-1's keys are 100 % of those constrained and 25 % of the keys"
+            ),
+            "{low}"
+        );
+        let fine = row("fine");
+        assert_eq!(text(fine, "verdict"), "too low", "{fine}");
+        assert!(!text(fine, "reason").contains("'s keys are"), "{fine}");
     }
 }
 
