@@ -55,6 +55,15 @@ pub struct EngineArgs {
     /// again by every report that needs it.
     #[arg(long, default_value_t = 256)]
     pub part_cache_mib: usize,
+    /// Connections each front end (HTTP, PostgreSQL) keeps open at once: past it, the
+    /// connection idle longest is closed to make room; when none is idle, the new one is
+    /// refused (HTTP 503, SQLSTATE 53300).
+    #[arg(long, default_value_t = 1_000)]
+    pub max_connections: usize,
+    /// How long a connection may wait for its next request before it is closed, seconds
+    /// (HTTP: until its whole head is in; PostgreSQL: its next message).
+    #[arg(long, default_value_t = 30)]
+    pub idle_timeout_s: u64,
     /// Partitions each query runs on (default: the machine's cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -78,6 +87,8 @@ impl EngineArgs {
             queue_timeout: Duration::from_secs(self.queue_timeout_s),
             answer_cache_bytes: self.answer_cache_mib << 20,
             part_cache_bytes: self.part_cache_mib << 20,
+            connections: self.max_connections.max(1),
+            idle: Duration::from_secs(self.idle_timeout_s.max(1)),
         };
         let threads = self
             .threads

@@ -614,7 +614,7 @@ pub fn check_size(sql: &str) -> Result<(), QueryError> {
     }
     let tokens = Tokenizer::new(&GenericDialect {}, sql)
         .tokenize()
-        .map_err(|e| QueryError::Invalid(e.to_string()))?;
+        .map_err(|e| QueryError::Invalid(crate::error::clip(&e.to_string())))?;
     let meaningful = tokens
         .iter()
         .filter(|t| !matches!(t, Token::Whitespace(_)))
@@ -728,7 +728,7 @@ pub fn check_read_only(
                     "one statement per request: send the queries one at a time".into(),
                 )
             }
-            root => QueryError::Invalid(root.message().to_string()),
+            root => QueryError::Invalid(crate::error::in_words(root)),
         })?;
     refuse_unless_query(&statement)?;
     Ok(statement)

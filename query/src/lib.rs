@@ -5,6 +5,7 @@
 pub mod answers;
 pub mod bounded_fns;
 pub mod budget;
+pub mod connections;
 pub mod engine;
 pub mod error;
 pub mod format;

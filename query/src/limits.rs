@@ -25,6 +25,12 @@ pub struct Limits {
     /// Bytes of the reports' parts kept while what they read is unchanged (see
     /// [`crate::parts`]); 0 keeps none, and every report reads its whole range.
     pub part_cache_bytes: usize,
+    /// Connections each front end (HTTP, PostgreSQL) keeps open at once; past it an idle
+    /// one is closed to make room, or, when none is idle, the new one is refused.
+    pub connections: usize,
+    /// How long a connection may wait for its next request (HTTP: its whole head;
+    /// PostgreSQL: its next message) before it is closed.
+    pub idle: Duration,
 }
 
 impl Default for Limits {
@@ -38,6 +44,8 @@ impl Default for Limits {
             queue_timeout: Duration::from_secs(10),
             answer_cache_bytes: 64 << 20,
             part_cache_bytes: 256 << 20,
+            connections: 1_000,
+            idle: Duration::from_secs(30),
         }
     }
 }

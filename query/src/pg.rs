@@ -47,6 +47,7 @@ use datafusion_postgres::pgwire::messages::{PgWireBackendMessage, PgWireFrontend
 use datafusion_postgres::pgwire::tokio::process_socket;
 use futures::{Sink, SinkExt};
 
+use crate::connections::Connections;
 use crate::engine::Engine;
 use crate::http::{check_exposure, constant_time_eq};
 
@@ -413,6 +414,40 @@ fn connection_session(engine: &Engine) -> std::io::Result<Arc<DfSessionService>>
     )))
 }
 
+/// Tells a connection there is no place for that the server has too many (SQLSTATE 53300,
+/// as PostgreSQL does: an ErrorResponse before anything else) and closes it.
+async fn refuse(mut socket: tokio::net::TcpStream, max: usize) {
+    use tokio::io::AsyncWriteExt;
+    // The client's first message (a startup or SSL request: a length, then the rest) is
+    // read first, as PostgreSQL does, so that closing does not reset the connection.
+    crate::connections::read_some(&mut socket, |read| {
+        read.len() >= 4
+            && read.len() >= u32::from_be_bytes([read[0], read[1], read[2], read[3]]) as usize
+    })
+    .await;
+    let message = format!(
+        "sorry, too many clients already: the service has {max} connections open, every one \
+         busy; retry in a second"
+    );
+    let mut fields = Vec::new();
+    for (code, value) in [
+        (b'S', "FATAL"),
+        (b'V', "FATAL"),
+        (b'C', "53300"),
+        (b'M', &message),
+    ] {
+        fields.push(code);
+        fields.extend_from_slice(value.as_bytes());
+        fields.push(0);
+    }
+    fields.push(0);
+    let mut frame = vec![b'E'];
+    frame.extend_from_slice(&(fields.len() as u32 + 4).to_be_bytes());
+    frame.extend_from_slice(&fields);
+    let _ = socket.write_all(&frame).await;
+    crate::connections::close(socket).await;
+}
+
 /// Binds `addr` (refusing a non-loopback address without tokens) and serves the engine's
 /// tables over the PostgreSQL protocol until the task is dropped.
 pub async fn serve(
@@ -435,6 +470,7 @@ pub async fn serve(
     });
     let cancel = Arc::new(CancelRequests(cancels));
     let engine = engine.clone();
+    let open = Arc::new(Connections::new(engine.limits()));
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
         std::io::Error::new(
             e.kind(),
@@ -447,6 +483,11 @@ pub async fn serve(
         loop {
             match listener.accept().await {
                 Ok((socket, peer)) => {
+                    let Some(conn) = open.admit() else {
+                        tracing::warn!(%peer, open = open.open(), "PostgreSQL connection refused: every connection is busy");
+                        tokio::spawn(refuse(socket, engine.limits().connections));
+                        continue;
+                    };
                     let (socket, gone) = match bounds::watch_gone(socket) {
                         Ok(split) => split,
                         Err(e) => {
@@ -464,14 +505,28 @@ pub async fn serve(
                         }
                     };
                     let handlers = Arc::new(Handlers {
-                        session: Arc::new(Bounded::new(session, engine.clone(), gone)),
+                        session: Arc::new(Bounded::new(
+                            session,
+                            engine.clone(),
+                            gone,
+                            Arc::clone(&conn),
+                        )),
                         startup: Arc::clone(&startup),
                         cancel: Arc::clone(&cancel),
                     });
+                    let open = Arc::clone(&open);
                     tokio::spawn(async move {
-                        if let Err(e) = process_socket(socket, None, handlers).await {
-                            tracing::info!(%peer, error = %e, "PostgreSQL connection ended with an error");
+                        tokio::select! {
+                            ended = process_socket(socket, None, handlers) => {
+                                if let Err(e) = ended {
+                                    tracing::info!(%peer, error = %e, "PostgreSQL connection ended with an error");
+                                }
+                            }
+                            () = conn.evicted() => {
+                                tracing::info!(%peer, "idle PostgreSQL connection closed to make room for a new one");
+                            }
                         }
+                        open.closed(&conn);
                     });
                 }
                 Err(e) => tracing::warn!(error = %e, "accepting a PostgreSQL connection failed"),

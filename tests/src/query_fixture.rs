@@ -437,6 +437,27 @@ pub async fn served_and_portable(
     (rows(engine, &served).await, rows(engine, &portable).await)
 }
 
+/// `engine` served on both front ends on loopback behind `token`: the HTTP base URL and the
+/// PostgreSQL listener's address (both served until the process ends).
+pub async fn serve_both(
+    engine: &verdict_query::Engine,
+    token: &str,
+) -> (String, std::net::SocketAddr) {
+    let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let state = Arc::new(verdict_query::http::AppState {
+        engine: engine.clone(),
+        tokens: vec![token.to_string()],
+        metrics: verdict_query::http::QueryMetrics::new(),
+    });
+    let (addr, _http) = verdict_query::http::spawn(state, loopback)
+        .await
+        .expect("the service binds");
+    let (pg, _pg) = verdict_query::pg::serve(engine, vec![token.to_string()], loopback)
+        .await
+        .expect("the PostgreSQL listener binds");
+    (format!("http://{addr}"), pg)
+}
+
 /// A sum of `n` terms: a flat expression `n` deep once parsed.
 pub fn long_sum(n: usize) -> String {
     format!("SELECT {} AS s", vec!["1"; n].join(" + "))

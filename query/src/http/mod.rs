@@ -40,10 +40,12 @@ use serde_json::json;
 
 use crate::engine::Engine;
 use crate::error::QueryError;
+use crate::limits::Limits;
 use crate::reports::catalog;
 use crate::view::AsOf;
 
 mod auth;
+mod connections;
 mod errors;
 mod formats;
 mod openapi;
@@ -186,7 +188,8 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let listener = bind(&state, addr).await?;
     tracing::info!(addr = %listener.local_addr()?, auth = !state.tokens.is_empty(), "query service listening");
-    accept_loop(listener, router(state), shutdown).await;
+    let limits = *state.engine.limits();
+    accept_loop(listener, router(state), limits, shutdown).await;
     Ok(())
 }
 
@@ -197,21 +200,29 @@ pub async fn spawn(
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = bind(&state, addr).await?;
     let bound = listener.local_addr()?;
-    let task = tokio::spawn(accept_loop(listener, router(state), std::future::pending()));
+    let limits = *state.engine.limits();
+    let task = tokio::spawn(accept_loop(
+        listener,
+        router(state),
+        limits,
+        std::future::pending(),
+    ));
     Ok((bound, task))
 }
 
 /// Serves HTTP/1.1 connections from `listener` until `shutdown`, then waits for the open
 /// ones to finish their requests. hyper reads more of a request's head than the service
 /// takes ([`MAX_URI_BYTES`], [`MAX_HEADERS`]), so that the service, not hyper, refuses it,
-/// in JSON.
+/// in JSON. The connections are bounded by `limits` ([`connections`]).
 async fn accept_loop(
     listener: tokio::net::TcpListener,
     router: Router,
+    limits: Limits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut connections = tokio::task::JoinSet::new();
+    let open = Arc::new(crate::connections::Connections::new(&limits));
+    let mut tasks = tokio::task::JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -225,34 +236,49 @@ async fn accept_loop(
                 }
             },
         };
-        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let Some(conn) = open.admit() else {
+            tracing::warn!(%peer, open = open.open(), "HTTP connection refused: every connection is busy");
+            tasks.spawn(connections::refuse(stream, limits.connections));
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(connections::tracked(
+            router.clone(),
+            Arc::clone(&conn),
+        ));
         let mut stop = stop_rx.clone();
-        connections.spawn(async move {
+        let open = Arc::clone(&open);
+        tasks.spawn(async move {
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .max_headers(HYPER_MAX_HEADERS)
-                .max_buf_size(HYPER_BUFFER_BYTES);
+                .max_buf_size(HYPER_BUFFER_BYTES)
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits.idle);
             let connection =
                 builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
             let mut connection = std::pin::pin!(connection);
             let ended = tokio::select! {
                 ended = connection.as_mut() => ended,
                 () = async {
-                    let _ = stop.wait_for(|stop| *stop).await;
+                    tokio::select! {
+                        _ = stop.wait_for(|stop| *stop) => {}
+                        () = conn.evicted() => {}
+                    }
                 } => {
                     connection.as_mut().graceful_shutdown();
                     connection.await
                 }
             };
+            open.closed(&conn);
             if let Err(e) = ended {
                 tracing::debug!(%peer, error = %e, "HTTP connection ended with an error");
             }
         });
         // Finished connections leave the set as they go.
-        while connections.try_join_next().is_some() {}
+        while tasks.try_join_next().is_some() {}
     }
     stop_tx.send_replace(true);
-    while connections.join_next().await.is_some() {}
+    while tasks.join_next().await.is_some() {}
 }
 
 /// Binds `addr`, refusing a non-loopback address when no token is configured.
@@ -274,16 +300,31 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
+/// The query parameters `/v1/sql` takes (names are case-sensitive).
+const SQL_PARAMS: [&str; 3] = ["format", "version", "as_of"];
+
 async fn sql(
     State(state): State<Arc<AppState>>,
     Query(params): Query<BTreeMap<String, String>>,
     headers: HeaderMap,
     body: String,
 ) -> Response {
+    // Media types are case-insensitive (RFC 9110, 8.3.1).
     let is_json = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
+        .is_some_and(|v| v.to_ascii_lowercase().starts_with("application/json"));
+    if let Some(name) = params.keys().find(|n| !SQL_PARAMS.contains(&n.as_str())) {
+        return answer_error(
+            &state,
+            "sql",
+            QueryError::Invalid(format!(
+                "/v1/sql has no parameter {}; it takes: {}",
+                crate::reports::shown(name),
+                SQL_PARAMS.join(", ")
+            )),
+        );
+    }
     let text = if is_json {
         match serde_json::from_str::<serde_json::Value>(&body)
             .ok()
@@ -531,7 +572,12 @@ mod tests {
             .layer(middleware::map_response(json_errors));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(accept_loop(listener, router, std::future::pending()));
+        tokio::spawn(accept_loop(
+            listener,
+            router,
+            Limits::default(),
+            std::future::pending(),
+        ));
         let client = reqwest::Client::new();
         let r = client
             .get(format!("http://{addr}/boom"))

@@ -22,22 +22,30 @@ use std::task::{Context, Poll};
 use async_trait::async_trait;
 use datafusion_postgres::datafusion_pg_catalog::sql::PostgresCompatibilityParser;
 use datafusion_postgres::pgwire::api::cancel::CancelHandler;
-use datafusion_postgres::pgwire::api::portal::{Format, Portal};
-use datafusion_postgres::pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
-use datafusion_postgres::pgwire::api::results::{FieldInfo, QueryResponse, Response};
+use datafusion_postgres::pgwire::api::portal::{Format, Portal, PortalExecutionState};
+use datafusion_postgres::pgwire::api::query::{
+    ExtendedQueryHandler, SimpleQueryHandler, send_execution_response,
+};
+use datafusion_postgres::pgwire::api::results::{FieldInfo, QueryResponse, Response, Tag};
 use datafusion_postgres::pgwire::api::stmt::QueryParser;
-use datafusion_postgres::pgwire::api::store::PortalStore;
-use datafusion_postgres::pgwire::api::{ClientInfo, ClientPortalStore, Type};
+use datafusion_postgres::pgwire::api::store::{Entry, PortalStore};
+use datafusion_postgres::pgwire::api::{
+    ClientInfo, ClientPortalStore, DEFAULT_NAME, PgWireConnectionState, Type,
+};
 use datafusion_postgres::pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use datafusion_postgres::pgwire::messages::PgWireBackendMessage;
 use datafusion_postgres::pgwire::messages::cancel::CancelRequest;
 use datafusion_postgres::pgwire::messages::data::DataRow;
+use datafusion_postgres::pgwire::messages::extendedquery::{Execute, PortalSuspended};
+use datafusion_postgres::pgwire::messages::response::EmptyQueryResponse;
 use datafusion_postgres::{DfSessionService, Parser};
-use futures::{Sink, Stream, StreamExt};
+use futures::{Sink, SinkExt, Stream, StreamExt};
 use tokio::sync::{OwnedSemaphorePermit, watch};
 
+use crate::connections::{Busy, Conn};
 use crate::engine::{Engine, check_size};
 use crate::error::QueryError;
+use crate::limits::Limits;
 
 /// A PostgreSQL error with `code` (SQLSTATE) and `message`.
 pub(super) fn pg_error(code: &str, message: String) -> PgWireError {
@@ -48,22 +56,29 @@ pub(super) fn pg_error(code: &str, message: String) -> PgWireError {
     )))
 }
 
-/// The SQLSTATE of a refusal of the engine's.
-fn code_of(e: &QueryError) -> &'static str {
-    match e {
-        // program_limit_exceeded
-        QueryError::TooLarge(_) => "54000",
-        // insufficient_resources
-        QueryError::Busy { .. } => "53000",
-        // query_canceled
-        QueryError::TimeLimit { .. } => "57014",
-        // syntax_error_or_access_rule_violation
-        _ => "42000",
-    }
+fn refused_by_engine(e: QueryError) -> PgWireError {
+    pg_error(e.sqlstate(), e.to_string())
 }
 
-fn refused_by_engine(e: QueryError) -> PgWireError {
-    pg_error(code_of(&e), e.to_string())
+/// The error the client is told for one the front end's engine returned: a DataFusion
+/// error gets the kind and words the HTTP service gives it ([`QueryError`]) and its
+/// SQLSTATE, a parser's error is a syntax error (42601) in its own words; any other error
+/// is passed on as it is.
+fn named(e: PgWireError, limits: &Limits) -> PgWireError {
+    match e {
+        PgWireError::ApiError(inner) => {
+            match inner.downcast::<datafusion::error::DataFusionError>() {
+                Ok(df) => refused_by_engine(QueryError::from_datafusion(*df, limits)),
+                Err(other) => {
+                    match other.downcast::<datafusion::sql::sqlparser::parser::ParserError>() {
+                        Ok(p) => pg_error("42601", crate::error::clip(&p.to_string())),
+                        Err(other) => PgWireError::ApiError(other),
+                    }
+                }
+            }
+        }
+        other => other,
+    }
 }
 
 /// A connection as a cancel request names it: its process id and secret key.
@@ -142,26 +157,42 @@ struct Bounds {
     /// Dropping it gives the place back.
     permit: OwnedSemaphorePermit,
     stop: Stop,
+    /// The engine's limits, for naming an error.
+    limits: Limits,
+    /// The connection is busy while this is held.
+    busy: Busy,
 }
 
 /// A statement's rows and place in line, until its stream ends or its bounds stop it.
-#[derive(Default)]
 struct Held {
     rows: Option<Pin<Box<dyn Stream<Item = PgWireResult<DataRow>> + Send>>>,
     permit: Option<OwnedSemaphorePermit>,
+    busy: Option<Busy>,
+    /// When the client last asked for a row.
+    asked: std::time::Instant,
+    /// Whether it is waiting for the row it asked for (the plan is still making it).
+    waiting: bool,
     /// Why the bounds stopped it, to be said once.
     stopped: Option<PgWireError>,
     /// Who waits for the next row.
     waker: Option<std::task::Waker>,
 }
 
+/// How long a statement keeps its place in line while its client asks for no row (a portal
+/// suspended by its row limit and not fetched, a client that does not read what was sent),
+/// at most: then its plan and place are given back and the next fetch says why. A client
+/// waiting for a row the plan is still making is asking.
+pub const UNREAD_HOLD: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The statement's stream of rows, ended by its bounds. A watchdog task holds the bounds:
-/// at the deadline, on cancel or when the client goes it drops the plan and the place in
-/// line at once, even when nobody polls the rows (a portal suspended by its row limit and
-/// never fetched again); the next poll says why.
+/// at the deadline, on cancel, when the client goes, or when the client has asked for no
+/// row for [`UNREAD_HOLD`] (or half the time limit, when that is shorter), it drops the plan
+/// and the place in line at once, even when nobody polls the rows (a portal suspended by
+/// its row limit and never fetched again); the next poll says why.
 struct BoundedRows {
     held: Arc<Mutex<Held>>,
     watchdog: tokio::task::JoinHandle<()>,
+    limits: Limits,
 }
 
 impl BoundedRows {
@@ -172,26 +203,71 @@ impl BoundedRows {
         let held = Arc::new(Mutex::new(Held {
             rows: Some(rows),
             permit: Some(bounds.permit),
-            ..Held::default()
+            busy: Some(bounds.busy),
+            asked: std::time::Instant::now(),
+            waiting: false,
+            stopped: None,
+            waker: None,
         }));
         let watched = Arc::clone(&held);
         let stop = bounds.stop;
+        let limits = bounds.limits;
+        let hold = UNREAD_HOLD.min(limits.timeout / 2);
         let watchdog = tokio::spawn(async move {
-            let e = stop.await;
-            let (rows, permit, waker) = match watched.lock() {
+            let unread = async {
+                loop {
+                    // A client waiting for a row the plan is still making is reading.
+                    let asked = watched.lock().map_or_else(
+                        |_| std::time::Instant::now(),
+                        |h| {
+                            if h.waiting {
+                                std::time::Instant::now()
+                            } else {
+                                h.asked
+                            }
+                        },
+                    );
+                    let until = tokio::time::Instant::from_std(asked + hold);
+                    if tokio::time::Instant::now() >= until {
+                        return pg_error(
+                            "57014",
+                            format!(
+                                "canceling statement: its client asked for no row for {} s, \
+                                 so its place was given back; fetch rows as they come",
+                                hold.as_secs()
+                            ),
+                        );
+                    }
+                    tokio::time::sleep_until(until).await;
+                }
+            };
+            let e = tokio::select! {
+                e = stop => e,
+                e = unread => e,
+            };
+            let (rows, permit, busy, waker) = match watched.lock() {
                 Ok(mut h) if h.rows.is_some() => {
                     h.stopped = Some(e);
-                    (h.rows.take(), h.permit.take(), h.waker.take())
+                    (
+                        h.rows.take(),
+                        h.permit.take(),
+                        h.busy.take(),
+                        h.waker.take(),
+                    )
                 }
                 _ => return,
             };
             // Dropped outside the lock: dropping a plan aborts its tasks.
-            drop((rows, permit));
+            drop((rows, permit, busy));
             if let Some(waker) = waker {
                 waker.wake();
             }
         });
-        Self { held, watchdog }
+        Self {
+            held,
+            watchdog,
+            limits,
+        }
     }
 }
 
@@ -208,6 +284,7 @@ impl Stream for BoundedRows {
         let Ok(mut held) = self.held.lock() else {
             return Poll::Ready(None);
         };
+        held.asked = std::time::Instant::now();
         if let Some(e) = held.stopped.take() {
             return Poll::Ready(Some(Err(e)));
         }
@@ -216,17 +293,26 @@ impl Stream for BoundedRows {
         };
         match rows.poll_next_unpin(cx) {
             Poll::Ready(None) => {
-                let (rows, permit) = (held.rows.take(), held.permit.take());
+                let (rows, permit, busy) = (held.rows.take(), held.permit.take(), held.busy.take());
                 drop(held);
-                drop((rows, permit));
+                drop((rows, permit, busy));
                 self.watchdog.abort();
                 Poll::Ready(None)
             }
             Poll::Pending => {
                 held.waker = Some(cx.waker().clone());
+                held.waiting = true;
                 Poll::Pending
             }
-            ready => ready,
+            Poll::Ready(Some(Err(e))) => {
+                held.waiting = false;
+                Poll::Ready(Some(Err(named(e, &self.limits))))
+            }
+            ready => {
+                held.waiting = false;
+                held.asked = std::time::Instant::now();
+                ready
+            }
         }
     }
 }
@@ -269,6 +355,7 @@ pub(super) struct Bounded {
     parser: Arc<OneStatement>,
     engine: Engine,
     gone: watch::Receiver<bool>,
+    conn: Arc<Conn>,
 }
 
 impl Bounded {
@@ -277,20 +364,24 @@ impl Bounded {
         inner: Arc<DfSessionService>,
         engine: Engine,
         gone: watch::Receiver<bool>,
+        conn: Arc<Conn>,
     ) -> Self {
         Self {
             parser: Arc::new(OneStatement {
                 inner: inner.query_parser(),
+                limits: *engine.limits(),
             }),
             inner,
             engine,
             gone,
+            conn,
         }
     }
 
     /// A place in line, the deadline (the service's time limit, or the client's
     /// `statement_timeout` when shorter) and the connection's cancel requests.
     async fn bounds<C: ClientInfo + ?Sized>(&self, client: &C) -> PgWireResult<Bounds> {
+        let busy = self.conn.start();
         let permit = self
             .engine
             .budget()
@@ -349,7 +440,12 @@ impl Bounded {
                 }
             }
         });
-        Ok(Bounds { permit, stop })
+        Ok(Bounds {
+            permit,
+            stop,
+            limits: *self.engine.limits(),
+            busy,
+        })
     }
 
     /// Runs `work` within `bounds`; a query's rows carry the bounds on.
@@ -358,7 +454,7 @@ impl Bounded {
         F: Future<Output = PgWireResult<Response>>,
     {
         let response = tokio::select! {
-            r = work => r?,
+            r = work => r.map_err(|e| named(e, &bounds.limits))?,
             e = bounds.stop.as_mut() => return Err(e),
         };
         Ok(match response {
@@ -379,7 +475,8 @@ fn one_statement(sql: &str) -> PgWireResult<()> {
     check_size(sql).map_err(refused_by_engine)?;
     let statements = PostgresCompatibilityParser::new()
         .parse(sql)
-        .map_err(|e| PgWireError::ApiError(Box::new(e)))?;
+        // syntax_error
+        .map_err(|e| pg_error("42601", crate::error::clip(&e.to_string())))?;
     if statements.len() > 1 {
         // feature_not_supported
         return Err(pg_error(
@@ -419,6 +516,7 @@ impl SimpleQueryHandler for Bounded {
 /// The extended protocol's parser, refusing more than one statement in a Parse.
 pub(super) struct OneStatement {
     inner: Arc<Parser>,
+    limits: Limits,
 }
 
 #[async_trait]
@@ -435,7 +533,10 @@ impl QueryParser for OneStatement {
         C: ClientInfo + Unpin + Send + Sync,
     {
         one_statement(sql)?;
-        self.inner.parse_sql(client, sql, types).await
+        self.inner
+            .parse_sql(client, sql, types)
+            .await
+            .map_err(|e| named(e, &self.limits))
     }
 
     fn get_parameter_types(&self, stmt: &Self::Statement) -> PgWireResult<Vec<Type>> {
@@ -478,5 +579,125 @@ impl ExtendedQueryHandler for Bounded {
             ExtendedQueryHandler::do_query(inner.as_ref(), client, portal, max_rows).await
         })
         .await
+    }
+
+    /// pgwire's own Execute, but with the rows streamed: its default gathers every row an
+    /// Execute asks for (all of them when it asks for no limit, as drivers do) into memory
+    /// before sending the first; here each row goes to the connection's buffer as it comes,
+    /// and the buffer is written out as it fills.
+    async fn on_execute<C>(&self, client: &mut C, message: Execute) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        if !matches!(client.state(), PgWireConnectionState::ReadyForQuery) {
+            return Err(PgWireError::NotReadyForQuery);
+        }
+        let mut transaction_status = client.transaction_status();
+        client.set_state(PgWireConnectionState::QueryInProgress);
+        let portal_name = message.name.as_deref().unwrap_or(DEFAULT_NAME);
+        let max_rows = message.max_rows.max(0) as usize;
+        let portal = match client.portal_store().get_portal(portal_name) {
+            Some(Entry::Value(portal)) => portal,
+            Some(Entry::Empty) => {
+                client
+                    .feed(PgWireBackendMessage::EmptyQueryResponse(
+                        EmptyQueryResponse::new(),
+                    ))
+                    .await?;
+                client.set_state(PgWireConnectionState::ReadyForQuery);
+                return Ok(());
+            }
+            None => return Err(PgWireError::PortalNotFound(portal_name.to_owned())),
+        };
+        let started = matches!(*portal.state().lock().await, PortalExecutionState::Initial);
+        let fetch = if started {
+            match ExtendedQueryHandler::do_query(self, client, portal.as_ref(), max_rows).await? {
+                Response::Query(results) => {
+                    portal.start(results).await;
+                    true
+                }
+                Response::EmptyQuery => {
+                    client
+                        .feed(PgWireBackendMessage::EmptyQueryResponse(
+                            EmptyQueryResponse::new(),
+                        ))
+                        .await?;
+                    false
+                }
+                Response::Execution(tag) => {
+                    send_execution_response(client, tag).await?;
+                    false
+                }
+                Response::TransactionStart(tag) => {
+                    send_execution_response(client, tag).await?;
+                    transaction_status = transaction_status.to_in_transaction_state();
+                    false
+                }
+                Response::TransactionEnd(tag) => {
+                    send_execution_response(client, tag).await?;
+                    transaction_status = transaction_status.to_idle_state();
+                    client.portal_store().rm_portal(DEFAULT_NAME);
+                    false
+                }
+                Response::Error(err) => {
+                    client
+                        .send(PgWireBackendMessage::ErrorResponse((*err).into()))
+                        .await?;
+                    transaction_status = transaction_status.to_error_state();
+                    false
+                }
+                // Copies are refused before they run (read-only service).
+                _ => {
+                    return Err(refused_by_engine(QueryError::Refused(
+                        "COPY is not served: this service is read-only".to_owned(),
+                    )));
+                }
+            }
+        } else {
+            true
+        };
+        if fetch {
+            let state = portal.state();
+            let mut state = state.lock().await;
+            let mut sent = 0usize;
+            let mut suspended = false;
+            let mut tag = String::new();
+            if let PortalExecutionState::Suspended(response) = &mut *state {
+                tag = response.command_tag().to_owned();
+                let rows = response.data_rows();
+                loop {
+                    if max_rows > 0 && sent == max_rows {
+                        suspended = true;
+                        break;
+                    }
+                    match rows.next().await {
+                        Some(row) => {
+                            client.feed(PgWireBackendMessage::DataRow(row?)).await?;
+                            sent += 1;
+                        }
+                        None => break,
+                    }
+                }
+            }
+            if suspended {
+                client
+                    .send(PgWireBackendMessage::PortalSuspended(PortalSuspended::new()))
+                    .await?;
+            } else {
+                *state = PortalExecutionState::Finished;
+                let tag = Tag::new(&tag).with_rows(sent);
+                client
+                    .send(PgWireBackendMessage::CommandComplete(tag.into()))
+                    .await?;
+            }
+        }
+        if !matches!(client.state(), PgWireConnectionState::CopyInProgress(_)) {
+            client.set_state(PgWireConnectionState::ReadyForQuery);
+            client.set_transaction_status(transaction_status);
+        }
+        Ok(())
     }
 }

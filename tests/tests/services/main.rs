@@ -19,6 +19,7 @@ mod limiter_postgres;
 mod limiter_redis;
 mod limiter_redis_cluster;
 mod limiter_store_move;
+mod query_connections;
 mod query_hostile;
 mod query_http;
 mod query_page;
