@@ -451,7 +451,10 @@ pub(super) fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
     );
     // A region drives a verdict of too low when it holds most of the constrained keys and
     // clearly fewer of the keys: its keys meet the limit where the others' do not (its
-    // share is too small for them, or its keys send more).
+    // share is too small for them, or its keys send more). The region holding the most
+    // constrained keys is found with window functions over the keys already ranked, so
+    // that the keys' levels are computed once (a second reference to them is a second
+    // scan of the decisions).
     let driving = format!(
         "CASE WHEN l.constrained_keys > 0 \
            AND l.region_constrained >= 0.5 * l.constrained_keys \
@@ -487,7 +490,22 @@ pub(super) fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
         "COALESCE(v.peak_burst_p99, v.burst_p99) * {headroom} * v.capacity"
     ));
     format!(
-        "{ctes}, per_limit AS (
+        "{ctes}, regional AS (
+  SELECT *,
+    COUNT(*) OVER (PARTITION BY {limit}, home_region) AS in_region,
+    SUM(CASE WHEN constrained THEN 1 ELSE 0 END) OVER (PARTITION BY {limit}, home_region)
+      AS constrained_in_region
+  FROM {source}
+), driven AS (
+  SELECT *,
+    FIRST_VALUE(home_region) OVER (PARTITION BY {limit}
+      ORDER BY constrained_in_region DESC, home_region) AS top_region,
+    FIRST_VALUE(constrained_in_region) OVER (PARTITION BY {limit}
+      ORDER BY constrained_in_region DESC, home_region) AS top_constrained,
+    FIRST_VALUE(in_region) OVER (PARTITION BY {limit}
+      ORDER BY constrained_in_region DESC, home_region) AS top_keys
+  FROM regional
+), per_limit AS (
   SELECT {limit}, MAX(mode) AS mode, MAX(capacity) AS capacity,
     MAX(refill_per_s) AS refill_per_s, MAX(hourly_quota) AS hourly_quota, MAX(span_s) AS span_s,
     MIN(quota_low) AS quota_low, MAX(quota_high) AS quota_high,
@@ -503,19 +521,11 @@ pub(super) fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
     {typical_burst} AS typical_burst,
     {need_p99} AS need_p99,
     {peak_burst_p99} AS peak_burst_p99,
-    {all_need_p99} AS all_need_p99
-  FROM {source}
+    {all_need_p99} AS all_need_p99,
+    MAX(top_region) AS home_region, MAX(top_constrained) AS region_constrained,
+    MAX(top_keys) AS region_keys
+  FROM driven
   GROUP BY {limit}
-), by_region AS (
-  SELECT {limit}, home_region, COUNT(*) AS region_keys,
-    SUM(CASE WHEN constrained THEN 1 ELSE 0 END) AS region_constrained
-  FROM {source}
-  GROUP BY {limit}, home_region
-), driving AS (
-  SELECT b.*, g.name AS region_name,
-    ROW_NUMBER() OVER (PARTITION BY {limit} ORDER BY b.region_constrained DESC, b.home_region) AS rn
-  FROM by_region b
-  LEFT JOIN regions g ON g.region = b.home_region
 ), version_quotas AS (
   SELECT tier, route_class, COUNT(*) AS versions, MIN(enforced) AS enforced_low,
     MAX(enforced) AS enforced_high
@@ -523,12 +533,10 @@ pub(super) fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
   GROUP BY tier, route_class
 ), judged AS (
   SELECT l.*, {verdict} AS verdict, {reason} AS reason
-  FROM (SELECT p.*, q.versions, q.enforced_low, q.enforced_high, d.home_region,
-      d.region_name, d.region_keys, d.region_constrained
+  FROM (SELECT p.*, q.versions, q.enforced_low, q.enforced_high, g.name AS region_name
     FROM per_limit p
     LEFT JOIN version_quotas q ON q.tier = p.tier AND q.route_class = p.route_class
-    LEFT JOIN driving d ON d.rn = 1 AND d.tier = p.tier AND d.route_class = p.route_class
-      AND d.override_key IS NOT DISTINCT FROM p.override_key) l
+    LEFT JOIN regions g ON g.region = p.home_region) l
 )
 SELECT v.tier AS tier_id, p.tier, v.route_class AS route_class_id, p.route_class,
   v.override_key, v.mode, v.hourly_quota, v.enforced AS enforced_quota, v.capacity,
