@@ -16,10 +16,7 @@ use std::time::Duration;
 
 use verdict_jobs::reconcile::{ReconcileConfig, RoundOutcome};
 use verdict_jobs::round_log::RoundRecord;
-use verdict_limiter::key::LimitKey;
-use verdict_limiter::{
-    Clock, MemoryStore, PolicySnapshot, Regional, RoundSettings, round_in_process,
-};
+use verdict_limiter::{Clock, MemoryStore, PolicySnapshot, Regional, round_in_process};
 use verdict_schemas::{KeyId, RegionId};
 
 /// The regions: name, static weight, share of the keys that live there.
@@ -100,12 +97,9 @@ pub async fn reconcile(
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) -> Vec<RoundRecord> {
     let interval_ms = (cfg.interval.as_millis() as i64).max(1);
-    let settings = RoundSettings {
-        increase_delay_ms: cfg.increase_delay.as_millis() as i64,
-        share_ttl_ms: cfg.share_ttl.as_millis() as i64,
-        floor: cfg.floor,
-    };
+    let settings = cfg.round_settings();
     let regional: Vec<Regional> = regions.iter().map(|r| r.regional.clone()).collect();
+    let stores: Vec<&MemoryStore> = regions.iter().map(|r| r.store.as_ref()).collect();
     let mut rounds = Vec::new();
     let mut next = start_ms + interval_ms;
     loop {
@@ -115,18 +109,7 @@ pub async fn reconcile(
             _ = &mut stop => break,
         }
         let now_ms = clock.now_ms();
-        let counts = round_in_process(
-            now_ms,
-            &policy,
-            &regional,
-            |i, key, limits| {
-                regions[i]
-                    .store
-                    .get(&LimitKey::new(key.0, key.1, key.2))
-                    .map_or(0.0, |c| c.window_used(now_ms, limits.window_ms))
-            },
-            settings,
-        );
+        let counts = round_in_process(now_ms, &policy, &regional, &stores, settings);
         let outcome = RoundOutcome {
             keys: counts.keys,
             rows: counts.shares,

@@ -78,6 +78,18 @@ impl Default for ReconcileConfig {
     }
 }
 
+impl ReconcileConfig {
+    /// What a round applies of these settings, on the gateways' clock (for regional
+    /// limiters living in one process: [`verdict_limiter::round_in_process`]).
+    pub fn round_settings(&self) -> verdict_limiter::RoundSettings {
+        verdict_limiter::RoundSettings {
+            increase_delay_ms: self.increase_delay.as_millis() as i64,
+            share_ttl_ms: self.share_ttl.as_millis() as i64,
+            floor: self.floor,
+        }
+    }
+}
+
 /// One region as the job reaches it.
 #[derive(Debug, Clone)]
 pub struct RegionEndpoint {

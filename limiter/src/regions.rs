@@ -351,15 +351,15 @@ pub struct RoundCounts {
 /// One round of the reconcile at `now_ms` over regional limiters that live in one process
 /// (the demo's three regions, the known-answer worlds; in production the job does this
 /// over every region's Redis and the policy store): the keys each region noted near their
-/// limit since the last round, each region's usage of them (`used(region, key, limits)`),
-/// the shares in force (`regional[i]` is the limiter of the region with id `i`). The new
+/// limit since the last round, each region's usage of them (read from its counters,
+/// `stores[i]`), the shares in force (`regional[i]` is the limiter of the region with id `i`). The new
 /// shares are stored in every region's handle; the ones not rewritten are kept while they
 /// are fresh.
 pub fn round_in_process(
     now_ms: i64,
     policy: &crate::PolicySnapshot,
     regional: &[crate::Regional],
-    used: impl Fn(usize, &ShareKey, &crate::Limits) -> f64,
+    stores: &[&crate::MemoryStore],
     settings: RoundSettings,
 ) -> RoundCounts {
     let notes: Vec<HashMap<ShareKey, u64>> = regional
@@ -396,7 +396,9 @@ pub fn round_in_process(
             .map(|i| RegionInput {
                 static_ppm: static_ppm[i],
                 reading: Some(Reading {
-                    used: used(i, &key, &limits),
+                    used: stores[i]
+                        .get(&crate::LimitKey::new(key.0, key.1, key.2))
+                        .map_or(0.0, |c| c.window_used(now_ms, limits.window_ms)),
                     demand: notes[i].get(&key).copied().unwrap_or(0),
                 }),
                 last: regional[i].shares.share(&key, now_ms, static_ppm[i]),

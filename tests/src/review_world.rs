@@ -37,10 +37,9 @@ use rand::{Rng, SeedableRng};
 
 use verdict_jobs::reconcile::{ReconcileConfig, RoundOutcome};
 use verdict_jobs::round_log::{RoundLog, RoundRecord};
-use verdict_limiter::key::LimitKey;
 use verdict_limiter::{
     FakeClock, Limiter, LimiterConfig, LimiterMetrics, MemoryStore, PolicyHandle, PolicySnapshot,
-    Regional, Request, RoundSettings, event_queue, round_in_process,
+    Regional, Request, event_queue, round_in_process,
 };
 use verdict_schemas::layout::HourPartition;
 use verdict_schemas::{DecisionEvent, KeyId, RegionId, RouteClassId, TierId};
@@ -141,16 +140,8 @@ impl WorldReconcile {
             now_ms,
             policy,
             regional,
-            |i, key, limits| {
-                stores[i]
-                    .get(&LimitKey::new(key.0, key.1, key.2))
-                    .map_or(0.0, |c| c.window_used(now_ms, limits.window_ms))
-            },
-            RoundSettings {
-                increase_delay_ms: self.cfg.increase_delay.as_millis() as i64,
-                share_ttl_ms: self.cfg.share_ttl.as_millis() as i64,
-                floor: self.cfg.floor,
-            },
+            &stores.iter().collect::<Vec<_>>(),
+            self.cfg.round_settings(),
         );
     }
 }
