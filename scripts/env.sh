@@ -19,6 +19,9 @@
 
 : "${VERDICT_KAFKA_VERSION:=4.4.0}"
 : "${VERDICT_MOTO_VERSION:=5.2.1}"
+# psycopg 3, the Python driver the query service's PostgreSQL tests connect with (named
+# cursors, parameters), with its own libpq (the binary wheel).
+: "${VERDICT_PSYCOPG_VERSION:=3.3.9}"
 # Other engines reading the lake: Spark with Delta's connector (the versions must agree:
 # delta-spark 4.0 is built for Spark 4.0), delta-rs's Python binding and Polars.
 : "${VERDICT_PYSPARK_VERSION:=4.0.1}"

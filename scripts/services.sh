@@ -9,6 +9,7 @@
 #             in production), Debian's redis-server in cluster mode, made with
 #             `redis-cli --cluster create ... --cluster-replicas 1`
 #   postgres  PostgreSQL, from Debian's postgresql package (a private cluster, trust auth)
+#             and psycopg (PyPI) for the query service's tests over its wire protocol
 #   kafka     Apache Kafka, the real broker, KRaft single node, from Maven Central's
 #             artifacts, run on the machine's Java 17
 #   kafka2    a second Kafka cluster (another region's), the same broker on ports of its own
@@ -195,8 +196,31 @@ pg_dir() { echo "$VERDICT_STATE/postgres"; }
 pg_as() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 pg_ready() { "$(pg_bin)/pg_isready" -q -h 127.0.0.1 -p "$VERDICT_PG_PORT"; }
 
+# A virtualenv at $1 with the PyPI package $2 (name==version) in it, made afresh.
+pip_venv() {
+  local venv=$1 package=$2
+  log "installing $package from PyPI into $venv"
+  rm -rf "$venv"
+  if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+    apt_install python3-venv
+    python3 -m venv "$venv"
+  fi
+  "$venv/bin/pip" install -q "$package" >"$VERDICT_STATE/pip.log" 2>&1 \
+    || { tail -20 "$VERDICT_STATE/pip.log" >&2; rm -rf "$venv"; die "pip could not install $package"; }
+}
+
+# psycopg, for the query service's tests over the PostgreSQL wire (a driver's parameters and
+# named cursors), in a virtualenv of its own.
+psycopg_venv() { echo "$VERDICT_CACHE/psycopg-$VERDICT_PSYCOPG_VERSION"; }
+psycopg_install() {
+  local venv; venv=$(psycopg_venv)
+  [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import psycopg' 2>/dev/null && return 0
+  pip_venv "$venv" "psycopg[binary]==$VERDICT_PSYCOPG_VERSION"
+}
+
 postgres_up() {
   { [ -n "$(pg_bin)" ] && command -v psql >/dev/null; } || apt_install postgresql postgresql-client
+  psycopg_install
   local bin dir; bin=$(pg_bin); dir=$(pg_dir)
   if ! pg_ready; then
     port_open "$VERDICT_PG_PORT" && die "port $VERDICT_PG_PORT is taken by something that is not PostgreSQL"
@@ -336,14 +360,7 @@ s3_install() {
   local venv; venv=$(moto_venv)
   [ -x "$venv/bin/moto_server" ] && return 0
   command -v curl >/dev/null || apt_install curl
-  log "installing moto[server]==$VERDICT_MOTO_VERSION from PyPI into $venv"
-  rm -rf "$venv"
-  if ! python3 -m venv "$venv" >/dev/null 2>&1; then
-    apt_install python3-venv
-    python3 -m venv "$venv"
-  fi
-  "$venv/bin/pip" install -q "moto[server]==$VERDICT_MOTO_VERSION" >"$VERDICT_STATE/pip.log" 2>&1 \
-    || { tail -20 "$VERDICT_STATE/pip.log" >&2; rm -rf "$venv"; die "pip could not install moto"; }
+  pip_venv "$venv" "moto[server]==$VERDICT_MOTO_VERSION"
 }
 
 s3_up() {

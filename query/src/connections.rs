@@ -30,6 +30,22 @@ impl Conn {
         self.close.notified().await;
     }
 
+    /// Waits until it has been idle for `idle` (running nothing for its client).
+    pub(crate) async fn idle_for(&self, idle: std::time::Duration) {
+        loop {
+            let since = self
+                .idle_since
+                .lock()
+                .map_or_else(|_| Instant::now(), |t| *t);
+            let due = since + idle;
+            if self.busy.load(Ordering::Acquire) == 0 && Instant::now() >= due {
+                return;
+            }
+            let wake = due.max(Instant::now() + std::time::Duration::from_millis(100));
+            tokio::time::sleep_until(tokio::time::Instant::from_std(wake)).await;
+        }
+    }
+
     /// Marks it busy until the returned guard is dropped.
     pub(crate) fn start(self: &Arc<Self>) -> Busy {
         self.busy.fetch_add(1, Ordering::AcqRel);

@@ -34,6 +34,7 @@ use crate::budget::Budget;
 use crate::error::QueryError;
 use crate::indicator::COUNT_INDICATORS;
 use crate::limits::Limits;
+use crate::memory::QueryMemory;
 use crate::pack::PACK_GROUP_KEYS;
 use crate::parts::{Parts, PartsExec, Warmed};
 use crate::pruning::RAW_SCAN_PRUNING;
@@ -116,11 +117,17 @@ impl Engine {
             .with_runtime_env(runtime)
             .with_default_features()
             .with_physical_optimizer_rule(Arc::new(RAW_SCAN_PRUNING))
+            // Integer arithmetic that overflows is an error (see `crate::overflow`).
+            .with_physical_optimizer_rule(Arc::new(crate::overflow::OVERFLOW_IS_AN_ERROR))
             // Last: whatever the rules before made, every operator yields (see
             // `crate::yielding`).
             .with_physical_optimizer_rule(Arc::new(crate::yielding::YIELD_EVERYWHERE))
             .build();
         let base = SessionContext::new_with_state(state);
+        // Every allocation of a query counts against it, on whichever thread runs its work
+        // (see `crate::memory`).
+        crate::memory::install_tracer();
+        QueryMemory::set_service_limit(limits.budget_bytes);
         // The functions that make huge values from small queries are bounded (see
         // `crate::bounded_fns`).
         crate::bounded_fns::register(&base)?;
@@ -359,35 +366,46 @@ impl Engine {
             .await
             .ok_or(QueryError::Busy { retry_after_s: 5 })?;
         let deadline = Instant::now() + self.limits.timeout;
+        let memory = QueryMemory::claim(self.limits.memory_bytes);
         let ctx = match at {
             Some(at) => self.session_at(at).await?,
             None => self.session(),
         };
-        let plan = tokio::time::timeout_at(deadline, async {
-            self.plan(&ctx, sql)
-                .await?
-                .create_physical_plan()
-                .await
-                .map_err(|e| QueryError::from_datafusion(e, &self.limits))
-        })
+        let plan = tokio::time::timeout_at(
+            deadline,
+            memory.enter(async {
+                self.plan(&ctx, sql)
+                    .await?
+                    .create_physical_plan()
+                    .await
+                    .map_err(|e| QueryError::from_datafusion(e, &self.limits))
+            }),
+        )
         .await
         .map_err(|_| self.time_limit())??;
+        if let Some(service) = memory.state() {
+            return Err(self.memory_refusal(service));
+        }
         Ok(Planned {
             permit,
             deadline,
             ctx,
             plan,
+            memory,
         })
     }
 
     /// Starts a planned query; the rows come from the returned stream, which ends with
     /// [`QueryError::TimeLimit`] if the deadline passes.
     fn start(&self, planned: Planned) -> Result<QueryStream, QueryError> {
-        let inner = datafusion::physical_plan::execute_stream(planned.plan, planned.ctx.task_ctx())
+        let inner = planned
+            .memory
+            .run(|| datafusion::physical_plan::execute_stream(planned.plan, planned.ctx.task_ctx()))
             .map_err(|e| QueryError::from_datafusion(e, &self.limits))?;
         Ok(QueryStream {
             schema: inner.schema(),
             inner,
+            memory: Some(planned.memory),
             permit: Some(planned.permit),
             deadline: Box::pin(tokio::time::sleep_until(planned.deadline)),
             limits: self.limits,
@@ -431,13 +449,13 @@ impl Engine {
     /// (the output of every data source in the plan, after file, row group and page
     /// pruning).
     pub async fn collect_measured(&self, sql: &str) -> Result<(Vec<RecordBatch>, u64), QueryError> {
-        let ctx = self.session();
-        let df_err = |e| QueryError::from_datafusion(e, &self.limits);
-        let df = self.plan(&ctx, sql).await?;
-        let physical = df.create_physical_plan().await.map_err(df_err)?;
-        let batches = datafusion::physical_plan::collect(Arc::clone(&physical), ctx.task_ctx())
-            .await
-            .map_err(df_err)?;
+        let planned = self.admit_and_plan(sql, None).await?;
+        let physical = Arc::clone(&planned.plan);
+        let mut stream = self.start(planned)?;
+        let mut batches = Vec::new();
+        while let Some(batch) = stream.next().await {
+            batches.push(batch?);
+        }
         Ok((batches, scanned_rows(physical.as_ref())))
     }
 
@@ -488,6 +506,11 @@ impl Engine {
         }
     }
 
+    /// Why a query past its count stops: its own limit, or the service's budget (busy).
+    fn memory_refusal(&self, service: bool) -> QueryError {
+        memory_refusal(service, &self.limits)
+    }
+
     fn time_limit(&self) -> QueryError {
         QueryError::TimeLimit {
             seconds: self.limits.timeout.as_secs(),
@@ -502,6 +525,19 @@ struct Planned {
     deadline: Instant,
     ctx: SessionContext,
     plan: Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+    memory: QueryMemory,
+}
+
+/// The error of a query whose count passed its limit (`service` false) or the service's
+/// budget (true: busy, try again).
+pub(crate) fn memory_refusal(service: bool, limits: &Limits) -> QueryError {
+    if service {
+        QueryError::Busy { retry_after_s: 5 }
+    } else {
+        QueryError::MemoryLimit {
+            limit_mib: limits.memory_bytes >> 20,
+        }
+    }
 }
 
 /// The rows of `stream`: at most `max_rows` ([`QueryError::RowLimit`] beyond) and
@@ -647,6 +683,75 @@ pub fn check_size(sql: &str) -> Result<(), QueryError> {
     Ok(())
 }
 
+/// Table references a statement may expand into once its `WITH` queries are written out
+/// where they are used (counted as [`check_expansion`] does).
+pub const MAX_EXPANDED_RELATIONS: u64 = 1_000;
+
+/// Refuses a statement that expands into more than [`MAX_EXPANDED_RELATIONS`] table
+/// references: planning writes each `WITH` query out where it is used, so 600 bytes of
+/// `c_i AS (SELECT * FROM c_(i-1) UNION ALL SELECT * FROM c_(i-1))` make 2^24 scans, which
+/// took the process past 8 GiB before a plan existed. A `WITH` query counts the references
+/// in its body (a `WITH` query named there counts its own count); the statement counts
+/// every reference it holds, those in the bodies included, so a chain counts at most twice
+/// what it expands into. Refused before anything is planned, naming the limit.
+pub fn check_expansion(statement: &Statement) -> Result<(), QueryError> {
+    use datafusion::sql::sqlparser::ast::{Query, Visit, Visitor, visit_relations};
+    use std::collections::HashMap;
+    use std::ops::ControlFlow;
+
+    fn name_of(name: &datafusion::sql::sqlparser::ast::ObjectName) -> String {
+        name.to_string().to_lowercase()
+    }
+    fn weight_of(weights: &HashMap<String, u64>, name: &str) -> u64 {
+        weights.get(name).copied().unwrap_or(1)
+    }
+    struct Ctes(HashMap<String, u64>);
+    impl Visitor for Ctes {
+        type Break = ();
+        fn pre_visit_query(&mut self, query: &Query) -> ControlFlow<()> {
+            for cte in query.with.iter().flat_map(|w| &w.cte_tables) {
+                let mut weight = 0u64;
+                let _ = visit_relations(&*cte.query, |r| {
+                    weight = weight.saturating_add(weight_of(&self.0, &name_of(r)));
+                    ControlFlow::<()>::Continue(())
+                });
+                self.0
+                    .insert(cte.alias.name.value.to_lowercase(), weight.max(1));
+            }
+            ControlFlow::Continue(())
+        }
+    }
+    let mut ctes = Ctes(HashMap::new());
+    let _ = statement.visit(&mut ctes);
+    if ctes.0.is_empty() {
+        return Ok(());
+    }
+    let mut total = 0u64;
+    let _ = visit_relations(statement, |r| {
+        total = total.saturating_add(weight_of(&ctes.0, &name_of(r)));
+        ControlFlow::<()>::Continue(())
+    });
+    if total > MAX_EXPANDED_RELATIONS {
+        let widest = ctes
+            .0
+            .iter()
+            .max_by_key(|(name, w)| (**w, std::cmp::Reverse((*name).clone())))
+            .map(|(name, w)| format!("{} alone stands for {w}", crate::error::clip(name)))
+            .unwrap_or_default();
+        return Err(QueryError::TooLarge(format!(
+            "the statement expands into {} table references once its WITH queries are \
+             written out where they are used ({widest}); the limit is \
+             {MAX_EXPANDED_RELATIONS}",
+            if total == u64::MAX {
+                "more than 2^64".to_owned()
+            } else {
+                total.to_string()
+            }
+        )));
+    }
+    Ok(())
+}
+
 /// The most binary operators chained in one expression at one level of parentheses: the
 /// count restarts at every comma, parenthesis and clause keyword.
 fn longest_operator_chain(tokens: &[datafusion::sql::sqlparser::tokenizer::Token]) -> usize {
@@ -731,6 +836,14 @@ pub fn check_read_only(
             root => QueryError::Invalid(crate::error::in_words(root)),
         })?;
     refuse_unless_query(&statement)?;
+    // EXPLAIN plans what it explains: its statement is bounded the same.
+    let explained = match &statement {
+        DfStatement::Explain(e) => e.statement.as_ref(),
+        other => other,
+    };
+    if let DfStatement::Statement(inner) = explained {
+        check_expansion(inner)?;
+    }
     Ok(statement)
 }
 
@@ -774,6 +887,8 @@ fn refuse_unless_query(statement: &DfStatement) -> Result<(), QueryError> {
 pub struct QueryStream {
     schema: SchemaRef,
     inner: SendableRecordBatchStream,
+    /// What the query's allocations count against (see [`crate::memory`]).
+    memory: Option<QueryMemory>,
     /// The query's place in the budget, given back when the query ends or is dropped.
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
     deadline: Pin<Box<tokio::time::Sleep>>,
@@ -795,6 +910,7 @@ impl QueryStream {
             Arc::clone(&self.schema),
         ));
         self.permit = None;
+        self.memory = None;
     }
 }
 
@@ -811,7 +927,17 @@ impl Stream for QueryStream {
                 seconds: self.limits.timeout.as_secs(),
             })));
         }
-        match self.inner.poll_next_unpin(cx) {
+        if let Some(service) = self.memory.as_ref().and_then(|m| m.check(cx)) {
+            self.finish();
+            let limits = self.limits;
+            return Poll::Ready(Some(Err(memory_refusal(service, &limits))));
+        }
+        let this = &mut *self;
+        let polled = match this.memory.as_ref() {
+            Some(memory) => memory.run(|| this.inner.poll_next_unpin(cx)),
+            None => this.inner.poll_next_unpin(cx),
+        };
+        match polled {
             Poll::Ready(Some(Err(e))) => {
                 self.finish();
                 let limits = self.limits;

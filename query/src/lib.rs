@@ -12,6 +12,8 @@ pub mod format;
 pub mod http;
 pub mod indicator;
 pub mod limits;
+pub mod memory;
+pub mod overflow;
 pub mod pack;
 pub mod parts;
 pub mod pg;

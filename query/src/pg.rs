@@ -27,7 +27,6 @@ use datafusion::sql::sqlparser::ast::{Query, Set, SetExpr, Statement};
 use datafusion_postgres::DfSessionService;
 use datafusion_postgres::auth::AuthManager;
 use datafusion_postgres::datafusion_pg_catalog::pg_catalog::setup_pg_catalog;
-use datafusion_postgres::hooks::cursor::CursorStatementHook;
 use datafusion_postgres::hooks::set_show::SetShowHook;
 use datafusion_postgres::hooks::transactions::TransactionStatementHook;
 use datafusion_postgres::hooks::{HookClient, QueryHook};
@@ -44,7 +43,7 @@ use datafusion_postgres::pgwire::api::{
 use datafusion_postgres::pgwire::error::{PgWireError, PgWireResult};
 use datafusion_postgres::pgwire::messages::startup::Authentication;
 use datafusion_postgres::pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
-use datafusion_postgres::pgwire::tokio::process_socket;
+use datafusion_postgres::pgwire::tokio::process_socket_unix;
 use futures::{Sink, SinkExt};
 
 use crate::connections::Connections;
@@ -52,8 +51,17 @@ use crate::engine::Engine;
 use crate::http::{check_exposure, constant_time_eq};
 
 mod bounds;
+mod cursors;
+mod frames;
 
 use bounds::{Bounded, CancelRequests, Cancels};
+
+/// How long a PostgreSQL connection may run nothing for its client (no statement, no cursor
+/// or portal holding rows) before it is closed, as PostgreSQL's `idle_session_timeout`
+/// does. Longer than HTTP's keep-alive: a BI tool's pooled connection or an analyst's psql
+/// sits between queries for minutes. Idle connections also give their place to new ones
+/// when every place is taken ([`crate::connections`]).
+pub const IDLE_SESSION: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Refuses every statement that is not a query or a client's session housekeeping.
 #[derive(Debug)]
@@ -404,7 +412,7 @@ fn connection_session(engine: &Engine) -> std::io::Result<Arc<DfSessionService>>
         .map_err(|e| std::io::Error::other(format!("setting up pg_catalog: {e}")))?;
     let hooks: Vec<Arc<dyn QueryHook>> = vec![
         Arc::new(ReadOnlyHook),
-        Arc::new(CursorStatementHook),
+        Arc::new(cursors::CursorHook),
         Arc::new(SetShowHook),
         Arc::new(TransactionStatementHook),
     ];
@@ -488,7 +496,7 @@ pub async fn serve(
                         tokio::spawn(refuse(socket, engine.limits().connections));
                         continue;
                     };
-                    let (socket, gone) = match bounds::watch_gone(socket) {
+                    let (socket, gone) = match frames::guard(socket) {
                         Ok(split) => split,
                         Err(e) => {
                             tracing::warn!(%peer, error = %e, "PostgreSQL connection setup failed");
@@ -517,13 +525,16 @@ pub async fn serve(
                     let open = Arc::clone(&open);
                     tokio::spawn(async move {
                         tokio::select! {
-                            ended = process_socket(socket, None, handlers) => {
+                            ended = process_socket_unix(socket, handlers) => {
                                 if let Err(e) = ended {
                                     tracing::info!(%peer, error = %e, "PostgreSQL connection ended with an error");
                                 }
                             }
                             () = conn.evicted() => {
                                 tracing::info!(%peer, "idle PostgreSQL connection closed to make room for a new one");
+                            }
+                            () = conn.idle_for(IDLE_SESSION) => {
+                                tracing::info!(%peer, idle_s = IDLE_SESSION.as_secs(), "idle PostgreSQL connection closed");
                             }
                         }
                         open.closed(&conn);

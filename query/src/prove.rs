@@ -23,7 +23,6 @@
 
 use std::collections::BTreeMap;
 
-use chrono::Duration;
 use serde::Serialize;
 use verdict_limiter::algo::MAX_LIMIT;
 use verdict_limiter::{LimitLookup, PolicySnapshot};
@@ -466,8 +465,7 @@ pub async fn prove(
     }
     // One pass over the range: each request to its row's trace (an overridden key's to
     // its override's row), the hours in order, each hour sorted as the replay needs.
-    let mut hour = whatif::first_hour(range);
-    while hour < range.to {
+    for hour in whatif::recorded_hours(engine, range).await? {
         for r in whatif::recorded_hour(engine, hour, range).await? {
             let overridden = matches!(
                 in_force.resolve(&r.key_id, RouteClassId(r.route_class), TierId(r.tier)),
@@ -481,7 +479,6 @@ pub async fn prove(
                 trace.push(r);
             }
         }
-        hour += Duration::hours(1);
     }
     review
         .iter()

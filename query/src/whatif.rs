@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 
 use arrow::array::{
-    BooleanArray, FixedSizeBinaryArray, TimestampMillisecondArray, UInt8Array, UInt16Array,
+    AsArray, BooleanArray, FixedSizeBinaryArray, TimestampMillisecondArray, UInt8Array, UInt16Array,
 };
 use arrow::record_batch::RecordBatch;
 use chrono::{DateTime, Duration, Timelike, Utc};
@@ -593,6 +593,38 @@ pub fn first_hour(range: Range) -> DateTime<Utc> {
     crate::reports::start_of_hour(range.from)
 }
 
+/// The hours of `range` the raw table holds decisions of, in order: a replay reads those
+/// only (`from=1970-01-01&to=9999-12-31` is 70 million hours, of which the table keeps a
+/// week).
+pub async fn recorded_hours(
+    engine: &Engine,
+    range: Range,
+) -> Result<Vec<DateTime<Utc>>, QueryError> {
+    let sql = format!(
+        "SELECT DISTINCT to_unixtime(CAST(date AS TIMESTAMP)) + hour * 3600 AS t FROM decisions \
+         WHERE date >= DATE '{}' AND date <= DATE '{}' ORDER BY t",
+        range.from.format("%Y-%m-%d"),
+        range.to.format("%Y-%m-%d"),
+    );
+    let (_, batches) = engine.collect(&sql, usize::MAX).await?;
+    let first = first_hour(range);
+    let mut hours = Vec::new();
+    for batch in &batches {
+        let column = arrow::compute::cast(batch.column(0), &arrow::datatypes::DataType::Int64)
+            .map_err(|e| QueryError::from_datafusion(e.into(), engine.limits()))?;
+        let seconds = column.as_primitive::<arrow::datatypes::Int64Type>();
+        for t in seconds.iter().flatten() {
+            if let Some(hour) = DateTime::from_timestamp(t, 0)
+                && hour >= first
+                && hour < range.to
+            {
+                hours.push(hour);
+            }
+        }
+    }
+    Ok(hours)
+}
+
 /// Replays `range` of the raw table under `policy`; lists the `keys` keys that change most.
 /// A range with no recorded decisions is an error that says so.
 pub async fn what_if(
@@ -601,10 +633,18 @@ pub async fn what_if(
     range: Range,
     keys: usize,
 ) -> Result<WhatIf, QueryError> {
-    let model = ShareModel::recorded(engine, range).await?;
-    let mut replay = Replay::with_shares(policy, model);
-    feed_range(engine, &mut replay, range).await?;
-    Ok(replay.finish(range, keys))
+    let limit = engine.limits().timeout;
+    let replayed = async {
+        let model = ShareModel::recorded(engine, range).await?;
+        let mut replay = Replay::with_shares(policy, model);
+        feed_range(engine, &mut replay, range).await?;
+        Ok(replay.finish(range, keys))
+    };
+    tokio::time::timeout(limit, replayed)
+        .await
+        .map_err(|_| QueryError::TimeLimit {
+            seconds: limit.as_secs(),
+        })?
 }
 
 /// Feeds every recorded request of `range` to `replay`, an hour at a time. A range with no
@@ -614,12 +654,10 @@ pub async fn feed_range(
     replay: &mut Replay,
     range: Range,
 ) -> Result<(), QueryError> {
-    let mut hour = first_hour(range);
-    while hour < range.to {
+    for hour in recorded_hours(engine, range).await? {
         for r in &recorded_hour(engine, hour, range).await? {
             replay.feed(r)?;
         }
-        hour += Duration::hours(1);
     }
     if replay.decisions() == 0 {
         return Err(QueryError::NotFound(format!(

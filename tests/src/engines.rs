@@ -48,6 +48,62 @@ pub fn spark_install() -> (PathBuf, PathBuf) {
     (python, jars)
 }
 
+/// What psycopg read through the query service (`tests/pg/psycopg_client.py`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DriverRead {
+    /// Rows read.
+    pub rows: u64,
+    /// Their values' sum.
+    pub sum: u64,
+    /// Seconds taken.
+    pub seconds: f64,
+}
+
+/// Reads `rows` rows of a parameterised query through psycopg, connected to `dsn`:
+/// `stream` (the extended protocol, row by row) or `named` (a named cursor, `chunk` rows a
+/// FETCH). `Err` holds what psycopg said when it failed or crashed.
+///
+/// # Panics
+/// When `scripts/services.sh up postgres` has not installed psycopg, saying so.
+pub fn psycopg_read(dsn: &str, mode: &str, rows: u64, chunk: u64) -> Result<DriverRead, String> {
+    let python = cache()
+        .join(format!(
+            "psycopg-{}",
+            version("VERDICT_PSYCOPG_VERSION", "3.3.9")
+        ))
+        .join("bin/python");
+    assert!(
+        python.exists(),
+        "psycopg is not installed ({} is missing). The tests use the real driver: install it \
+         with `scripts/services.sh up postgres` (scripts/test.sh does).",
+        python.display()
+    );
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("pg/psycopg_client.py");
+    let out = Command::new(python)
+        .arg(script)
+        .args([dsn, mode, &rows.to_string(), &chunk.to_string()])
+        .output()
+        .map_err(|e| format!("starting psycopg: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "psycopg ended with {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+        format!(
+            "psycopg printed {:?}: {e}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })?;
+    Ok(DriverRead {
+        rows: v["rows"].as_u64().unwrap_or(0),
+        sum: v["sum"].as_u64().unwrap_or(0),
+        seconds: v["seconds"].as_f64().unwrap_or(f64::NAN),
+    })
+}
+
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("spark/lake.py")
 }

@@ -5,7 +5,7 @@
 //! ([`crate::engine::check_size`]) before anything plans it. One statement per query, in both
 //! protocols: several are refused, not run one by one nor cut to the first.
 //!
-//! A client that closes its connection stops its statement too ([`watch_gone`]).
+//! A client that closes its connection stops its statement too (`frames::guard` says when).
 //!
 //! A statement's plan is lazy: most of its work happens while its rows are sent. So the
 //! bounds hold for the rows too: a watchdog drops the plan (its memory, its place in line)
@@ -42,10 +42,12 @@ use datafusion_postgres::{DfSessionService, Parser};
 use futures::{Sink, SinkExt, Stream, StreamExt};
 use tokio::sync::{OwnedSemaphorePermit, watch};
 
+use super::cursors;
 use crate::connections::{Busy, Conn};
 use crate::engine::{Engine, check_size};
 use crate::error::QueryError;
 use crate::limits::Limits;
+use crate::memory::QueryMemory;
 
 /// A PostgreSQL error with `code` (SQLSTATE) and `message`.
 pub(super) fn pg_error(code: &str, message: String) -> PgWireError {
@@ -161,6 +163,8 @@ struct Bounds {
     limits: Limits,
     /// The connection is busy while this is held.
     busy: Busy,
+    /// What the statement's allocations count against (see [`crate::memory`]).
+    memory: QueryMemory,
 }
 
 /// A statement's rows and place in line, until its stream ends or its bounds stop it.
@@ -168,6 +172,7 @@ struct Held {
     rows: Option<Pin<Box<dyn Stream<Item = PgWireResult<DataRow>> + Send>>>,
     permit: Option<OwnedSemaphorePermit>,
     busy: Option<Busy>,
+    memory: Option<QueryMemory>,
     /// When the client last asked for a row.
     asked: std::time::Instant,
     /// Whether it is waiting for the row it asked for (the plan is still making it).
@@ -204,6 +209,7 @@ impl BoundedRows {
             rows: Some(rows),
             permit: Some(bounds.permit),
             busy: Some(bounds.busy),
+            memory: Some(bounds.memory),
             asked: std::time::Instant::now(),
             waiting: false,
             stopped: None,
@@ -245,20 +251,15 @@ impl BoundedRows {
                 e = stop => e,
                 e = unread => e,
             };
-            let (rows, permit, busy, waker) = match watched.lock() {
+            let (held, waker) = match watched.lock() {
                 Ok(mut h) if h.rows.is_some() => {
                     h.stopped = Some(e);
-                    (
-                        h.rows.take(),
-                        h.permit.take(),
-                        h.busy.take(),
-                        h.waker.take(),
-                    )
+                    (h.release(), h.waker.take())
                 }
                 _ => return,
             };
             // Dropped outside the lock: dropping a plan aborts its tasks.
-            drop((rows, permit, busy));
+            drop(held);
             if let Some(waker) = waker {
                 waker.wake();
             }
@@ -267,6 +268,71 @@ impl BoundedRows {
             held,
             watchdog,
             limits,
+        }
+    }
+}
+
+/// What a statement holds while it runs: its plan, its place, its connection's busy mark
+/// and its memory count.
+type Holding = (
+    Option<Pin<Box<dyn Stream<Item = PgWireResult<DataRow>> + Send>>>,
+    Option<OwnedSemaphorePermit>,
+    Option<Busy>,
+    Option<QueryMemory>,
+);
+
+impl Held {
+    /// Everything the statement holds, taken out to be dropped outside the lock.
+    fn release(&mut self) -> Holding {
+        (
+            self.rows.take(),
+            self.permit.take(),
+            self.busy.take(),
+            self.memory.take(),
+        )
+    }
+}
+
+/// The rows of a declared cursor, waiting for the bounds of the statement that declared it
+/// ([`Handoff::bound`]): from then on they are that statement's [`BoundedRows`].
+pub(super) struct Handoff(Arc<Mutex<Handing>>);
+
+enum Handing {
+    Waiting(Pin<Box<dyn Stream<Item = PgWireResult<DataRow>> + Send>>),
+    Bounded(BoundedRows),
+    Moved,
+}
+
+impl Handoff {
+    /// `rows`, and the handle that bounds them.
+    pub(super) fn new(
+        rows: Pin<Box<dyn Stream<Item = PgWireResult<DataRow>> + Send>>,
+    ) -> (Self, Self) {
+        let shared = Arc::new(Mutex::new(Handing::Waiting(rows)));
+        (Self(Arc::clone(&shared)), Self(shared))
+    }
+
+    /// Puts the rows within `bounds`.
+    fn bound(&self, bounds: Bounds) {
+        if let Ok(mut h) = self.0.lock()
+            && let Handing::Waiting(rows) = std::mem::replace(&mut *h, Handing::Moved)
+        {
+            *h = Handing::Bounded(BoundedRows::new(rows, bounds));
+        }
+    }
+}
+
+impl Stream for Handoff {
+    type Item = PgWireResult<DataRow>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let Ok(mut h) = self.0.lock() else {
+            return Poll::Ready(None);
+        };
+        match &mut *h {
+            Handing::Waiting(rows) => rows.poll_next_unpin(cx),
+            Handing::Bounded(rows) => rows.poll_next_unpin(cx),
+            Handing::Moved => Poll::Ready(None),
         }
     }
 }
@@ -288,14 +354,26 @@ impl Stream for BoundedRows {
         if let Some(e) = held.stopped.take() {
             return Poll::Ready(Some(Err(e)));
         }
+        if let Some(service) = held.memory.as_ref().and_then(|m| m.check(cx)) {
+            let holding = held.release();
+            drop(held);
+            drop(holding);
+            self.watchdog.abort();
+            let e = crate::engine::memory_refusal(service, &self.limits);
+            return Poll::Ready(Some(Err(refused_by_engine(e))));
+        }
+        let held = &mut *held;
         let Some(rows) = held.rows.as_mut() else {
             return Poll::Ready(None);
         };
-        match rows.poll_next_unpin(cx) {
+        let polled = match held.memory.as_ref() {
+            Some(memory) => memory.run(|| rows.poll_next_unpin(cx)),
+            None => rows.poll_next_unpin(cx),
+        };
+        match polled {
             Poll::Ready(None) => {
-                let (rows, permit, busy) = (held.rows.take(), held.permit.take(), held.busy.take());
-                drop(held);
-                drop((rows, permit, busy));
+                let holding = held.release();
+                drop(holding);
                 self.watchdog.abort();
                 Poll::Ready(None)
             }
@@ -315,38 +393,6 @@ impl Stream for BoundedRows {
             }
         }
     }
-}
-
-/// Splits `socket` into the socket the protocol runs on and a signal that turns true when
-/// the client has gone (its end closed, or the socket failed), watched on a second handle
-/// of the same socket: the protocol reads the socket only between statements, so a client
-/// that closes its connection during a long statement would go unnoticed until the time
-/// limit.
-pub(super) fn watch_gone(
-    socket: tokio::net::TcpStream,
-) -> std::io::Result<(tokio::net::TcpStream, watch::Receiver<bool>)> {
-    let std = socket.into_std()?;
-    let probe = tokio::net::TcpStream::from_std(std.try_clone()?)?;
-    let socket = tokio::net::TcpStream::from_std(std)?;
-    let (tx, rx) = watch::channel(false);
-    tokio::spawn(async move {
-        let mut byte = [0u8; 1];
-        loop {
-            tokio::select! {
-                // The connection's session is gone: nothing left to watch.
-                () = tx.closed() => return,
-                peeked = probe.peek(&mut byte) => match peeked {
-                    Ok(0) | Err(_) => {
-                        tx.send_replace(true);
-                        return;
-                    }
-                    // The client's next message, not read yet: look again in a while.
-                    Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
-                },
-            }
-        }
-    });
-    Ok((socket, rx))
 }
 
 /// The session service with the engine's bounds around every statement.
@@ -445,19 +491,14 @@ impl Bounded {
             stop,
             limits: *self.engine.limits(),
             busy,
+            memory: QueryMemory::claim(self.engine.limits().memory_bytes),
         })
     }
 
-    /// Runs `work` within `bounds`; a query's rows carry the bounds on.
-    async fn within<F>(mut bounds: Bounds, work: F) -> PgWireResult<Response>
-    where
-        F: Future<Output = PgWireResult<Response>>,
-    {
-        let response = tokio::select! {
-            r = work => r.map_err(|e| named(e, &bounds.limits))?,
-            e = bounds.stop.as_mut() => return Err(e),
-        };
-        Ok(match response {
+    /// A statement's `response`, its rows carrying its `bounds` on; when it declared a
+    /// cursor (`client`'s portal), the cursor's rows carry them.
+    fn carry<C: ClientInfo + ?Sized>(client: &C, bounds: Bounds, response: Response) -> Response {
+        match response {
             Response::Query(q) => {
                 let tag = q.command_tag().to_owned();
                 let schema = q.row_schema();
@@ -465,8 +506,34 @@ impl Bounded {
                 bounded.set_command_tag(&tag);
                 Response::Query(bounded)
             }
-            other => other,
-        })
+            other => {
+                if let Some(cursor) = client
+                    .session_extensions()
+                    .get::<cursors::Declared>()
+                    .and_then(|d| d.take_last())
+                {
+                    cursor.bound(bounds);
+                }
+                other
+            }
+        }
+    }
+
+    /// Runs `work` until `bounds` stop it.
+    async fn run<F>(bounds: &mut Bounds, work: F) -> PgWireResult<Response>
+    where
+        F: Future<Output = PgWireResult<Response>>,
+    {
+        let work = bounds.memory.enter(work);
+        let response = tokio::select! {
+            r = work => r.map_err(|e| named(e, &bounds.limits))?,
+            e = bounds.stop.as_mut() => return Err(e),
+        };
+        if let Some(service) = bounds.memory.state() {
+            let e = crate::engine::memory_refusal(service, &bounds.limits);
+            return Err(refused_by_engine(e));
+        }
+        Ok(response)
     }
 }
 
@@ -477,6 +544,9 @@ fn one_statement(sql: &str) -> PgWireResult<()> {
         .parse(sql)
         // syntax_error
         .map_err(|e| pg_error("42601", crate::error::clip(&e.to_string())))?;
+    if let Some(statement) = statements.first() {
+        crate::engine::check_expansion(statement).map_err(refused_by_engine)?;
+    }
     if statements.len() > 1 {
         // feature_not_supported
         return Err(pg_error(
@@ -500,16 +570,14 @@ impl SimpleQueryHandler for Bounded {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         one_statement(query)?;
-        let bounds = self.bounds(client).await?;
+        let mut bounds = self.bounds(client).await?;
         let inner = Arc::clone(&self.inner);
-        let mut responses = Vec::with_capacity(1);
-        let response = Self::within(bounds, async move {
+        let response = Self::run(&mut bounds, async {
             let mut all = SimpleQueryHandler::do_query(inner.as_ref(), client, query).await?;
             all.pop().ok_or(PgWireError::QueryCanceled)
         })
         .await?;
-        responses.push(response);
-        Ok(responses)
+        Ok(vec![Self::carry(client, bounds, response)])
     }
 }
 
@@ -573,12 +641,13 @@ impl ExtendedQueryHandler for Bounded {
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let bounds = self.bounds(client).await?;
+        let mut bounds = self.bounds(client).await?;
         let inner = Arc::clone(&self.inner);
-        Self::within(bounds, async move {
+        let response = Self::run(&mut bounds, async {
             ExtendedQueryHandler::do_query(inner.as_ref(), client, portal, max_rows).await
         })
-        .await
+        .await?;
+        Ok(Self::carry(client, bounds, response))
     }
 
     /// pgwire's own Execute, but with the rows streamed: its default gathers every row an

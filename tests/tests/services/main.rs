@@ -5,6 +5,12 @@
 //! them one at a time: some stop or restart a shared service (the Kafka broker), and the
 //! timing checks are measured with the machine to themselves.
 
+/// The query service's allocator, as the `verdict` binary declares it: every block counts
+/// against the query it was made for (see `verdict_query::memory`).
+#[global_allocator]
+static ALLOCATOR: verdict_query::memory::Counted<std::alloc::System> =
+    verdict_query::memory::Counted::new(std::alloc::System);
+
 mod ingest_broker_restart;
 mod ingest_kafka_s3;
 mod jobs_s3;

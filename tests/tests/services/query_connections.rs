@@ -140,7 +140,9 @@ async fn idle_connections_give_way_and_busy_ones_are_refused_in_words() {
             connection,
         ));
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Each session is busy once its statement runs; before that it plans the cross join,
+    // which takes a while on a machine the running ones keep busy.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let refused = tokio_postgres::connect(
         &format!(
             "host=127.0.0.1 port={} user=analyst password={TOKEN} dbname=verdict",

@@ -116,6 +116,53 @@ async fn still_serving(base: &str, pg: SocketAddr, after: &str) {
     assert_eq!(said, Ok(n.to_string()), "psql after {after}");
 }
 
+/// Logs in over the raw protocol, declares a 1 GB Query and sends its first 64 KiB: what
+/// the server answered (its ErrorResponse's fields), before the rest was sent.
+async fn huge_query(pg: SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(pg).await.expect("connect");
+    let mut body = vec![0, 3, 0, 0];
+    for kv in ["user", "analyst", "database", "verdict"] {
+        body.extend_from_slice(kv.as_bytes());
+        body.push(0);
+    }
+    body.push(0);
+    let mut startup = ((body.len() + 4) as u32).to_be_bytes().to_vec();
+    startup.extend_from_slice(&body);
+    s.write_all(&startup).await.unwrap();
+    // Messages until the one of `kind`; the bytes of the last.
+    async fn until(s: &mut tokio::net::TcpStream, kind: u8) -> Vec<u8> {
+        loop {
+            let mut head = [0u8; 5];
+            s.read_exact(&mut head).await.expect("a message");
+            let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+            let mut body = vec![0u8; len - 4];
+            s.read_exact(&mut body).await.expect("its body");
+            if head[0] == kind || head[0] == b'E' {
+                return [&[head[0]][..], &body].concat();
+            }
+        }
+    }
+    let auth = until(&mut s, b'R').await;
+    assert_eq!(auth[0], b'R', "{:?}", String::from_utf8_lossy(&auth));
+    let mut password = vec![b'p'];
+    password.extend_from_slice(&((TOKEN.len() + 5) as u32).to_be_bytes());
+    password.extend_from_slice(TOKEN.as_bytes());
+    password.push(0);
+    s.write_all(&password).await.unwrap();
+    let ready = until(&mut s, b'Z').await;
+    assert_eq!(ready[0], b'Z', "{:?}", String::from_utf8_lossy(&ready));
+    let mut query = vec![b'Q'];
+    query.extend_from_slice(&(1u32 << 30).to_be_bytes());
+    query.extend(std::iter::repeat_n(b' ', 64 << 10));
+    // The server may close as the bytes arrive: what it said is read either way.
+    let _ = s.write_all(&query).await;
+    let told = tokio::time::timeout(Duration::from_secs(10), until(&mut s, b'E'))
+        .await
+        .expect("an answer within 10 s");
+    String::from_utf8_lossy(&told).replace('\0', " ")
+}
+
 /// Every query has given its memory and its place back within `within` of `since`: nothing
 /// of a stopped query runs on.
 async fn settled(engine: &Engine, places: usize, after: &str) {
@@ -320,14 +367,24 @@ async fn hostile_queries_cost_only_themselves_on_both_front_ends() {
     assert_eq!(rows.len(), 3);
     assert_eq!(rows[0].get::<_, Vec<u8>>(0).len(), 16);
 
-    // 5. A parameterised query (the extended protocol, every driver's) streams its rows: 3
-    // million of them come through a driver that reads them as they come while the process
+    // A Query message past the statement limit is refused by its header, before its body is
+    // read: a client that declares 1 GB and sends it slowly is told at once.
+    let told = huge_query(pg).await;
+    assert!(told.contains("54000"), "{told}");
+    assert!(
+        told.contains("the statement is 1073741824 bytes; the limit is 65536"),
+        "{told}"
+    );
+    still_serving(&base, pg, "a 1 GB Query message").await;
+
+    // 5. A parameterised query (the extended protocol, every driver's) streams its rows:
+    // 600,000 of them come through a driver that reads them as they come while the process
     // stays within its budget (checked at the end; gathered whole first, they took
     // hundreds of MB).
     let (client, _connection) = driver(pg).await;
     let rows = client
         .query_raw(
-            "SELECT value FROM generate_series(1, 3000000) g WHERE value > $1",
+            "SELECT value FROM generate_series(1, 600000) g WHERE value > $1",
             [0_i64],
         )
         .await
@@ -335,11 +392,31 @@ async fn hostile_queries_cost_only_themselves_on_both_front_ends() {
     let mut rows = std::pin::pin!(rows);
     let mut n = 0_u64;
     while let Some(row) = futures::StreamExt::next(&mut rows).await {
-        row.expect("a row");
+        row.unwrap_or_else(|e| panic!("after {n} rows: {e}"));
         n += 1;
     }
-    assert_eq!(n, 3_000_000);
+    assert_eq!(n, 600_000);
     settled(&engine, places, "the streamed parameterised query").await;
+    // And through psycopg: streamed, and through a named cursor (DECLARE with a parameter,
+    // each FETCH described with its columns: described as nothing, psycopg crashed), 5,000
+    // rows a FETCH.
+    let dsn = format!(
+        "postgresql://analyst:{TOKEN}@127.0.0.1:{}/verdict",
+        pg.port()
+    );
+    for (mode, rows) in [("stream", 500_000_u64), ("named", 100_000)] {
+        let dsn = dsn.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            verdict_tests::engines::psycopg_read(&dsn, mode, rows, 5_000)
+        })
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("psycopg {mode}: {e}"));
+        assert_eq!(read.rows, rows, "psycopg {mode}");
+        assert_eq!(read.sum, rows * (rows + 1) / 2, "psycopg {mode}");
+        println!("psycopg {mode}: {rows} rows in {:.1} s", read.seconds);
+        settled(&engine, places, mode).await;
+    }
 
     // 6. A user's mistake is a 4xx of its kind in few words, with its SQLSTATE over pg.
     for (sql, kind, says, sqlstate) in [
@@ -369,6 +446,12 @@ async fn hostile_queries_cost_only_themselves_on_both_front_ends() {
             "42703",
         ),
         ("SELECT (1", "invalid_query", "sql parser error", "42601"),
+        (
+            "SELECT value + 9223372036854775807 AS v FROM generate_series(1, 2)",
+            "invalid_query",
+            "Overflow",
+            "22003",
+        ),
     ] {
         let (status, v) = post_sql(&base, sql).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{sql}: {v}");
@@ -416,6 +499,114 @@ async fn hostile_queries_cost_only_themselves_on_both_front_ends() {
     assert_eq!(r.status(), StatusCode::OK);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["rows"][0]["one"], 1, "{v}");
+
+    // 8. Memory no pool sees is counted where it is allocated: a cross join whose build
+    // side grows row by row, an aggregate's state, a huge value a function would build in
+    // one call, a statement whose WITH queries double themselves. Each is refused by name on
+    // both front ends, with its SQLSTATE over pg.
+    let doubling = |levels: usize, join: bool| {
+        let mut sql = String::from("WITH c0 AS (SELECT 1 AS v)");
+        for i in 1..=levels {
+            let j = i - 1;
+            if join {
+                sql += &format!(", c{i} AS (SELECT a.v FROM c{j} a JOIN c{j} b ON a.v = b.v)");
+            } else {
+                sql += &format!(", c{i} AS (SELECT v FROM c{j} UNION ALL SELECT v FROM c{j})");
+            }
+        }
+        sql + &format!(" SELECT COUNT(*) AS n FROM c{levels}")
+    };
+    // (A bare COUNT(*) over the cross join is answered from the tables' row counts; a
+    // condition across them makes it run, each join holding the product before it.)
+    let cross = format!(
+        "SELECT COUNT(*) AS n FROM {} WHERE p0.capacity + p15.capacity > 0",
+        (0..16)
+            .map(|i| format!("policies p{i}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let counted = [
+        (
+            "SELECT cardinality(array_agg(concat(repeat('x', 1000), value))) AS n \
+             FROM generate_series(1, 1000000)"
+                .to_owned(),
+            "memory_limit",
+            "memory limit of 64 MiB",
+            "53200",
+        ),
+        (
+            "SELECT cardinality(array_resize(make_array(1), 1000000000)) AS n".to_owned(),
+            "value_too_large",
+            "array_resize() would make",
+            "54000",
+        ),
+        (
+            "SELECT COUNT(*) AS n FROM unnest(array_resize(make_array(1), 1000000000))".to_owned(),
+            "value_too_large",
+            "array_resize() would make",
+            "54000",
+        ),
+        (
+            "SELECT length(regexp_replace(repeat('x', 8000), 'x', repeat('y', 8000), 'g')) AS n"
+                .to_owned(),
+            "value_too_large",
+            "regexp_replace() would make",
+            "54000",
+        ),
+        (
+            "SELECT length(replace(repeat('ab', 4000), 'a', repeat('y', 8000))) AS n".to_owned(),
+            "value_too_large",
+            "replace() would make",
+            "54000",
+        ),
+        (
+            doubling(24, false),
+            "query_too_large",
+            "table references once its WITH queries are written out",
+            "54000",
+        ),
+        (
+            format!("EXPLAIN {}", doubling(20, true)),
+            "query_too_large",
+            "table references once its WITH queries are written out",
+            "54000",
+        ),
+    ];
+    for (sql, kind, says, sqlstate) in &counted {
+        let (status, v) = post_sql(&base, sql).await;
+        assert!(status.is_client_error(), "{sql}: {status} {v}");
+        assert_eq!(v["error"]["kind"], *kind, "{sql}: {v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{sql}: {v}");
+        settled(&engine, places, kind).await;
+        let (client, _connection) = driver(pg).await;
+        let err = client.query(sql.as_str(), &[]).await.unwrap_err();
+        let db = err.as_db_error().expect("a database error");
+        assert_eq!(db.code().code(), *sqlstate, "{sql}: {db:?}");
+        assert!(db.message().contains(says), "{sql}: {db:?}");
+        settled(&engine, places, kind).await;
+    }
+    // The cross join stops at whichever limit it meets first: its memory or its time.
+    let (status, v) = post_sql(&base, &cross).await;
+    assert!(status.is_client_error(), "{status} {v}");
+    let kind = v["error"]["kind"].as_str().unwrap_or_default().to_owned();
+    assert!(kind == "memory_limit" || kind == "time_limit", "{v}");
+    settled(&engine, places, &kind).await;
+    let (client, _connection) = driver(pg).await;
+    let err = client.query(cross.as_str(), &[]).await.unwrap_err();
+    let code = err
+        .as_db_error()
+        .expect("a database error")
+        .code()
+        .code()
+        .to_owned();
+    assert!(code == "53200" || code == "57014", "{err:?}");
+    settled(&engine, places, &kind).await;
+    // A chain of WITH queries within the limit plans and answers.
+    let (status, v) = post_sql(&base, &doubling(8, false)).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["rows"][0]["n"], 256, "{v}");
+    still_serving(&base, pg, "the memory no pool sees").await;
 
     // 7. An extreme report date is a named 400, not a dropped connection.
     let r = http(Duration::from_secs(10))
