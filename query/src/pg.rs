@@ -19,8 +19,8 @@ use std::sync::Arc;
 use arrow::datatypes::DataType;
 use async_trait::async_trait;
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::{Column, DFSchema, ParamValues};
-use datafusion::logical_expr::{EmptyRelation, Expr, LogicalPlan, LogicalPlanBuilder, cast};
+use datafusion::common::{Column, ParamValues};
+use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, cast};
 use datafusion::optimizer::AnalyzerRule;
 use datafusion::prelude::SessionContext;
 use datafusion::sql::sqlparser::ast::{Query, Set, SetExpr, Statement};
@@ -233,12 +233,7 @@ impl QueryHook for ReadOnlyHook {
         _: &SessionContext,
         _: &(dyn ClientInfo + Send + Sync),
     ) -> Option<PgWireResult<LogicalPlan>> {
-        screen(statement, || {
-            LogicalPlan::EmptyRelation(EmptyRelation {
-                produce_one_row: false,
-                schema: Arc::new(DFSchema::empty()),
-            })
-        })
+        screen(statement, cursors::nothing)
     }
 
     async fn handle_extended_query(
@@ -437,21 +432,7 @@ async fn refuse(mut socket: tokio::net::TcpStream, max: usize) {
         "sorry, too many clients already: the service has {max} connections open, every one \
          busy; retry in a second"
     );
-    let mut fields = Vec::new();
-    for (code, value) in [
-        (b'S', "FATAL"),
-        (b'V', "FATAL"),
-        (b'C', "53300"),
-        (b'M', &message),
-    ] {
-        fields.push(code);
-        fields.extend_from_slice(value.as_bytes());
-        fields.push(0);
-    }
-    fields.push(0);
-    let mut frame = vec![b'E'];
-    frame.extend_from_slice(&(fields.len() as u32 + 4).to_be_bytes());
-    frame.extend_from_slice(&fields);
+    let frame = frames::error_response("FATAL", "53300", &message);
     let _ = socket.write_all(&frame).await;
     crate::connections::close(socket).await;
 }

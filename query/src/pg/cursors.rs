@@ -69,7 +69,7 @@ fn declared<C: ClientInfo + ?Sized>(client: &C) -> Arc<Declared> {
 }
 
 /// A plan that describes no rows.
-fn nothing() -> LogicalPlan {
+pub(super) fn nothing() -> LogicalPlan {
     LogicalPlan::EmptyRelation(EmptyRelation {
         produce_one_row: false,
         schema: Arc::new(DFSchema::empty()),

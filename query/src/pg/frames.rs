@@ -142,12 +142,13 @@ impl Framing {
     }
 }
 
-/// An ErrorResponse with `code` and `message`.
-fn error_response(code: &str, message: &str) -> Vec<u8> {
+/// An ErrorResponse of `severity` (ERROR, FATAL) with `code` and `message`, written by the
+/// front end itself, outside the protocol library.
+pub(super) fn error_response(severity: &str, code: &str, message: &str) -> Vec<u8> {
     let mut body = Vec::new();
     for (field, value) in [
-        (b'S', "ERROR"),
-        (b'V', "ERROR"),
+        (b'S', severity),
+        (b'V', severity),
         (b'C', code),
         (b'M', message),
     ] {
@@ -222,7 +223,9 @@ pub(super) fn guard(socket: TcpStream) -> std::io::Result<(UnixStream, watch::Re
                              closed"
                         );
                         let mut out = client_out.lock().await;
-                        let _ = out.write_all(&error_response("54000", &message)).await;
+                        let _ = out
+                            .write_all(&error_response("ERROR", "54000", &message))
+                            .await;
                         let _ = out.shutdown().await;
                         gone.send_replace(true);
                         return;
