@@ -472,6 +472,7 @@ fn log_field(line: &str, field: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_stopped_under_load_answers_what_it_accepted_and_flushes_every_event() {
+    require(Service::Redis);
     require(Service::Kafka);
     let dir = tempfile::tempdir().unwrap();
     let topic = unique_name("sigterm-decisions");
@@ -515,23 +516,35 @@ async fn a_gateway_stopped_under_load_answers_what_it_accepted_and_flushes_every
     })
     .await;
 
-    // 16 clients in a closed loop for 3 s; SIGTERM a second into it (the requests after it
-    // find no listener and fail at the client).
+    // 16 clients in a closed loop; SIGTERM once the gateway has answered 500 of them, under
+    // load whatever the machine's speed (the requests after it find no listener and fail at
+    // the client).
     let make: MakeRequest = Arc::new(move |i| {
         axum::http::Request::get(format!("http://127.0.0.1:{port}/v1/items/{i}"))
             .header("x-api-key", "k1")
             .body(axum::body::Body::empty())
             .unwrap()
     });
-    let load = tokio::spawn(async move {
-        load::run(
-            &LoadSpec::closed(Duration::from_secs(3), 16),
-            make,
-            Arc::default(),
-        )
-        .await
+    let progress = Arc::new(load::LoadProgress::default());
+    let load = tokio::spawn({
+        let progress = Arc::clone(&progress);
+        async move {
+            load::run(
+                &LoadSpec::closed(Duration::from_secs(8), 16),
+                make,
+                progress,
+            )
+            .await
+        }
     });
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let answered_so_far = || {
+        progress.done.load(std::sync::atomic::Ordering::Relaxed)
+            - progress.failed.load(std::sync::atomic::Ordering::Relaxed)
+    };
+    eventually(Duration::from_secs(6), "500 requests answered", || async {
+        answered_so_far() >= 500
+    })
+    .await;
     let pid = gateway.id().to_string();
     let signalled = std::time::Instant::now();
     assert!(
@@ -568,7 +581,10 @@ async fn a_gateway_stopped_under_load_answers_what_it_accepted_and_flushes_every
         stopped_in < Duration::from_secs(10),
         "the grace period is 10 s and nothing was slow: {stopped_in:?}"
     );
-    assert!(answered > 1_000, "the load ran: {report:?}");
+    assert!(
+        answered >= 500 && report.failed > 0,
+        "the load ran through the stop: {report:?}"
+    );
     assert!(
         decisions >= answered,
         "{answered} answered, {decisions} decided"
