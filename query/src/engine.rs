@@ -131,6 +131,9 @@ impl Engine {
         // The functions that make huge values from small queries are bounded (see
         // `crate::bounded_fns`).
         crate::bounded_fns::register(&base)?;
+        // Integer overflow is an error over constants and in SUM too (see `crate::overflow`).
+        base.add_analyzer_rule(Arc::new(crate::overflow::CheckedConstants));
+        base.register_udaf(crate::overflow::checked_sum());
         // The limit review's percentiles over its keys (see `crate::ranks`).
         crate::ranks::register(&base);
         // Sums of `CASE WHEN p THEN 1 ELSE 0 END` counted with a filter instead (see

@@ -381,7 +381,8 @@ impl AnalyzerRule for KeysAsBytea {
             .map(|(qualifier, field)| {
                 let column = Expr::Column(Column::new(qualifier.cloned(), field.name()));
                 if matches!(field.data_type(), DataType::FixedSizeBinary(_)) {
-                    cast(column, DataType::Binary).alias(field.name())
+                    // Qualified as before: a self join's two key ids stay two columns.
+                    cast(column, DataType::Binary).alias_qualified(qualifier.cloned(), field.name())
                 } else {
                     column
                 }

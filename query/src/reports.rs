@@ -486,6 +486,21 @@ impl Range {
                 "parameters from/to: the range is empty ({from} is not before {to})"
             )));
         }
+        // The lake's times are nanoseconds since 1970, which end in 2262: nothing lies past
+        // that, so a range reaching further (`from=1970-01-01&to=9999-12-31`, "all of it")
+        // ends there rather than failing where its end is cast to a timestamp.
+        let last = NaiveDate::from_ymd_opt(2262, 4, 11)
+            .and_then(|d| d.and_hms_opt(0, 0, 0))
+            .map(|t| t.and_utc())
+            .unwrap_or_default();
+        let to = to.min(last);
+        if from >= to {
+            return Err(QueryError::Invalid(
+                "parameters from/to: the range lies past the times the lake can hold \
+                 (they end on 2262-04-11)"
+                    .to_owned(),
+            ));
+        }
         Ok(Self { from, to })
     }
 
@@ -1103,6 +1118,21 @@ mod tests {
                         AND (date < DATE '2026-11-30' OR (date = DATE '2026-11-30' AND hour < 15))";
         assert!(sql.contains(expected), "{sql}");
         assert!(!sql.contains("event_time"), "{sql}");
+    }
+
+    #[test]
+    fn a_range_past_what_the_lake_holds_is_cut_to_it() {
+        let now = Utc::now();
+        let all = Range::parse(Some("1970-01-01"), Some("9999-12-31"), now, 1).unwrap();
+        assert_eq!(
+            (all.from.to_rfc3339(), all.to.to_rfc3339()),
+            (
+                "1970-01-01T00:00:00+00:00".to_owned(),
+                "2262-04-11T00:00:00+00:00".to_owned()
+            )
+        );
+        let e = Range::parse(Some("2300-01-01"), Some("2400-01-01"), now, 1).unwrap_err();
+        assert!(e.to_string().contains("past the times"), "{e}");
     }
 
     #[test]

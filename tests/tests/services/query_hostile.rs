@@ -452,6 +452,26 @@ async fn hostile_queries_cost_only_themselves_on_both_front_ends() {
             "Overflow",
             "22003",
         ),
+        // Folded while planning, and summed.
+        (
+            "SELECT 9223372036854775807 + 1 AS v",
+            "invalid_query",
+            "integer overflow: 9223372036854775807 + 1",
+            "22003",
+        ),
+        (
+            "SELECT SUM(value + 4611686018427387904) AS v FROM generate_series(1, 2)",
+            "invalid_query",
+            "integer overflow: SUM",
+            "22003",
+        ),
+        (
+            "SELECT value % 2 AS g, SUM(value * 2305843009213693952) AS v \
+             FROM generate_series(1, 8) GROUP BY value % 2",
+            "invalid_query",
+            "overflow",
+            "22003",
+        ),
     ] {
         let (status, v) = post_sql(&base, sql).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{sql}: {v}");

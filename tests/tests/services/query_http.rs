@@ -185,6 +185,19 @@ async fn every_endpoint_answers_in_every_format() {
     assert_eq!(tight["recorded"]["refused"], 200, "{tight}");
     assert!(tight["refused_change"].as_i64().unwrap() < 0, "{tight}");
     assert_eq!(w["keys"].as_array().unwrap().len(), 3, "{w}");
+    // The widest range a client can name replays the hours the table holds, no others: the
+    // same answer as a month around them (it ran past 240 s against the 60 s limit when it
+    // stepped through 70 million empty hours).
+    let whole = verdict_tests::query_fixture::POLICY_TOML.to_string();
+    let r = what_if(whole.clone(), "?from=1970-01-01&to=9999-12-31").await;
+    let status = r.status();
+    let widest = json(&r.bytes().await.unwrap());
+    assert_eq!(status, StatusCode::OK, "{widest}");
+    let r = what_if(whole, "?from=2026-11-15&to=2026-12-15").await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let month = json(&r.bytes().await.unwrap());
+    assert_eq!(widest["limits"], month["limits"]);
+    assert!(!month["limits"].as_array().unwrap().is_empty(), "{month}");
     let r = what_if(
         verdict_tests::query_fixture::POLICY_TOML.replacen("capacity = 10", "capacity = 0", 1),
         "",

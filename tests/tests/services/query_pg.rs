@@ -171,6 +171,17 @@ async fn psql_runs_a_report_over_the_wire_protocol_read_only_and_behind_the_toke
         .expect("key ids over the extended protocol");
     let key: Vec<u8> = rows[0].get(0);
     assert_eq!(key.len(), 16);
+    // A self join's two key ids are two bytea columns.
+    let rows = client
+        .query(
+            "SELECT a.key_id, b.key_id, a.tier FROM decisions a JOIN decisions b \
+             ON a.key_id = b.key_id AND a.event_time = b.event_time ORDER BY a.key_id LIMIT 1",
+            &[],
+        )
+        .await
+        .expect("a self join of the decisions over the extended protocol");
+    let (left, right): (Vec<u8>, Vec<u8>) = (rows[0].get(0), rows[0].get(1));
+    assert_eq!((left.len(), &left), (16, &right));
     let err = client
         .query("SELECT tier INTO t4 FROM decisions", &[])
         .await
