@@ -172,6 +172,10 @@ pub(super) fn guard(socket: TcpStream) -> std::io::Result<(UnixStream, watch::Re
     let (mut server_in, mut server_out) = ours.into_split();
     let client_out = Arc::new(Mutex::new(client_out));
     let (gone, gone_rx) = watch::channel(false);
+    // Told when the protocol has ended its side (the session closed, evicted or idle past
+    // its time), so that the client's side is let go too, though the client sends nothing.
+    let ended = Arc::new(tokio::sync::Notify::new());
+    let protocol_ended = Arc::clone(&ended);
     // The protocol's answers, to the client as they come.
     let to_client = Arc::clone(&client_out);
     tokio::spawn(async move {
@@ -186,13 +190,18 @@ pub(super) fn guard(socket: TcpStream) -> std::io::Result<(UnixStream, watch::Re
             }
         }
         let _ = to_client.lock().await.shutdown().await;
+        protocol_ended.notify_one();
     });
     // The client's messages, to the protocol when their size allows.
     tokio::spawn(async move {
         let mut framing = Framing::default();
         let mut buf = vec![0u8; 64 << 10];
         loop {
-            let n = match client_in.read(&mut buf).await {
+            let read = tokio::select! {
+                read = client_in.read(&mut buf) => read,
+                () = ended.notified() => return,
+            };
+            let n = match read {
                 Ok(n) if n > 0 => n,
                 _ => {
                     gone.send_replace(true);
