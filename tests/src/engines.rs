@@ -25,12 +25,7 @@ fn version(var: &str, default: &str) -> String {
 /// # Panics
 /// When `scripts/services.sh up spark` has not installed them, saying so.
 pub fn spark_install() -> (PathBuf, PathBuf) {
-    let python = cache()
-        .join(format!(
-            "spark-{}",
-            version("VERDICT_PYSPARK_VERSION", "4.0.1")
-        ))
-        .join("bin/python");
+    let python = venv_python("spark", "VERDICT_PYSPARK_VERSION", "4.0.1");
     let jars = cache()
         .join(format!(
             "delta-spark-{}",
@@ -46,6 +41,14 @@ pub fn spark_install() -> (PathBuf, PathBuf) {
         jars.display()
     );
     (python, jars)
+}
+
+/// The Python of the virtual environment `scripts/services.sh` installs `name` into, at the
+/// version `variable` names (`default` without it).
+fn venv_python(name: &str, variable: &str, default: &str) -> PathBuf {
+    cache()
+        .join(format!("{name}-{}", version(variable, default)))
+        .join("bin/python")
 }
 
 /// What psycopg read through the query service (`tests/pg/psycopg_client.py`).
@@ -66,12 +69,7 @@ pub struct DriverRead {
 /// # Panics
 /// When `scripts/services.sh up postgres` has not installed psycopg, saying so.
 pub fn psycopg_read(dsn: &str, mode: &str, rows: u64, chunk: u64) -> Result<DriverRead, String> {
-    let python = cache()
-        .join(format!(
-            "psycopg-{}",
-            version("VERDICT_PSYCOPG_VERSION", "3.3.9")
-        ))
-        .join("bin/python");
+    let python = venv_python("psycopg", "VERDICT_PSYCOPG_VERSION", "3.3.9");
     assert!(
         python.exists(),
         "psycopg is not installed ({} is missing). The tests use the real driver: install it \
