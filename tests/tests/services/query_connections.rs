@@ -36,6 +36,35 @@ async fn count(base: &str) -> Result<(StatusCode, Value), reqwest::Error> {
     Ok((status, r.json().await?))
 }
 
+/// Waits (half a minute at most) until a query runs in each of the budget's places: each
+/// connection's request has been read and its query admitted, so every connection is
+/// busy. Running on the two cores the queries keep busy, the last ones can take seconds
+/// to get there.
+async fn all_running(engine: &verdict_query::Engine) {
+    let started = std::time::Instant::now();
+    while engine.budget().slots() > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{} of the {PLACES} queries running after 30 s",
+            PLACES - engine.budget().slots()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits (ten seconds at most) until no query holds a place in the budget.
+async fn none_running(engine: &verdict_query::Engine) {
+    let started = std::time::Instant::now();
+    while engine.budget().slots() < PLACES {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{} queries still running 10 s after their clients went",
+            PLACES - engine.budget().slots()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Whether the peer closed `stream` (reads end), within `within`.
 async fn closed_within(stream: &mut tokio::net::TcpStream, within: Duration) -> bool {
     let mut buf = [0u8; 512];
@@ -50,9 +79,13 @@ async fn closed_within(stream: &mut tokio::net::TcpStream, within: Duration) -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_give_way_and_busy_ones_are_refused_in_words() {
+    // A place in the budget for each connection's query: every connection can be running
+    // one, and the test can tell when all of them are.
     let limits = Limits {
         connections: PLACES,
         idle: IDLE,
+        memory_bytes: 64 << 20,
+        budget_bytes: PLACES * (64 << 20),
         ..Limits::default()
     };
     let (engine, _store, _dir) = known_engine("connections", limits).await;
@@ -100,7 +133,7 @@ async fn idle_connections_give_way_and_busy_ones_are_refused_in_words() {
                 .await
         }));
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    all_running(&engine).await;
     let (status, v) = count(&base)
         .await
         .expect("a refusal, not a dropped connection");
@@ -109,6 +142,8 @@ async fn idle_connections_give_way_and_busy_ones_are_refused_in_words() {
     for r in running {
         r.abort();
     }
+    // A client gone, its query stops and gives its place back.
+    none_running(&engine).await;
 
     // The PostgreSQL front end: idle sessions give way to a new one, which answers.
     let mut sessions = Vec::new();
@@ -140,9 +175,7 @@ async fn idle_connections_give_way_and_busy_ones_are_refused_in_words() {
             connection,
         ));
     }
-    // Each session is busy once its statement runs; before that it plans the cross join,
-    // which takes a while on a machine the running ones keep busy.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    all_running(&engine).await;
     let refused = tokio_postgres::connect(
         &format!(
             "host=127.0.0.1 port={} user=analyst password={TOKEN} dbname=verdict",
