@@ -61,7 +61,8 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 1_000)]
     pub max_connections: usize,
     /// How long a connection may wait for its next request before it is closed, seconds
-    /// (HTTP: until its whole head is in; PostgreSQL: its next message).
+    /// (HTTP: until its whole head is in; PostgreSQL: until its startup message is in, a
+    /// session then waiting up to 10 minutes between statements).
     #[arg(long, default_value_t = 30)]
     pub idle_timeout_s: u64,
     /// Partitions each query runs on (default: the machine's cores).

@@ -28,8 +28,9 @@ pub struct Limits {
     /// Connections each front end (HTTP, PostgreSQL) keeps open at once; past it an idle
     /// one is closed to make room, or, when none is idle, the new one is refused.
     pub connections: usize,
-    /// How long a connection may wait for its next request (HTTP: its whole head;
-    /// PostgreSQL: its next message) before it is closed.
+    /// How long a connection may wait for its next request before it is closed (HTTP: until
+    /// its whole head is in; PostgreSQL: until its startup message is in, a session then
+    /// waiting up to [`crate::pg::IDLE_SESSION`] between statements).
     pub idle: Duration,
 }
 

@@ -46,7 +46,7 @@ use datafusion_postgres::pgwire::messages::{PgWireBackendMessage, PgWireFrontend
 use datafusion_postgres::pgwire::tokio::process_socket_unix;
 use futures::{Sink, SinkExt};
 
-use crate::connections::Connections;
+use crate::connections::{Conn, Connections};
 use crate::engine::Engine;
 use crate::http::{check_exposure, constant_time_eq};
 
@@ -438,6 +438,55 @@ async fn refuse(mut socket: tokio::net::TcpStream, max: usize) {
     crate::connections::close(socket).await;
 }
 
+/// One connection, from its first byte to its end: the guard, then (once the client's
+/// startup message has come, within the idle timeout) a session of its own and the
+/// protocol. A connection that never says anything costs no session.
+async fn session(
+    socket: tokio::net::TcpStream,
+    peer: SocketAddr,
+    engine: &Engine,
+    startup: Arc<TokenStartup>,
+    cancel: Arc<CancelRequests>,
+    conn: Arc<Conn>,
+) {
+    let guarded = match frames::guard(socket) {
+        Ok(guarded) => guarded,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "PostgreSQL connection setup failed");
+            return;
+        }
+    };
+    let idle = engine.limits().idle;
+    let mut started = guarded.started.clone();
+    match tokio::time::timeout(idle, started.wait_for(|s| *s)).await {
+        Ok(Ok(_)) => {}
+        // Gone, or refused by the guard, before its startup message.
+        Ok(Err(_)) => return,
+        Err(_) => {
+            tracing::info!(%peer, idle_s = idle.as_secs(), "PostgreSQL connection closed: no startup message within the idle timeout");
+            return;
+        }
+    }
+    drop(started);
+    // One session per connection: what one connection does to its session (a cursor, a
+    // transaction) is never seen by another.
+    let session = match connection_session(engine) {
+        Ok(session) => session,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "PostgreSQL session setup failed");
+            return;
+        }
+    };
+    let handlers = Arc::new(Handlers {
+        session: Arc::new(Bounded::new(session, engine.clone(), guarded.gone, conn)),
+        startup,
+        cancel,
+    });
+    if let Err(e) = process_socket_unix(guarded.socket, handlers).await {
+        tracing::info!(%peer, error = %e, "PostgreSQL connection ended with an error");
+    }
+}
+
 /// Binds `addr` (refusing a non-loopback address without tokens) and serves the engine's
 /// tables over the PostgreSQL protocol until the task is dropped.
 pub async fn serve(
@@ -478,40 +527,15 @@ pub async fn serve(
                         tokio::spawn(refuse(socket, engine.limits().connections));
                         continue;
                     };
-                    let (socket, gone) = match frames::guard(socket) {
-                        Ok(split) => split,
-                        Err(e) => {
-                            tracing::warn!(%peer, error = %e, "PostgreSQL connection setup failed");
-                            continue;
-                        }
-                    };
-                    // One session per connection: what one connection does to its session
-                    // (a cursor, a transaction) is never seen by another.
-                    let session = match connection_session(&engine) {
-                        Ok(session) => session,
-                        Err(e) => {
-                            tracing::warn!(%peer, error = %e, "PostgreSQL session setup failed");
-                            continue;
-                        }
-                    };
-                    let handlers = Arc::new(Handlers {
-                        session: Arc::new(Bounded::new(
-                            session,
-                            engine.clone(),
-                            gone,
-                            Arc::clone(&conn),
-                        )),
-                        startup: Arc::clone(&startup),
-                        cancel: Arc::clone(&cancel),
-                    });
+                    let engine = engine.clone();
+                    let startup = Arc::clone(&startup);
+                    let cancel = Arc::clone(&cancel);
                     let open = Arc::clone(&open);
+                    // Everything past the place is the connection's own task: the loop
+                    // only accepts, so a flood of connections cannot hold up the next one.
                     tokio::spawn(async move {
                         tokio::select! {
-                            ended = process_socket_unix(socket, handlers) => {
-                                if let Err(e) = ended {
-                                    tracing::info!(%peer, error = %e, "PostgreSQL connection ended with an error");
-                                }
-                            }
+                            () = session(socket, peer, &engine, startup, cancel, Arc::clone(&conn)) => {}
                             () = conn.evicted() => {
                                 tracing::info!(%peer, "idle PostgreSQL connection closed to make room for a new one");
                             }

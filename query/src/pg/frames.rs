@@ -163,15 +163,34 @@ pub(super) fn error_response(severity: &str, code: &str, message: &str) -> Vec<u
     out
 }
 
-/// Passes `socket`'s bytes to and from the returned stream, which the protocol runs on,
-/// refusing a message too large by its header; the receiver turns true when the client has
-/// gone (its end closed, or the socket failed).
-pub(super) fn guard(socket: TcpStream) -> std::io::Result<(UnixStream, watch::Receiver<bool>)> {
+/// A client's connection behind [`guard`].
+pub(super) struct Guarded {
+    /// The stream the protocol runs on.
+    pub socket: UnixStream,
+    /// Turns true when the client has gone (its end closed, or the socket failed).
+    pub gone: watch::Receiver<bool>,
+    /// Turns true once the client's startup message has passed; closed (an error to wait
+    /// on) when the client went or was refused before that.
+    pub started: watch::Receiver<bool>,
+}
+
+/// How much of the client's bytes the guard reads at once: messages larger than this pass
+/// in pieces.
+const READ_CHUNK: usize = 16 << 10;
+
+/// How much of the protocol's answers the guard passes at once (rows stream through it).
+const WRITE_CHUNK: usize = 64 << 10;
+
+/// Passes `socket`'s bytes to and from the protocol's stream, refusing a message too large
+/// by its header. A connection costs its sockets and two tasks until it speaks: the buffers
+/// are taken when its first bytes come, so connections that never send one cost little.
+pub(super) fn guard(socket: TcpStream) -> std::io::Result<Guarded> {
     let (ours, theirs) = UnixStream::pair()?;
     let (mut client_in, client_out) = socket.into_split();
     let (mut server_in, mut server_out) = ours.into_split();
     let client_out = Arc::new(Mutex::new(client_out));
     let (gone, gone_rx) = watch::channel(false);
+    let (started, started_rx) = watch::channel(false);
     // Told when the protocol has ended its side (the session closed, evicted or idle past
     // its time), so that the client's side is let go too, though the client sends nothing.
     let ended = Arc::new(tokio::sync::Notify::new());
@@ -179,8 +198,14 @@ pub(super) fn guard(socket: TcpStream) -> std::io::Result<(UnixStream, watch::Re
     // The protocol's answers, to the client as they come.
     let to_client = Arc::clone(&client_out);
     tokio::spawn(async move {
-        let mut buf = vec![0u8; 64 << 10];
+        let mut buf = Vec::new();
         loop {
+            if buf.is_empty() {
+                if server_in.readable().await.is_err() {
+                    break;
+                }
+                buf = vec![0u8; WRITE_CHUNK];
+            }
             let n = match server_in.read(&mut buf).await {
                 Ok(n) if n > 0 => n,
                 _ => break,
@@ -195,8 +220,18 @@ pub(super) fn guard(socket: TcpStream) -> std::io::Result<(UnixStream, watch::Re
     // The client's messages, to the protocol when their size allows.
     tokio::spawn(async move {
         let mut framing = Framing::default();
-        let mut buf = vec![0u8; 64 << 10];
+        let mut buf = Vec::new();
         loop {
+            if buf.is_empty() {
+                tokio::select! {
+                    readable = client_in.readable() => if readable.is_err() {
+                        gone.send_replace(true);
+                        break;
+                    },
+                    () = ended.notified() => return,
+                }
+                buf = vec![0u8; READ_CHUNK];
+            }
             let read = tokio::select! {
                 read = client_in.read(&mut buf) => read,
                 () = ended.notified() => return,
@@ -213,6 +248,9 @@ pub(super) fn guard(socket: TcpStream) -> std::io::Result<(UnixStream, watch::Re
                     Step::Pass(bytes) => {
                         if server_out.write_all(&bytes).await.is_err() {
                             return;
+                        }
+                        if framing.typed && !*started.borrow() {
+                            started.send_replace(true);
                         }
                     }
                     Step::Decline => {
@@ -243,7 +281,11 @@ pub(super) fn guard(socket: TcpStream) -> std::io::Result<(UnixStream, watch::Re
             }
         }
     });
-    Ok((theirs, gone_rx))
+    Ok(Guarded {
+        socket: theirs,
+        gone: gone_rx,
+        started: started_rx,
+    })
 }
 
 #[cfg(test)]

@@ -1,8 +1,9 @@
 //! The query service's connections are bounded on both front ends (on the known lake in the
 //! real S3 server): idle connections, however many, do not shut a working client out (the
 //! one idle longest gives its place to a new one), an idle connection is closed after the
-//! idle timeout, and when every connection is busy a new one is refused in words (HTTP 503
-//! `too_many_connections`, SQLSTATE 53300).
+//! idle timeout (a PostgreSQL one that sends no startup message too), and when every
+//! connection is busy a new one is refused in words (HTTP 503 `too_many_connections`,
+//! SQLSTATE 53300).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -145,7 +146,13 @@ async fn idle_connections_give_way_and_busy_ones_are_refused_in_words() {
     // A client gone, its query stops and gives its place back.
     none_running(&engine).await;
 
-    // The PostgreSQL front end: idle sessions give way to a new one, which answers.
+    // The PostgreSQL front end: a connection that sends no startup message is closed after
+    // the idle timeout too.
+    let mut quiet = tokio::net::TcpStream::connect(pg).await.unwrap();
+    assert!(!closed_within(&mut quiet, IDLE / 2).await, "closed early");
+    assert!(closed_within(&mut quiet, IDLE * 2).await, "still open");
+
+    // Idle sessions give way to a new one, which answers.
     let mut sessions = Vec::new();
     for _ in 0..PLACES {
         sessions.push(pg_driver(pg, TOKEN).await);
