@@ -42,8 +42,16 @@ pub enum BenchCommand {
     /// Days of raw decisions and a month of rollups and overage (scaled down; flags to
     /// scale), then every named report and a few ad-hoc queries, each timed in DataFusion
     /// and in DuckDB (from PyPI) on the same files with the same SQL; prints one JSON line
-    /// per query with p50_ms, rows_scanned, rows and vs_duckdb (ours ÷ DuckDB's time).
+    /// per query with p50_ms, rows_scanned, rows and vs_duckdb (ours ÷ DuckDB's time), and
+    /// the same queries in a process of ours with memory counting off, in turns with ours:
+    /// uncounted_p50_ms and vs_uncounted (what the counting costs).
     Query(query::QueryBenchArgs),
+    /// The engine of `bench query` in a process of its own, over a lake `bench query`
+    /// wrote: it runs a query of the spec whenever its name comes on standard input and
+    /// prints one JSON line. `bench query` starts it with memory counting off, to time the
+    /// counting's cost beside its own runs.
+    #[command(hide = true)]
+    QueryPeer(query::QueryPeerArgs),
     /// HTTP load through the gateway (memory counters, or --redis) to a trivial upstream,
     /// and the same load straight to the upstream in the same run, alternating round by
     /// round: requests/s closed loop, then the p50/p99 the gateway adds at a paced rate;
@@ -78,6 +86,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Log(args) => log::run(args).await,
         BenchCommand::Rollup(args) => rollup::run(args).await,
         BenchCommand::Query(args) => query::run(args).await,
+        BenchCommand::QueryPeer(args) => query::peer(args).await,
         BenchCommand::Gateway(args) => gateway::run(args).await,
         BenchCommand::Page(args) => page::run(args).await,
         BenchCommand::Soak(args) => soak::run(args).await,

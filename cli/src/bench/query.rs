@@ -1,6 +1,8 @@
 //! `verdict bench query`: a realistic lake (days of raw decisions at a scaled-down rate,
 //! a month of hourly rollups and the daily overage), then every named report and a few
-//! ad-hoc queries timed in DataFusion and, on the same files with the same SQL, in DuckDB.
+//! ad-hoc queries timed in DataFusion and, on the same files with the same SQL, in DuckDB,
+//! and in a process of ours that does not count memory per query (what the counting in
+//! `verdict_query::memory` costs), each run in turns with ours.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -49,8 +51,26 @@ pub struct QueryBenchArgs {
     /// ours, …); the median of each engine's is reported.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub runs: u32,
+    /// Skip the comparison with a process of ours that does not count memory per query
+    /// (`VERDICT_COUNT_MEMORY=off`), run in turns with ours.
+    #[arg(long)]
+    pub no_uncounted: bool,
     #[command(flatten)]
     pub compare: super::DuckDbArgs,
+}
+
+/// Options of `verdict bench query-peer`.
+#[derive(Debug, Args)]
+pub struct QueryPeerArgs {
+    /// The lake `bench query` wrote (its policy in `policy.toml`).
+    #[arg(long)]
+    pub lake: std::path::PathBuf,
+    /// The queries, a JSON object `{"queries": [{"name", "sql"}]}`.
+    #[arg(long)]
+    pub spec: std::path::PathBuf,
+    /// Threads for the engine.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub threads: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -65,6 +85,10 @@ struct QueryResult {
     duckdb_p50_ms: Option<f64>,
     duckdb_rows: Option<usize>,
     vs_duckdb: Option<f64>,
+    /// The same query in a process of ours that does not count memory per query.
+    uncounted_p50_ms: Option<f64>,
+    /// p50_ms ÷ uncounted_p50_ms: what counting costs (1.0: nothing).
+    vs_uncounted: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -82,8 +106,8 @@ struct DataSet {
     threads: usize,
 }
 
-/// One run of a query in DuckDB.
-#[derive(Debug, Deserialize)]
+/// One run of a query in a peer (DuckDB, or an uncounted process of ours).
+#[derive(Debug, Deserialize, Serialize)]
 struct DuckDbRun {
     #[serde(default)]
     seconds: f64,
@@ -279,13 +303,7 @@ pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
     let set = write_data_set(&store, &root, &args, threads).await?;
     println!("{}", serde_json::to_string(&set)?);
 
-    let source: Arc<dyn PolicySource> = Arc::new(FileSource::new(root.join("policy.toml")));
-    let engine = Engine::new(
-        LocalFileSystem::new_with_prefix(&root)?,
-        PoliciesTable::new(Some(source)),
-        threads,
-        Limits::default(),
-    )?;
+    let engine = lake_engine(&root, threads)?;
     let queries = queries(&engine, &args).await?;
 
     // DuckDB runs beside us: each timed run of ours is followed by one of DuckDB's, so a
@@ -295,6 +313,20 @@ pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
     } else {
         let spec = duckdb_spec(&engine, &root, &queries, threads).await?;
         Some(DuckDb::start(&args.compare, &spec)?)
+    };
+    // Ours with memory counting off, in a process of its own (the allocator decides once
+    // per process): each timed run of ours is followed by one of its, so what counting
+    // costs is measured on the same machine at the same moment.
+    let mut uncounted = if args.no_uncounted {
+        None
+    } else if !verdict_query::memory::is_counting() {
+        tracing::warn!(
+            "this process does not count memory per query ({}=off): no comparison with an uncounted one",
+            verdict_query::memory::SWITCH
+        );
+        None
+    } else {
+        Some(DuckDb::start_peer(&root, &queries, threads)?)
     };
     for (name, kind, sql) in &queries {
         let (batches, scanned) = engine
@@ -306,11 +338,21 @@ pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
         if let Some(d) = duck.as_mut() {
             duck_rows = Some(d.run(name)?.rows);
         }
-        let (mut times, mut duck_times) = (Vec::new(), Vec::new());
+        if let Some(u) = uncounted.as_mut() {
+            let theirs = u.run(name)?.rows;
+            anyhow::ensure!(
+                theirs == rows,
+                "query {name}: the uncounted process answered {theirs} rows, this one {rows}"
+            );
+        }
+        let (mut times, mut duck_times, mut uncounted_times) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..args.runs {
             let t = Instant::now();
             engine.collect_measured(sql).await?;
             times.push(t.elapsed().as_secs_f64() * 1000.0);
+            if let Some(u) = uncounted.as_mut() {
+                uncounted_times.push(u.run(name)?.seconds * 1000.0);
+            }
             if let Some(d) = duck.as_mut() {
                 duck_times.push(d.run(name)?.seconds * 1000.0);
             }
@@ -318,6 +360,7 @@ pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
         let min = times.iter().copied().fold(f64::INFINITY, f64::min);
         let p50 = median(&times);
         let duck_p50 = duck.is_some().then(|| median(&duck_times));
+        let uncounted_p50 = uncounted.is_some().then(|| median(&uncounted_times));
         let result = QueryResult {
             bench: "query",
             query: name.clone(),
@@ -329,6 +372,8 @@ pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
             duckdb_p50_ms: duck_p50,
             duckdb_rows: duck_rows,
             vs_duckdb: duck_p50.map(|d| p50 / d),
+            uncounted_p50_ms: uncounted_p50,
+            vs_uncounted: uncounted_p50.map(|u| p50 / u),
         };
         if let Some(d) = duck_rows
             && d != rows
@@ -513,8 +558,79 @@ async fn duckdb_spec(
     Ok(spec_path)
 }
 
-/// A DuckDB process over the spec's views, running one query whenever asked.
+/// The engine over a lake `bench query` wrote, its policy in `policy.toml`.
+fn lake_engine(root: &std::path::Path, threads: usize) -> anyhow::Result<Engine> {
+    let source: Arc<dyn PolicySource> = Arc::new(FileSource::new(root.join("policy.toml")));
+    Ok(Engine::new(
+        LocalFileSystem::new_with_prefix(root)?,
+        PoliciesTable::new(Some(source)),
+        threads,
+        Limits::default(),
+    )?)
+}
+
+/// `verdict bench query-peer`: runs the spec's query named on each line of standard input
+/// and prints `{"seconds", "rows"}` (or `{"error"}`) on a line of its own.
+pub async fn peer(args: QueryPeerArgs) -> anyhow::Result<()> {
+    use std::io::{BufRead, Write};
+    let spec: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(&args.spec).with_context(|| format!("reading {}", args.spec.display()))?,
+    )
+    .with_context(|| format!("{} is not JSON", args.spec.display()))?;
+    let queries: BTreeMap<String, String> = spec["queries"]
+        .as_array()
+        .with_context(|| format!("{}: no \"queries\" list", args.spec.display()))?
+        .iter()
+        .map(|q| {
+            Some((
+                q["name"].as_str()?.to_owned(),
+                q["sql"].as_str()?.to_owned(),
+            ))
+        })
+        .collect::<Option<_>>()
+        .with_context(|| {
+            format!(
+                "{}: a query without its \"name\" or \"sql\"",
+                args.spec.display()
+            )
+        })?;
+    let engine = lake_engine(&args.lake, usize::try_from(args.threads)?)?;
+    let mut out = std::io::stdout().lock();
+    for line in std::io::stdin().lock().lines() {
+        let name = line?;
+        let run = match queries.get(&name) {
+            None => DuckDbRun {
+                seconds: 0.0,
+                rows: 0,
+                error: Some(format!("no query named {name:?} in the spec")),
+            },
+            Some(sql) => {
+                let t = Instant::now();
+                match engine.collect_measured(sql).await {
+                    Ok((batches, _)) => DuckDbRun {
+                        seconds: t.elapsed().as_secs_f64(),
+                        rows: batches.iter().map(|b| b.num_rows()).sum(),
+                        error: None,
+                    },
+                    Err(e) => DuckDbRun {
+                        seconds: 0.0,
+                        rows: 0,
+                        error: Some(e.to_string()),
+                    },
+                }
+            }
+        };
+        writeln!(out, "{}", serde_json::to_string(&run)?)?;
+        out.flush()?;
+    }
+    Ok(())
+}
+
+/// A process running one query whenever asked: DuckDB over the spec's views, or ours
+/// without memory counting.
 struct DuckDb {
+    /// Who it is, in errors.
+    who: &'static str,
     child: std::process::Child,
     input: std::process::ChildStdin,
     output: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
@@ -522,10 +638,47 @@ struct DuckDb {
 
 impl DuckDb {
     fn start(compare: &super::DuckDbArgs, spec: &std::path::Path) -> anyhow::Result<Self> {
-        let mut child = compare.duckdb_session(&["--queries".as_ref(), spec.as_os_str()])?;
-        let input = child.stdin.take().context("DuckDB's standard input")?;
-        let output = child.stdout.take().context("DuckDB's standard output")?;
+        let child = compare.duckdb_session(&["--queries".as_ref(), spec.as_os_str()])?;
+        Self::attach("DuckDB", child)
+    }
+
+    /// This binary's `bench query-peer` over `root` with `queries`, counting off.
+    fn start_peer(
+        root: &std::path::Path,
+        queries: &[(String, &'static str, String)],
+        threads: usize,
+    ) -> anyhow::Result<Self> {
+        let spec = serde_json::json!({
+            "queries": queries.iter().map(|(name, _, sql)| serde_json::json!({"name": name, "sql": sql})).collect::<Vec<_>>(),
+        });
+        let spec_path = root.join("bench-query-uncounted.json");
+        std::fs::write(&spec_path, serde_json::to_vec_pretty(&spec)?)?;
+        let exe = std::env::current_exe().context("finding this program to start its peer")?;
+        let child = std::process::Command::new(exe)
+            .args(["bench", "query-peer", "--lake"])
+            .arg(root)
+            .arg("--spec")
+            .arg(&spec_path)
+            .args(["--threads", &threads.to_string()])
+            .env(verdict_query::memory::SWITCH, "off")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .context("starting the uncounted process (verdict bench query-peer)")?;
+        Self::attach("the uncounted process", child)
+    }
+
+    fn attach(who: &'static str, mut child: std::process::Child) -> anyhow::Result<Self> {
+        let input = child
+            .stdin
+            .take()
+            .with_context(|| format!("{who}'s standard input"))?;
+        let output = child
+            .stdout
+            .take()
+            .with_context(|| format!("{who}'s standard output"))?;
         Ok(Self {
+            who,
             child,
             input,
             output: std::io::BufRead::lines(std::io::BufReader::new(output)),
@@ -535,18 +688,19 @@ impl DuckDb {
     /// Runs the query `name` once.
     fn run(&mut self, name: &str) -> anyhow::Result<DuckDbRun> {
         use std::io::Write;
-        writeln!(self.input, "{name}").context("asking DuckDB for a query")?;
+        let who = self.who;
+        writeln!(self.input, "{name}").with_context(|| format!("asking {who} for a query"))?;
         self.input.flush()?;
         let line = match self.output.next() {
             Some(line) => line?,
             None => {
-                anyhow::bail!("DuckDB stopped before answering query {name} (its errors are above)")
+                anyhow::bail!("{who} stopped before answering query {name} (its errors are above)")
             }
         };
         let run: DuckDbRun = serde_json::from_str(&line)
-            .with_context(|| format!("reading DuckDB's answer {line:?}"))?;
+            .with_context(|| format!("reading {who}'s answer {line:?}"))?;
         if let Some(e) = run.error {
-            anyhow::bail!("DuckDB could not run query {name}: {e}");
+            anyhow::bail!("{who} could not run query {name}: {e}");
         }
         Ok(run)
     }
