@@ -109,6 +109,14 @@ impl World {
     /// # Panics
     /// When a region's Redis or PostgreSQL is not running.
     pub async fn start(name: &str) -> World {
+        Self::start_with_deadline(name, Duration::from_millis(100)).await
+    }
+
+    /// [`Self::start`] with each gateway's decision deadline `deadline`: a world whose
+    /// Redis servers all stay up takes a long one, so that no decision is left to the local
+    /// fallback by a stall of this process (a debug build on two cores the suite's services
+    /// share) and every one is counted where the test counts.
+    pub async fn start_with_deadline(name: &str, deadline: Duration) -> World {
         require_regions();
         require(Service::Kafka);
         let topic = unique_name(&format!("{name}-decisions"));
@@ -144,7 +152,7 @@ impl World {
                 url: url.clone(),
                 // Loopback, but debug builds on two busy cores: a decision that times out
                 // would be decided locally and blur what the test counts.
-                timeout: Duration::from_millis(100),
+                timeout: deadline,
                 ..RedisStoreConfig::default()
             })
             .await
