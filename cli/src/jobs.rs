@@ -183,7 +183,8 @@ pub struct JobsCommonArgs {
     /// An hour is rolled up and compacted once it ended this many seconds ago.
     #[arg(long, default_value_t = 600)]
     pub lateness_secs: u64,
-    /// Compact a Kafka partition's files in an hour once there are this many.
+    /// Compact a raw hour into one file once it has this many files (all its Kafka
+    /// partitions' together).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(2..))]
     pub compact_min_files: u64,
     /// Threads for the queries [default: the machine's cores].
@@ -240,6 +241,29 @@ pub struct JobsOnceArgs {
     pub now: Option<chrono::DateTime<chrono::Utc>>,
 }
 
+/// What a run of `job` did, in the tables' words.
+fn said(job: Job, o: &verdict_jobs::JobOutcome, dry_run: bool) -> String {
+    let (remove, vacuum) = if dry_run {
+        ("would remove", "vacuum would delete")
+    } else {
+        ("removed", "vacuum deleted")
+    };
+    match job {
+        Job::Rollup | Job::Overage => format!(
+            "{job}: wrote {} partition(s), {} bytes",
+            o.written, o.bytes_written
+        ),
+        Job::Compact => format!(
+            "compact: wrote {} file(s), {} bytes; {remove} {} file(s), {} bytes, from the raw table (in the store until vacuum deletes them)",
+            o.written, o.bytes_written, o.removed, o.bytes_removed
+        ),
+        Job::Retention => format!(
+            "retention: {remove} {} expired partition(s), {} bytes; {vacuum} {} file(s), {} bytes, from the store",
+            o.removed, o.bytes_removed, o.vacuumed, o.bytes_vacuumed
+        ),
+    }
+}
+
 /// Runs a jobs command.
 pub async fn run(cmd: JobsCommand) -> anyhow::Result<()> {
     match cmd {
@@ -252,15 +276,7 @@ pub async fn run(cmd: JobsCommand) -> anyhow::Result<()> {
             let jobs = Jobs::new(args.common.lake.open()?, args.common.config());
             let now = args.now.unwrap_or_else(chrono::Utc::now).timestamp_millis();
             let o = jobs.run_once(args.job, now, args.dry_run).await?;
-            let verb = if args.dry_run {
-                "would delete"
-            } else {
-                "deleted"
-            };
-            println!(
-                "{}: wrote {} ({} bytes), {verb} {} ({} bytes)",
-                args.job, o.written, o.bytes_written, o.deleted, o.bytes_deleted
-            );
+            println!("{}", said(args.job, &o, args.dry_run));
             Ok(())
         }
         JobsCommand::Run(args) => {

@@ -79,7 +79,7 @@ pub async fn run(args: RollupArgs) -> anyhow::Result<()> {
         let report = rollup
             .run_hour(*hour)
             .await
-            .with_context(|| format!("rolling up {hour}"))?;
+            .with_context(|| format!("rolling up {hour} of the lake {}", args.lake.store))?;
         total.add(&report);
         if let Some(bar) = &bar {
             bar.inc(1);

@@ -61,7 +61,7 @@ fn retention_once_lists_on_a_dry_run_and_deletes_otherwise() {
     assert!(dry.status.success(), "{dry:?}");
     assert_eq!(
         stdout(&dry).trim(),
-        "retention: wrote 0 (0 bytes), would delete 1 (10 bytes)"
+        "retention: would remove 1 expired partition(s), 10 bytes; vacuum would delete 0 file(s), 0 bytes, from the store"
     );
     assert!(root.join("raw/date=2026-11-22/hour=11").exists());
 
@@ -69,7 +69,7 @@ fn retention_once_lists_on_a_dry_run_and_deletes_otherwise() {
     assert!(real.status.success(), "{real:?}");
     assert_eq!(
         stdout(&real).trim(),
-        "retention: wrote 0 (0 bytes), deleted 1 (10 bytes)"
+        "retention: removed 1 expired partition(s), 10 bytes; vacuum deleted 0 file(s), 0 bytes, from the store"
     );
     // The hour left the table; its bytes stay an hour for queries planned before, and the
     // next run past that hour vacuums them.
@@ -85,6 +85,10 @@ fn retention_once_lists_on_a_dry_run_and_deletes_otherwise() {
         "2026-11-30T13:30:00Z",
     ]);
     assert!(later.status.success(), "{later:?}");
+    assert_eq!(
+        stdout(&later).trim(),
+        "retention: removed 0 expired partition(s), 0 bytes; vacuum deleted 1 file(s), 10 bytes, from the store"
+    );
     assert!(!old.exists(), "vacuum left the removed file");
     assert!(root.join("raw/date=2026-11-24/hour=11/f.parquet").exists());
 }

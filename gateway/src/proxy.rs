@@ -37,6 +37,10 @@ use verdict_schemas::TierId;
 use crate::keys::KeyDirectory;
 use crate::routes::Routes;
 
+/// What a caller is told when the upstream failed (the reason goes to the gateway's log).
+const UPSTREAM_FAILED: &str =
+    "the upstream failed to answer; the request was allowed and counted, retry later";
+
 /// How the gateway runs.
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
@@ -251,7 +255,8 @@ impl<S: CounterStore> Gateway<S> {
             Ok(u) => u,
             Err(e) => {
                 self.count("upstream_error");
-                return problem(StatusCode::BAD_GATEWAY, &format!("upstream URL: {e}"));
+                tracing::warn!(error = %e, path = %parts.uri, "the upstream URL could not be made");
+                return problem(StatusCode::BAD_GATEWAY, UPSTREAM_FAILED);
             }
         };
         parts.uri = uri;
@@ -288,11 +293,10 @@ impl<S: CounterStore> Gateway<S> {
             }
             Ok(Err(e)) => {
                 self.count("upstream_error");
-                tracing::warn!(error = %e, "upstream failed");
-                problem(
-                    StatusCode::BAD_GATEWAY,
-                    &format!("the upstream failed: {e}"),
-                )
+                // The reason (the upstream's address, the socket's error) is the operator's,
+                // in the log; the caller is told only that the upstream failed.
+                tracing::warn!(error = %e, cause = ?std::error::Error::source(&e), "upstream failed");
+                problem(StatusCode::BAD_GATEWAY, UPSTREAM_FAILED)
             }
             Err(_) => {
                 self.count("upstream_timeout");

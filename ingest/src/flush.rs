@@ -103,6 +103,21 @@ impl PartitionBuffer {
     /// value that does not decode into the bad records, with the reason.
     pub fn take(&mut self, partition: i32, offset: i64, value: &[u8], accept: RangeInclusive<i64>) {
         match DecisionEvent::decode(value) {
+            // The raw table's `policy_version` is a Delta long: a version past it cannot be
+            // kept as it was sent, and a clamped one would be a different version.
+            Ok(event) if i64::try_from(event.policy_version).is_err() => {
+                self.bad.push(BadRecord {
+                    partition,
+                    offset,
+                    kind: "policy_version_out_of_range".into(),
+                    reason: format!(
+                        "policy version {} is past what the raw table's policy_version (a long) holds, {}",
+                        event.policy_version,
+                        i64::MAX
+                    ),
+                    value_hex: hex::encode(value),
+                });
+            }
             Ok(event) if accept.contains(&event.event_time_ms) => self.events.push(ConsumedEvent {
                 event,
                 partition,
@@ -770,6 +785,34 @@ mod tests {
             rows += reader.map(|b| b.unwrap().num_rows()).sum::<usize>();
         }
         assert_eq!(rows, 3_000);
+    }
+
+    #[test]
+    fn a_policy_version_the_table_cannot_hold_is_a_bad_record_not_clamped() {
+        let mut b = PartitionBuffer::default();
+        let mut e = event(0, H14).event;
+        for (offset, version) in [(0, i64::MAX as u64), (1, 1 << 63), (2, u64::MAX)] {
+            e.policy_version = version;
+            b.consumed(offset);
+            b.take(2, offset, &e.encode(), 0..=i64::MAX);
+        }
+        assert_eq!(b.events.len(), 1);
+        assert_eq!(b.events[0].event.policy_version, i64::MAX as u64);
+        let bad: Vec<(i64, &str)> = b.bad.iter().map(|r| (r.offset, r.kind.as_str())).collect();
+        assert_eq!(
+            bad,
+            [
+                (1, "policy_version_out_of_range"),
+                (2, "policy_version_out_of_range")
+            ]
+        );
+        assert!(
+            b.bad[0]
+                .reason
+                .contains("policy version 9223372036854775808 is past"),
+            "{}",
+            b.bad[0].reason
+        );
     }
 
     #[tokio::test]

@@ -195,6 +195,12 @@ async fn run_plan(
     windows: &Windows,
 ) -> Result<Vec<RollupReport>, RollupError> {
     let Some(plan) = plan(rollup, now_ms, windows).await? else {
+        // A lake in the making (no flush committed yet), or a store that is not the lake:
+        // either way the operator is told, every run, rather than shown nothing to do.
+        tracing::warn!(
+            table = RAW.root,
+            "no raw table in this store (no raw/_delta_log/): nothing to roll up until the ingest workers' first flush creates it; if they have flushed, the jobs are pointed at another store than theirs"
+        );
         return Ok(Vec::new());
     };
     // Nothing due: no commit (the progress moves with the next hour rolled up).

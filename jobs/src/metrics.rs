@@ -20,12 +20,17 @@ pub struct JobMetrics {
     pub runs: IntCounterVec,
     /// `verdict_job_partitions_written_total{job}`.
     pub partitions_written: IntCounterVec,
-    /// `verdict_job_partitions_deleted_total{job}`.
-    pub partitions_deleted: IntCounterVec,
+    /// `verdict_job_removed_total{job}`: partitions (retention) or files (compaction)
+    /// taken out of the tables.
+    pub removed: IntCounterVec,
     /// `verdict_job_bytes_written_total{job}`.
     pub bytes_written: IntCounterVec,
-    /// `verdict_job_bytes_deleted_total{job}`.
-    pub bytes_deleted: IntCounterVec,
+    /// `verdict_job_bytes_removed_total{job}`.
+    pub bytes_removed: IntCounterVec,
+    /// `verdict_job_files_vacuumed_total{job}`: files vacuum deleted from the store.
+    pub vacuumed: IntCounterVec,
+    /// `verdict_job_bytes_vacuumed_total{job}`.
+    pub bytes_vacuumed: IntCounterVec,
     /// `verdict_reconcile_keys`: keys near their limit in the last reconcile round.
     pub reconcile_keys: prometheus::IntGauge,
     /// `verdict_reconcile_unreachable_regions`: regions the last round could not read
@@ -75,12 +80,23 @@ impl JobMetrics {
                 "verdict_job_partitions_written_total",
                 "Partitions (or files) the job wrote.",
             ),
-            partitions_deleted: by_job(
-                "verdict_job_partitions_deleted_total",
-                "Partitions (or files) the job deleted.",
+            removed: by_job(
+                "verdict_job_removed_total",
+                "Partitions (retention) or files (compaction) the job took out of its tables; their files stay in the store until vacuum deletes them.",
             ),
             bytes_written: by_job("verdict_job_bytes_written_total", "Bytes the job wrote."),
-            bytes_deleted: by_job("verdict_job_bytes_deleted_total", "Bytes the job deleted."),
+            bytes_removed: by_job(
+                "verdict_job_bytes_removed_total",
+                "Bytes the job took out of its tables.",
+            ),
+            vacuumed: by_job(
+                "verdict_job_files_vacuumed_total",
+                "Files vacuum deleted from the store.",
+            ),
+            bytes_vacuumed: by_job(
+                "verdict_job_bytes_vacuumed_total",
+                "Bytes vacuum deleted from the store.",
+            ),
             reconcile_keys: prometheus::register_int_gauge_with_registry!(
                 "verdict_reconcile_keys",
                 "Keys near their limit in the last reconcile round.",

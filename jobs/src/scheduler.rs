@@ -70,10 +70,17 @@ pub struct JobOutcome {
     pub written: usize,
     /// Bytes written.
     pub bytes_written: u64,
-    /// Partitions or files deleted (or, in a dry run, that would be).
-    pub deleted: usize,
-    /// Bytes deleted (or that would be).
-    pub bytes_deleted: u64,
+    /// Taken out of the tables (in a dry run: that would be): compaction's input files,
+    /// retention's expired partitions. A table's files stay in the store, for the queries
+    /// reading an older snapshot, until vacuum deletes them (the quarantine's are deleted
+    /// at once).
+    pub removed: usize,
+    /// Their bytes.
+    pub bytes_removed: u64,
+    /// Files vacuum deleted from the store (in a dry run: would delete).
+    pub vacuumed: usize,
+    /// Their bytes.
+    pub bytes_vacuumed: u64,
 }
 
 /// Why a job failed.
@@ -99,7 +106,8 @@ pub enum JobError {
 pub struct JobsConfig {
     /// Retention windows and lateness.
     pub windows: Windows,
-    /// Compact a partition's hour once it has this many files.
+    /// Compact a raw hour into one file once it has this many files (all its Kafka
+    /// partitions' together).
     pub compact_min_files: usize,
     /// How often the rollup job looks for due hours.
     pub rollup_every: Duration,
@@ -170,20 +178,28 @@ impl Jobs {
                     m.bytes_written
                         .with_label_values(&[name])
                         .inc_by(o.bytes_written);
-                    m.partitions_deleted
+                    m.removed
                         .with_label_values(&[name])
-                        .inc_by(o.deleted as u64);
-                    m.bytes_deleted
+                        .inc_by(o.removed as u64);
+                    m.bytes_removed
                         .with_label_values(&[name])
-                        .inc_by(o.bytes_deleted);
+                        .inc_by(o.bytes_removed);
+                    m.vacuumed
+                        .with_label_values(&[name])
+                        .inc_by(o.vacuumed as u64);
+                    m.bytes_vacuumed
+                        .with_label_values(&[name])
+                        .inc_by(o.bytes_vacuumed);
                 }
                 tracing::info!(
                     job = name,
                     dry_run,
                     written = o.written,
                     bytes_written = o.bytes_written,
-                    deleted = o.deleted,
-                    bytes_deleted = o.bytes_deleted,
+                    removed = o.removed,
+                    bytes_removed = o.bytes_removed,
+                    vacuumed = o.vacuumed,
+                    bytes_vacuumed = o.bytes_vacuumed,
                     seconds = took.as_secs_f64(),
                     "job finished"
                 );
@@ -211,8 +227,9 @@ impl Jobs {
                 JobOutcome {
                     written: r.compacted.len(),
                     bytes_written: r.compacted.iter().map(|c| c.bytes_out as u64).sum(),
-                    deleted: r.compacted.iter().map(|c| c.inputs).sum::<usize>(),
-                    bytes_deleted: r.compacted.iter().map(|c| c.bytes_in).sum(),
+                    removed: r.compacted.iter().map(|c| c.inputs).sum::<usize>(),
+                    bytes_removed: r.compacted.iter().map(|c| c.bytes_in).sum(),
+                    ..JobOutcome::default()
                 }
             }
             Job::Overage => {
@@ -226,8 +243,10 @@ impl Jobs {
             Job::Retention => {
                 let r = retention::run(&self.store, now_ms, w, dry_run).await?;
                 JobOutcome {
-                    deleted: r.expired.len(),
-                    bytes_deleted: r.expired.iter().map(|e| e.bytes).sum(),
+                    removed: r.expired.len(),
+                    bytes_removed: r.expired.iter().map(|e| e.bytes).sum(),
+                    vacuumed: r.vacuumed,
+                    bytes_vacuumed: r.vacuumed_bytes,
                     ..JobOutcome::default()
                 }
             }

@@ -21,7 +21,8 @@
 //! # }
 //! ```
 //!
-//! `examples/gateway_layer.rs` is an axum app built this way.
+//! `examples/axum_layer.rs` is an axum app built this way (`cargo run -p verdict-limiter
+//! --example axum_layer`).
 //!
 //! The caller's closure says who is asking ([`Identity`]: key, route class, tier, and the
 //! attribute that places a split key's caller on a sub-key), or refuses the request itself

@@ -77,12 +77,13 @@ pub fn hours_in(snapshot: &Snapshot) -> Vec<HourPartition> {
     hours.into_iter().collect()
 }
 
-/// The files of `hour` in the raw table's latest snapshot (none before the table's first
-/// commit).
+/// The files of `hour` in the raw table's latest snapshot. A store with no raw table (no
+/// `raw/_delta_log/`: a wrong folder or bucket, or a folder of Parquet files no worker
+/// committed) is an error that says so, not an hour of nothing.
 pub async fn hour_files(
     store: &Arc<dyn ObjectStore>,
     hour: &HourPartition,
 ) -> Result<HourFiles, LakeError> {
-    let snapshot = RAW.table(Arc::clone(store)).snapshot_if_any().await?;
-    Ok(snapshot.map_or_else(HourFiles::default, |s| hour_files_in(&s, hour)))
+    let snapshot = RAW.table(Arc::clone(store)).snapshot().await?;
+    Ok(hour_files_in(&snapshot, hour))
 }

@@ -420,8 +420,9 @@ impl RawBatchBuilder {
         self.remaining_window.push(e.remaining_window);
         self.retry_after_ms.push(e.retry_after_ms);
         self.window_quota.push(e.window_quota);
-        // A Delta `long`: policy versions are PostgreSQL bigints, and one past i64::MAX
-        // (which no source issues) is stored as i64::MAX.
+        // A Delta `long`: policy versions are PostgreSQL bigints. The ingest worker
+        // quarantines an event whose version is past i64::MAX before it gets here
+        // (`policy_version_out_of_range`); for other writers such a version is i64::MAX.
         self.policy_version
             .push(i64::try_from(e.policy_version).unwrap_or(i64::MAX));
         self.sub_key.push(e.sub_key);

@@ -40,10 +40,10 @@ pub enum KeyDistribution {
 /// Options of `verdict bench limiter`.
 #[derive(Debug, Clone, Args)]
 pub struct LimiterBenchArgs {
-    /// Redis to decide against [default: $VERDICT_REDIS_URL, else
-    /// redis://127.0.0.1:16379/15: a database of its own on the Redis of
-    /// `scripts/services.sh`, so that the bench's key layout (`rl:layout`) does not meet the
-    /// tests' in database 0].
+    /// Redis to decide against [default: database 15 of the server $VERDICT_REDIS_URL
+    /// names, else redis://127.0.0.1:16379/15: a database of its own on the Redis of
+    /// `scripts/services.sh`, so that the bench's key layout (`rl:layout`) never meets the
+    /// one the tests and gateways use in database 0].
     #[arg(long)]
     pub redis_url: Option<String>,
     /// Simulated gateway instances (each a limiter with its own connections).
@@ -293,13 +293,32 @@ struct TaskResult {
     fallback: u64,
 }
 
+/// The bench's own database (15) on the server `url` names: a single Redis's URL with its
+/// database replaced; a cluster's (which has one database) as it is.
+fn bench_database(url: &str) -> String {
+    let Some(rest) = url.strip_prefix("redis://") else {
+        return url.to_owned();
+    };
+    let (address, query) = rest
+        .split_once('?')
+        .map_or((rest, None), |(a, q)| (a, Some(q)));
+    let server = address
+        .split_once('/')
+        .map_or(address, |(server, _)| server);
+    match query {
+        Some(q) => format!("redis://{server}/15?{q}"),
+        None => format!("redis://{server}/15"),
+    }
+}
+
 /// Runs the load and measures it.
 pub async fn bench(args: &LimiterBenchArgs) -> anyhow::Result<LimiterBenchReport> {
-    let url = args
-        .redis_url
-        .clone()
-        .or_else(|| std::env::var("VERDICT_REDIS_URL").ok())
-        .unwrap_or_else(|| "redis://127.0.0.1:16379/15".into());
+    let url = args.redis_url.clone().unwrap_or_else(|| {
+        bench_database(
+            &std::env::var("VERDICT_REDIS_URL")
+                .unwrap_or_else(|_| "redis://127.0.0.1:16379".into()),
+        )
+    });
     let salt: u64 = rand::random();
     let policy = bench_policy(key_id(salt, TENANT))?;
     let tenant_limits = match policy.resolve(&key_id(salt, TENANT), RouteClassId(0), TierId(0)) {
@@ -703,6 +722,20 @@ fn redis_benchmark_ceiling(url: &str, sha: &str, batch: usize) -> anyhow::Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bench_decides_in_database_15_of_the_server_it_is_given() {
+        assert_eq!(
+            bench_database("redis://127.0.0.1:16379"),
+            "redis://127.0.0.1:16379/15"
+        );
+        assert_eq!(
+            bench_database("redis://:pw@10.0.0.1:6379/0?protocol=resp3"),
+            "redis://:pw@10.0.0.1:6379/15?protocol=resp3"
+        );
+        let cluster = "redis-cluster://127.0.0.1:17001?node=127.0.0.1:17002";
+        assert_eq!(bench_database(cluster), cluster);
+    }
 
     #[test]
     fn redis_work_is_read_from_info_and_nonsense_is_named() {

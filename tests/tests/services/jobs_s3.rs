@@ -200,7 +200,7 @@ async fn retention_deletes_exactly_the_partitions_past_their_windows() {
 
     let jobs = Jobs::new(Arc::clone(&store), config());
     let dry = jobs.run_once(Job::Retention, now, true).await.unwrap();
-    assert_eq!((dry.deleted, dry.bytes_deleted), (5, 50), "{dry:?}");
+    assert_eq!((dry.removed, dry.bytes_removed), (5, 50), "{dry:?}");
     assert!(
         exists_under(&store, &at(8).raw_prefix()).await,
         "a dry run deleted"
@@ -225,7 +225,14 @@ async fn retention_deletes_exactly_the_partitions_past_their_windows() {
     assert_eq!(doomed, want);
 
     let done = jobs.run_once(Job::Retention, now, false).await.unwrap();
-    assert_eq!(done.deleted, 5);
+    assert_eq!(done.removed, 5);
+    // What the dry run said vacuum would delete is what the run's vacuum deleted: the
+    // files removed by this run wait out the tables' retention of removed files.
+    assert_eq!(
+        (done.vacuumed, done.bytes_vacuumed),
+        (dry.vacuumed, dry.bytes_vacuumed),
+        "dry {dry:?}, done {done:?}"
+    );
     // The raw hour left the table in one commit; its bytes stay for the queries planned
     // before it until vacuum, past the table's hour of retention, deletes them.
     let raw_hours = |s: &verdict_lake::Snapshot| verdict_rollup::hours_in(s);
@@ -276,7 +283,7 @@ async fn retention_deletes_exactly_the_partitions_past_their_windows() {
     assert!(
         jobs.metrics()
             .render()
-            .contains("verdict_job_partitions_deleted_total{job=\"retention\"} 5"),
+            .contains("verdict_job_removed_total{job=\"retention\"} 5"),
         "{}",
         jobs.metrics().render()
     );
@@ -356,7 +363,7 @@ async fn compaction_under_a_counting_reader_never_changes_the_count() {
     stop.store(true, Ordering::Relaxed);
     reader.await.expect("the reader's count never changed");
     assert!(reads.load(Ordering::Relaxed) > 2, "the reader hardly ran");
-    assert_eq!((o.written, o.deleted), (1, 14), "{o:?}");
+    assert_eq!((o.written, o.removed), (1, 14), "{o:?}");
 
     let files = hour_files(&store, &hour).await.unwrap();
     assert_eq!(files.files.len(), 1, "one file for the hour");
@@ -482,7 +489,7 @@ async fn two_schedulers_at_once_leave_the_same_tables_as_one() {
     let c = Jobs::new(Arc::clone(&store), config());
     for job in [Job::Compact, Job::Rollup, Job::Overage] {
         let o = c.run_once(job, now, false).await.unwrap();
-        assert_eq!((o.written, o.deleted), (0, 0), "{job} had work left: {o:?}");
+        assert_eq!((o.written, o.removed), (0, 0), "{job} had work left: {o:?}");
     }
     assert!(exists_under(&store, RAW_PREFIX).await);
 }

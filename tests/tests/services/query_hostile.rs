@@ -9,6 +9,7 @@
 
 use std::net::SocketAddr;
 use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -63,8 +64,15 @@ fn psql(addr: SocketAddr, commands: &[&str]) -> Output {
     })
 }
 
-/// psql's answer to `commands` (one session): its stdout when it succeeded, else its stderr.
+/// psql's answer to `commands` (one session, counted as a case): its stdout when it
+/// succeeded, else its stderr.
 async fn psql_says(addr: SocketAddr, commands: &[&str]) -> Result<String, String> {
+    let said = psql_run(addr, commands).await;
+    tally(said.is_ok());
+    said
+}
+
+async fn psql_run(addr: SocketAddr, commands: &[&str]) -> Result<String, String> {
     let commands: Vec<String> = commands.iter().map(|c| c.to_string()).collect();
     let out = tokio::task::spawn_blocking(move || {
         let refs: Vec<&str> = commands.iter().map(String::as_str).collect();
@@ -87,7 +95,24 @@ fn http(timeout: Duration) -> reqwest::Client {
     reqwest::Client::builder().timeout(timeout).build().unwrap()
 }
 
+/// The suite's cases as the front ends took them: answered, or refused (an error in words,
+/// a time limit, a stopped statement). What `still_serving` asks between them is not counted.
+static ANSWERED: AtomicUsize = AtomicUsize::new(0);
+static REFUSED: AtomicUsize = AtomicUsize::new(0);
+
+fn tally(answered: bool) {
+    let count = if answered { &ANSWERED } else { &REFUSED };
+    count.fetch_add(1, Ordering::Relaxed);
+}
+
+/// `sql` over HTTP, counted as a case.
 async fn post_sql(base: &str, sql: &str) -> (StatusCode, Value) {
+    let (status, v) = send_sql(base, sql).await;
+    tally(status.is_success());
+    (status, v)
+}
+
+async fn send_sql(base: &str, sql: &str) -> (StatusCode, Value) {
     let r = http(Duration::from_secs(60))
         .post(format!("{base}/v1/sql"))
         .bearer_auth(TOKEN)
@@ -108,11 +133,11 @@ async fn post_sql(base: &str, sql: &str) -> (StatusCode, Value) {
 
 /// The service answers a normal query on both front ends.
 async fn still_serving(base: &str, pg: SocketAddr, after: &str) {
-    let (status, v) = post_sql(base, "SELECT COUNT(*) AS n FROM decisions").await;
+    let (status, v) = send_sql(base, "SELECT COUNT(*) AS n FROM decisions").await;
     assert_eq!(status, StatusCode::OK, "HTTP after {after}: {v}");
     let n = v["rows"][0]["n"].as_i64().unwrap();
     assert!(n > 0);
-    let said = psql_says(pg, &["SELECT COUNT(*) FROM decisions"]).await;
+    let said = psql_run(pg, &["SELECT COUNT(*) FROM decisions"]).await;
     assert_eq!(said, Ok(n.to_string()), "psql after {after}");
 }
 
@@ -246,6 +271,7 @@ async fn hostile_queries_cost_only_themselves_on_both_front_ends() {
         .send()
         .await;
     assert!(gave_up.unwrap_err().is_timeout());
+    tally(false);
     settled(&engine, places, "an HTTP client gave up").await;
 
     let (client, _connection) = driver(pg).await;
@@ -257,6 +283,7 @@ async fn hostile_queries_cost_only_themselves_on_both_front_ends() {
         .await
         .expect("the cancel request is sent");
     let err = running.await.unwrap().unwrap_err();
+    tally(false);
     let db = err.as_db_error().expect("a database error");
     assert_eq!(db.code().code(), "57014", "{db:?}");
     assert!(db.message().contains("user request"), "{db:?}");
@@ -267,6 +294,7 @@ async fn hostile_queries_cost_only_themselves_on_both_front_ends() {
     tokio::time::sleep(Duration::from_millis(700)).await;
     connection.abort();
     running.abort();
+    tally(false);
     settled(&engine, places, "a driver closed its connection").await;
 
     // ... and when nobody fetches: a portal suspended after one row holds its place while
@@ -288,6 +316,7 @@ async fn hostile_queries_cost_only_themselves_on_both_front_ends() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     settled(&engine, places, "a suspended portal's hold").await;
     let err = t.query_portal(&portal, 1).await.unwrap_err();
+    tally(false);
     let db = err.as_db_error().expect("a database error");
     assert!(db.message().contains("asked for no row for 3 s"), "{db:?}");
     assert_eq!(db.code().code(), "57014", "{db:?}");
@@ -357,6 +386,7 @@ async fn hostile_queries_cost_only_themselves_on_both_front_ends() {
         .query("SELECT 1 AS one; SELECT 2 AS two", &[])
         .await
         .unwrap_err();
+    tally(false);
     let db = err.as_db_error().expect("a database error");
     assert!(db.message().contains("one statement per query"), "{db:?}");
     assert_eq!(db.code().code(), "0A000");
@@ -366,10 +396,12 @@ async fn hostile_queries_cost_only_themselves_on_both_front_ends() {
         .expect("the main table over the extended protocol");
     assert_eq!(rows.len(), 3);
     assert_eq!(rows[0].get::<_, Vec<u8>>(0).len(), 16);
+    tally(true);
 
     // A Query message past the statement limit is refused by its header, before its body is
     // read: a client that declares 1 GB and sends it slowly is told at once.
     let told = huge_query(pg).await;
+    tally(false);
     assert!(told.contains("54000"), "{told}");
     assert!(
         told.contains("the statement is 1073741824 bytes; the limit is 65536"),
@@ -396,6 +428,7 @@ async fn hostile_queries_cost_only_themselves_on_both_front_ends() {
         n += 1;
     }
     assert_eq!(n, 600_000);
+    tally(true);
     settled(&engine, places, "the streamed parameterised query").await;
     // And through psycopg: streamed, and through a named cursor (DECLARE with a parameter,
     // each FETCH described with its columns: described as nothing, psycopg crashed), 5,000
@@ -415,6 +448,7 @@ async fn hostile_queries_cost_only_themselves_on_both_front_ends() {
         assert_eq!(read.rows, rows, "psycopg {mode}");
         assert_eq!(read.sum, rows * (rows + 1) / 2, "psycopg {mode}");
         println!("psycopg {mode}: {rows} rows in {:.1} s", read.seconds);
+        tally(true);
         settled(&engine, places, mode).await;
     }
 
@@ -484,6 +518,7 @@ async fn hostile_queries_cost_only_themselves_on_both_front_ends() {
         );
         let (client, _connection) = driver(pg).await;
         let err = client.query(sql, &[]).await.unwrap_err();
+        tally(false);
         let db = err.as_db_error().expect("a database error");
         assert_eq!(db.code().code(), sqlstate, "{sql}: {db:?}");
     }
@@ -510,6 +545,7 @@ async fn hostile_queries_cost_only_themselves_on_both_front_ends() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    tally(false);
     let v: Value = r.json().await.unwrap();
     let message = v["error"]["message"].as_str().unwrap();
     assert!(message.contains("no parameter \"VERSION\""), "{v}");
@@ -517,6 +553,7 @@ async fn hostile_queries_cost_only_themselves_on_both_front_ends() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
+    tally(true);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["rows"][0]["one"], 1, "{v}");
 
@@ -601,6 +638,7 @@ async fn hostile_queries_cost_only_themselves_on_both_front_ends() {
         settled(&engine, places, kind).await;
         let (client, _connection) = driver(pg).await;
         let err = client.query(sql.as_str(), &[]).await.unwrap_err();
+        tally(false);
         let db = err.as_db_error().expect("a database error");
         assert_eq!(db.code().code(), *sqlstate, "{sql}: {db:?}");
         assert!(db.message().contains(says), "{sql}: {db:?}");
@@ -614,6 +652,7 @@ async fn hostile_queries_cost_only_themselves_on_both_front_ends() {
     settled(&engine, places, &kind).await;
     let (client, _connection) = driver(pg).await;
     let err = client.query(cross.as_str(), &[]).await.unwrap_err();
+    tally(false);
     let code = err
         .as_db_error()
         .expect("a database error")
@@ -641,11 +680,17 @@ async fn hostile_queries_cost_only_themselves_on_both_front_ends() {
         v["error"]["message"].as_str().unwrap().contains("to"),
         "{v}"
     );
+    tally(false);
     still_serving(&base, pg, "the whole suite").await;
 
     let peak = status_bytes("VmHWM:");
+    let (answered, refused) = (
+        ANSWERED.load(Ordering::Relaxed),
+        REFUSED.load(Ordering::Relaxed),
+    );
     println!(
-        "peak memory {} MiB; before the suite {} MiB; shared budget {} MiB",
+        "{} cases: {refused} refused, {answered} answered; peak memory {} MiB; before the suite {} MiB; shared budget {} MiB",
+        answered + refused,
         peak >> 20,
         before >> 20,
         BUDGET >> 20

@@ -143,6 +143,22 @@ async fn an_hour_without_raw_files_gets_an_empty_rollup() {
     let store = lake("rollup-empty").await;
     let hour: HourPartition = "2026-11-30T03".parse().unwrap();
     let rollup = Rollup::new(Arc::clone(&store), 2);
+    // A store with no raw table is not a lake of empty hours: the rollup says what is
+    // missing and commits nothing.
+    let err = rollup
+        .run_hour(hour)
+        .await
+        .expect_err("no raw table")
+        .to_string();
+    assert!(
+        err.contains("not a Delta table (no raw/_delta_log/)"),
+        "{err}"
+    );
+    assert!(rollup.state(hour).await.unwrap().is_none());
+    // A raw table with files of another hour only: this hour's rollup is empty.
+    let (other, events) = one_hour(200, 10);
+    assert_ne!(other, hour);
+    write_raw_hour(&store, "decisions", other, &events, 1, 200).await;
     let report = rollup.run_hour(hour).await.expect("rollup");
     assert_eq!((report.events, report.rows, report.source_files), (0, 0, 0));
     assert!(read_rollup(&store, &report.path).await.is_empty());
