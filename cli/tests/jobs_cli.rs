@@ -123,6 +123,19 @@ fn bad_input_is_refused_with_a_message_that_names_it() {
 fn rollup_of_an_hour_without_events_writes_an_empty_rollup() {
     let lake = tempfile::tempdir().unwrap();
     let store = lake.path().to_str().unwrap();
+    // A folder with no raw table is not a lake of empty hours: refused, naming the lake and
+    // what it lacks, and nothing written.
+    let o = verdict(&["rollup", "--store", store, "--hour", "2026-11-30T03"]);
+    assert!(!o.status.success(), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&format!("rolling up 2026-11-30T03 of the lake {store}"))
+            && err.contains("not a Delta table (no raw/_delta_log/)"),
+        "{err}"
+    );
+    assert!(!lake.path().join("rollup").exists());
+    // A raw table with another hour's file: this hour's rollup is empty.
+    raw_file(lake.path(), "2026-11-30T02");
     let o = verdict(&["rollup", "--store", store, "--hour", "2026-11-30T03"]);
     assert!(o.status.success(), "{o:?}");
     assert!(

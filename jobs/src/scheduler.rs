@@ -172,24 +172,16 @@ impl Jobs {
             Ok(o) => {
                 if !dry_run {
                     let m = &self.metrics;
-                    m.partitions_written
-                        .with_label_values(&[name])
-                        .inc_by(o.written as u64);
-                    m.bytes_written
-                        .with_label_values(&[name])
-                        .inc_by(o.bytes_written);
-                    m.removed
-                        .with_label_values(&[name])
-                        .inc_by(o.removed as u64);
-                    m.bytes_removed
-                        .with_label_values(&[name])
-                        .inc_by(o.bytes_removed);
-                    m.vacuumed
-                        .with_label_values(&[name])
-                        .inc_by(o.vacuumed as u64);
-                    m.bytes_vacuumed
-                        .with_label_values(&[name])
-                        .inc_by(o.bytes_vacuumed);
+                    for (counter, by) in [
+                        (&m.partitions_written, o.written as u64),
+                        (&m.bytes_written, o.bytes_written),
+                        (&m.removed, o.removed as u64),
+                        (&m.bytes_removed, o.bytes_removed),
+                        (&m.vacuumed, o.vacuumed as u64),
+                        (&m.bytes_vacuumed, o.bytes_vacuumed),
+                    ] {
+                        counter.with_label_values(&[name]).inc_by(by);
+                    }
                 }
                 tracing::info!(
                     job = name,
