@@ -537,7 +537,7 @@ pub async fn serve(
                         tokio::select! {
                             () = session(socket, peer, &engine, startup, cancel, Arc::clone(&conn)) => {}
                             () = conn.evicted() => {
-                                tracing::info!(%peer, "idle PostgreSQL connection closed to make room for a new one");
+                                tracing::debug!(%peer, "idle PostgreSQL connection closed to make room for a new one");
                             }
                             () = conn.idle_for(IDLE_SESSION) => {
                                 tracing::info!(%peer, idle_s = IDLE_SESSION.as_secs(), "idle PostgreSQL connection closed");
