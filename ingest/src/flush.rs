@@ -63,10 +63,15 @@ impl BadRecord {
 
     /// A record whose event time the raw table does not take.
     pub fn out_of_range(partition: i32, offset: i64, value: &[u8], reason: String) -> Self {
+        Self::refused(partition, offset, value, "event_time_out_of_range", reason)
+    }
+
+    /// A record that decoded but that the raw table does not take, as `kind`.
+    fn refused(partition: i32, offset: i64, value: &[u8], kind: &str, reason: String) -> Self {
         Self {
             partition,
             offset,
-            kind: "event_time_out_of_range".into(),
+            kind: kind.to_owned(),
             reason,
             value_hex: hex::encode(value),
         }
@@ -106,17 +111,18 @@ impl PartitionBuffer {
             // The raw table's `policy_version` is a Delta long: a version past it cannot be
             // kept as it was sent, and a clamped one would be a different version.
             Ok(event) if i64::try_from(event.policy_version).is_err() => {
-                self.bad.push(BadRecord {
+                let reason = format!(
+                    "policy version {} is past what the raw table's policy_version (a long) holds, {}",
+                    event.policy_version,
+                    i64::MAX
+                );
+                self.bad.push(BadRecord::refused(
                     partition,
                     offset,
-                    kind: "policy_version_out_of_range".into(),
-                    reason: format!(
-                        "policy version {} is past what the raw table's policy_version (a long) holds, {}",
-                        event.policy_version,
-                        i64::MAX
-                    ),
-                    value_hex: hex::encode(value),
-                });
+                    value,
+                    "policy_version_out_of_range",
+                    reason,
+                ));
             }
             Ok(event) if accept.contains(&event.event_time_ms) => self.events.push(ConsumedEvent {
                 event,

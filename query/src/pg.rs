@@ -449,7 +449,11 @@ async fn session(
     cancel: Arc<CancelRequests>,
     conn: Arc<Conn>,
 ) {
-    let guarded = match frames::guard(socket) {
+    let frames::Guarded {
+        socket,
+        gone,
+        mut started,
+    } = match frames::guard(socket) {
         Ok(guarded) => guarded,
         Err(e) => {
             tracing::warn!(%peer, error = %e, "PostgreSQL connection setup failed");
@@ -457,7 +461,6 @@ async fn session(
         }
     };
     let idle = engine.limits().idle;
-    let mut started = guarded.started.clone();
     match tokio::time::timeout(idle, started.wait_for(|s| *s)).await {
         Ok(Ok(_)) => {}
         // Gone, or refused by the guard, before its startup message.
@@ -467,7 +470,6 @@ async fn session(
             return;
         }
     }
-    drop(started);
     // One session per connection: what one connection does to its session (a cursor, a
     // transaction) is never seen by another.
     let session = match connection_session(engine) {
@@ -478,11 +480,11 @@ async fn session(
         }
     };
     let handlers = Arc::new(Handlers {
-        session: Arc::new(Bounded::new(session, engine.clone(), guarded.gone, conn)),
+        session: Arc::new(Bounded::new(session, engine.clone(), gone, conn)),
         startup,
         cancel,
     });
-    if let Err(e) = process_socket_unix(guarded.socket, handlers).await {
+    if let Err(e) = process_socket_unix(socket, handlers).await {
         tracing::info!(%peer, error = %e, "PostgreSQL connection ended with an error");
     }
 }

@@ -551,11 +551,35 @@ async fn duckdb_spec(
     let spec = serde_json::json!({
         "threads": threads,
         "views": views,
-        "queries": queries.iter().map(|(name, _, sql)| serde_json::json!({"name": name, "sql": sql})).collect::<Vec<_>>(),
+        "queries": named(queries),
     });
     let spec_path = root.join("bench-query-duckdb.json");
     std::fs::write(&spec_path, serde_json::to_vec_pretty(&spec)?)?;
     Ok(spec_path)
+}
+
+/// A query of a spec, by name: what DuckDB's script and `bench query-peer` run.
+#[derive(Debug, Serialize, Deserialize)]
+struct NamedQuery {
+    name: String,
+    sql: String,
+}
+
+/// What `bench query-peer` reads.
+#[derive(Debug, Serialize, Deserialize)]
+struct PeerSpec {
+    queries: Vec<NamedQuery>,
+}
+
+/// The bench's queries as a spec lists them.
+fn named(queries: &[(String, &'static str, String)]) -> Vec<NamedQuery> {
+    queries
+        .iter()
+        .map(|(name, _, sql)| NamedQuery {
+            name: name.clone(),
+            sql: sql.clone(),
+        })
+        .collect()
 }
 
 /// The engine over a lake `bench query` wrote, its policy in `policy.toml`.
@@ -573,27 +597,17 @@ fn lake_engine(root: &std::path::Path, threads: usize) -> anyhow::Result<Engine>
 /// and prints `{"seconds", "rows"}` (or `{"error"}`) on a line of its own.
 pub async fn peer(args: QueryPeerArgs) -> anyhow::Result<()> {
     use std::io::{BufRead, Write};
-    let spec: serde_json::Value = serde_json::from_slice(
+    let spec: PeerSpec = serde_json::from_slice(
         &std::fs::read(&args.spec).with_context(|| format!("reading {}", args.spec.display()))?,
     )
-    .with_context(|| format!("{} is not JSON", args.spec.display()))?;
-    let queries: BTreeMap<String, String> = spec["queries"]
-        .as_array()
-        .with_context(|| format!("{}: no \"queries\" list", args.spec.display()))?
-        .iter()
-        .map(|q| {
-            Some((
-                q["name"].as_str()?.to_owned(),
-                q["sql"].as_str()?.to_owned(),
-            ))
-        })
-        .collect::<Option<_>>()
-        .with_context(|| {
-            format!(
-                "{}: a query without its \"name\" or \"sql\"",
-                args.spec.display()
-            )
-        })?;
+    .with_context(|| {
+        format!(
+            "{} is not a spec of named queries ({{\"queries\": [{{\"name\", \"sql\"}}]}})",
+            args.spec.display()
+        )
+    })?;
+    let queries: BTreeMap<String, String> =
+        spec.queries.into_iter().map(|q| (q.name, q.sql)).collect();
     let engine = lake_engine(&args.lake, usize::try_from(args.threads)?)?;
     let mut out = std::io::stdout().lock();
     for line in std::io::stdin().lock().lines() {
@@ -648,9 +662,9 @@ impl DuckDb {
         queries: &[(String, &'static str, String)],
         threads: usize,
     ) -> anyhow::Result<Self> {
-        let spec = serde_json::json!({
-            "queries": queries.iter().map(|(name, _, sql)| serde_json::json!({"name": name, "sql": sql})).collect::<Vec<_>>(),
-        });
+        let spec = PeerSpec {
+            queries: named(queries),
+        };
         let spec_path = root.join("bench-query-uncounted.json");
         std::fs::write(&spec_path, serde_json::to_vec_pretty(&spec)?)?;
         let exe = std::env::current_exe().context("finding this program to start its peer")?;

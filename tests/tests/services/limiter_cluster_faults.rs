@@ -1,7 +1,7 @@
 //! The limiter on a Redis Cluster of its own (3 masters, a replica each) under paced
 //! concurrent load, while one master is killed (its replica is promoted) or made slow
-//! (`CLIENT PAUSE`): no decision waits past the deadline plus twice the scheduling slack measured
-//! in the same run, the failing shard's keys go to the local fallback while the other
+//! (`CLIENT PAUSE`): no decision waits past the deadline plus twice the scheduling slack
+//! measured in the same run, the failing shard's keys go to the local fallback while the other
 //! shards' keys keep deciding on Redis (a breaker per shard), decisions return to Redis
 //! after the promotion or the pause without a restart, and a failed shard's key is allowed
 //! no more than the bound the README documents. Two groups of instances decide two halves of
@@ -221,11 +221,6 @@ fn assert_others_on_redis(
         .iter()
         .filter(|s| shard_of[s.key as usize] != failed)
         .collect();
-    let fell_back = |s: &[&Sample]| {
-        s.iter()
-            .filter(|s| s.source != DecisionSource::CounterStore)
-            .count()
-    };
     let during: Vec<&Sample> = others
         .iter()
         .copied()
@@ -258,16 +253,21 @@ fn assert_others_on_redis(
     );
 }
 
+/// How many of `samples` Redis did not decide.
+fn fell_back(samples: &[&Sample]) -> usize {
+    samples
+        .iter()
+        .filter(|s| s.source != DecisionSource::CounterStore)
+        .count()
+}
+
 /// Back on Redis after `what`: in the run's `last` stretch at most 5 % of the failed
 /// shard's decisions (`mine`) fell back, where a shard that had not come back would have
 /// all of them (the ones that did were decided locally while this process could not ask in
 /// time, as the healthy shards' are).
 fn assert_back_on_redis(mine: &[&Sample], run: Duration, last: Duration, what: &str) {
-    let tail: Vec<&&Sample> = mine.iter().filter(|s| s.at > run - last).collect();
-    let tail_fallback = tail
-        .iter()
-        .filter(|s| s.source != DecisionSource::CounterStore)
-        .count();
+    let tail: Vec<&Sample> = mine.iter().copied().filter(|s| s.at > run - last).collect();
+    let tail_fallback = fell_back(&tail);
     assert!(
         !tail.is_empty() && tail_fallback * 20 <= tail.len(),
         "decisions returned to Redis after {what}: {tail_fallback} of the last {last:?}'s {} fell back",

@@ -37,33 +37,36 @@ async fn count(base: &str) -> Result<(StatusCode, Value), reqwest::Error> {
     Ok((status, r.json().await?))
 }
 
-/// Waits (half a minute at most) until a query runs in each of the budget's places: each
-/// connection's request has been read and its query admitted, so every connection is
-/// busy. Running on the two cores the queries keep busy, the last ones can take seconds
-/// to get there.
-async fn all_running(engine: &verdict_query::Engine) {
+/// Waits (`within` at most) until `running` queries hold a place in the budget.
+async fn until_running(
+    engine: &verdict_query::Engine,
+    running: usize,
+    within: Duration,
+    what: &str,
+) {
     let started = std::time::Instant::now();
-    while engine.budget().slots() > 0 {
+    while PLACES - engine.budget().slots() != running {
         assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "{} of the {PLACES} queries running after 30 s",
+            started.elapsed() < within,
+            "{what}: {} of the {PLACES} places taken after {within:?}, not {running}",
             PLACES - engine.budget().slots()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
-/// Waits (ten seconds at most) until no query holds a place in the budget.
-async fn none_running(engine: &verdict_query::Engine) {
-    let started = std::time::Instant::now();
-    while engine.budget().slots() < PLACES {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "{} queries still running 10 s after their clients went",
-            PLACES - engine.budget().slots()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+/// Waits (half a minute at most) until a query runs in each of the budget's places: each
+/// connection's request has been read and its query admitted, so every connection is
+/// busy. Running on the two cores the queries keep busy, the last ones can take seconds
+/// to get there.
+async fn all_running(engine: &verdict_query::Engine) {
+    until_running(
+        engine,
+        PLACES,
+        Duration::from_secs(30),
+        "every connection's query",
+    )
+    .await;
 }
 
 /// Whether the peer closed `stream` (reads end), within `within`.
@@ -144,7 +147,7 @@ async fn idle_connections_give_way_and_busy_ones_are_refused_in_words() {
         r.abort();
     }
     // A client gone, its query stops and gives its place back.
-    none_running(&engine).await;
+    until_running(&engine, 0, Duration::from_secs(10), "their clients gone").await;
 
     // The PostgreSQL front end: a connection that sends no startup message is closed after
     // the idle timeout too.
