@@ -10,7 +10,8 @@ use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use futures::StreamExt;
 use verdict_query::http::{AppState, QueryMetrics, load_tokens};
-use verdict_query::{Engine, Limits, PoliciesTable, ReaderView};
+use verdict_query::reports::Form;
+use verdict_query::{Engine, Limits, PoliciesTable, ReaderView, RunOptions};
 
 use crate::policy_args::PolicyArgs;
 use crate::store_args::StoreArgs;
@@ -95,8 +96,8 @@ impl EngineArgs {
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
         // A folder's ranges are read in place (see `ReaderView::folder`).
-        let lake = if verdict_ingest::folder_of(&self.store.store).is_some() {
-            ReaderView::folder(verdict_ingest::open_folder(&self.store.store)?)
+        let lake = if verdict_lake::folder_of(&self.store.store).is_some() {
+            ReaderView::folder(verdict_lake::open_folder(&self.store.store)?)
         } else {
             ReaderView::new(self.store.open()?)
         };
@@ -106,6 +107,18 @@ impl EngineArgs {
             threads,
             limits,
         )?)
+    }
+
+    /// [`Self::engine`], with every table of the lake checked readable first (its
+    /// protocol, and its schema column by column): a table another engine changed is named
+    /// before any query runs.
+    pub async fn open(&self) -> anyhow::Result<Engine> {
+        let engine = self.engine()?;
+        engine
+            .check_tables()
+            .await
+            .with_context(|| format!("reading the lake at {}", self.store.store))?;
+        Ok(engine)
     }
 }
 
@@ -152,7 +165,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(path) => load_tokens(path)?,
         None => Vec::new(),
     };
-    let engine = args.engine.engine()?;
+    let engine = args.engine.open().await?;
     let _pg = match args.pg_listen {
         Some(addr) => Some(verdict_query::pg::serve(&engine, tokens.clone(), addr).await?),
         None => None,
@@ -261,16 +274,17 @@ fn parse_param(text: &str) -> Result<(String, String), String> {
 
 /// Runs `verdict sql`.
 pub async fn sql(args: SqlArgs) -> anyhow::Result<()> {
-    let engine = args.engine.engine()?;
+    let engine = args.engine.open().await?;
     let text = match (&args.sql, &args.report) {
         (Some(sql), _) => sql.clone(),
         (None, Some(report)) => {
             let params: BTreeMap<String, String> = args.params.iter().cloned().collect();
-            if args.portable {
-                engine.report_sql_portable(report, &params).await?
+            let form = if args.portable {
+                Form::Portable
             } else {
-                engine.report_sql(report, &params).await?
-            }
+                Form::Served
+            };
+            engine.report_sql(report, &params, form).await?
         }
         (None, None) => anyhow::bail!("give a query, or --report NAME (see --help)"),
     };
@@ -283,7 +297,7 @@ pub async fn sql(args: SqlArgs) -> anyhow::Result<()> {
         (None, Some(t)) => Some(verdict_query::AsOf::Time(t)),
         (None, None) => None,
     };
-    let mut stream = engine.run_at(&text, at).await?;
+    let mut stream = engine.run(&text, &RunOptions::default().at(at)).await?;
     // An empty answer still prints its columns.
     let mut batches = vec![verdict_query::format::hex_keys(
         &arrow::array::RecordBatch::new_empty(stream.schema()),
@@ -378,8 +392,8 @@ pub struct WhatIfArgs {
 pub async fn what_if(args: WhatIfArgs) -> anyhow::Result<()> {
     let now = chrono::Utc::now();
     let range =
-        verdict_query::reports::Range::parse(args.from.as_deref(), args.to.as_deref(), now, 7)?;
-    let engine = args.engine.engine()?;
+        verdict_query::range::Range::parse(args.from.as_deref(), args.to.as_deref(), now, 7)?;
+    let engine = args.engine.open().await?;
     let started = std::time::Instant::now();
     let (text, json, decisions) = match &args.candidate {
         None => {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use clap::Args;
 use object_store::ObjectStore;
-use verdict_ingest::{S3Options, open_store};
+use verdict_lake::{S3Options, open_store};
 
 /// Where the lake (raw table, rollups, job state) lives.
 #[derive(Debug, Clone, Args)]

@@ -111,7 +111,7 @@ async fn killed_five_times_every_event_is_in_the_raw_table_exactly_once() {
     require(Service::Kafka);
     let bucket = s3_store(BUCKET).await;
     let run = unique_name("crash");
-    let store: Arc<dyn ObjectStore> = Arc::new(verdict_ingest::Prefixed::new(bucket, &run));
+    let store: Arc<dyn ObjectStore> = Arc::new(verdict_lake::Prefixed::new(bucket, &run));
     let store_url = format!("s3://{BUCKET}/{run}");
     let topic = unique_name("decisions-crash");
     create_topic(&topic, 4).await;
@@ -270,7 +270,7 @@ async fn a_worker_paused_past_its_session_has_its_commit_refused_and_deletes_not
     verdict_tests::capture_logs();
     let bucket = s3_store(BUCKET).await;
     let run = unique_name("zombie");
-    let store: Arc<dyn ObjectStore> = Arc::new(verdict_ingest::Prefixed::new(bucket, &run));
+    let store: Arc<dyn ObjectStore> = Arc::new(verdict_lake::Prefixed::new(bucket, &run));
     let store_url = format!("s3://{BUCKET}/{run}");
     let topic = unique_name("decisions");
     create_topic(&topic, 1).await;

@@ -93,6 +93,83 @@ fn retention_once_lists_on_a_dry_run_and_deletes_otherwise() {
     assert!(root.join("raw/date=2026-11-24/hour=11/f.parquet").exists());
 }
 
+/// Changes the raw table's metadata under `root` as another engine's `ALTER TABLE` does: a
+/// commit of the table's metadata as `edit` leaves it.
+fn alter_raw(root: &Path, edit: impl FnOnce(&mut verdict_lake::Metadata)) {
+    use verdict_lake::{Action, Commit};
+    let store: std::sync::Arc<dyn object_store::ObjectStore> =
+        std::sync::Arc::new(object_store::local::LocalFileSystem::new_with_prefix(root).unwrap());
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let table = verdict_lake::tables::RAW.table(store);
+        let mut snapshot = table.snapshot().await.unwrap();
+        let mut metadata = snapshot.metadata().clone();
+        edit(&mut metadata);
+        let commit = Commit::new("ALTER TABLE", vec![Action::MetaData(metadata)]);
+        table.commit(&mut snapshot, commit).await.unwrap();
+    });
+}
+
+/// Sets `delta.appendOnly` on the raw table under `root` (`SET TBLPROPERTIES`).
+fn make_raw_append_only(root: &Path) {
+    alter_raw(root, |m| {
+        m.configuration.insert(
+            verdict_lake::snapshot::config::APPEND_ONLY.to_owned(),
+            Some("true".to_owned()),
+        );
+    });
+}
+
+#[test]
+fn a_raw_table_missing_a_column_is_refused_naming_it_when_the_lake_is_opened() {
+    let lake = tempfile::tempdir().unwrap();
+    let root = lake.path();
+    raw_file(root, "2026-11-22T11");
+    alter_raw(root, |m| {
+        let mut schema: serde_json::Value = serde_json::from_str(&m.schema_string).unwrap();
+        let fields = schema["fields"].as_array_mut().unwrap();
+        fields.retain(|c| c["name"] != "kafka_cluster");
+        m.schema_string = schema.to_string();
+    });
+    let out = verdict(&[
+        "sql",
+        "--store",
+        root.to_str().unwrap(),
+        "SELECT COUNT(*) FROM decisions",
+    ]);
+    assert!(!out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("raw: column kafka_cluster (string) is missing from the table's schema"),
+        "{said}"
+    );
+}
+
+#[test]
+fn retention_refuses_an_append_only_table_on_a_dry_run_as_on_a_run() {
+    let lake = tempfile::tempdir().unwrap();
+    let root = lake.path();
+    raw_file(root, "2026-11-22T11");
+    make_raw_append_only(root);
+    let store = root.to_str().unwrap();
+    let now = "2026-11-30T12:00:00Z";
+    let args = ["jobs", "once", "retention", "--store", store, "--now", now];
+    let dry = verdict(&[&args[..], &["--dry-run"]].concat());
+    let real = verdict(&args);
+    let said = |o: &Output| String::from_utf8_lossy(&o.stderr).into_owned();
+    for run in [&dry, &real] {
+        assert!(!run.status.success(), "{run:?}");
+        assert!(
+            said(run).contains(
+                "raw: the table is append-only (delta.appendOnly = true): retention would remove \
+                 1 file(s) of its data, which only a table without that property allows"
+            ),
+            "{}",
+            said(run)
+        );
+    }
+    assert!(root.join("raw/date=2026-11-22/hour=11/f.parquet").exists());
+}
+
 #[test]
 fn bad_input_is_refused_with_a_message_that_names_it() {
     let lake = tempfile::tempdir().unwrap();

@@ -40,9 +40,6 @@ const BACKLOG_BATCH_FACTOR: usize = 4;
 /// older than their key's window, they are dropped (and counted).
 const CARRY_MAX: usize = 65_536;
 
-/// The deadline of each command while connecting: the handshakes and `SCRIPT LOAD`.
-pub const SETUP_TIMEOUT: Duration = Duration::from_secs(1);
-
 /// Connections per master by default: one. Each connection has one lane by default, so
 /// the requests that arrive while a call is on the wire all go in the next call; more
 /// lanes make more, smaller calls, and the script's fixed cost per call is most of
@@ -212,7 +209,7 @@ impl RedisStore {
     /// store is dropped).
     ///
     /// # Errors
-    /// When the URL is malformed, Redis does not answer within [`SETUP_TIMEOUT`], or it
+    /// When the URL is malformed, Redis does not answer within [`shards::SETUP_TIMEOUT`], or it
     /// holds counters of another layout (see [`Layout::claim`]).
     pub async fn connect(cfg: &RedisStoreConfig) -> Result<Self, StoreError> {
         let config = Config::from_url(&cfg.url).map_err(backend)?;

@@ -16,6 +16,9 @@ use fred::types::scripts::Script;
 use tokio::sync::Notify;
 use verdict_limiter::StoreError;
 
+/// The deadline of each command while connecting: the handshakes and `SCRIPT LOAD`.
+pub const SETUP_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// The masters of a cluster as shards: which one owns each slot, as the cluster was when
 /// the store connected. A failover keeps a shard's slots together (the promoted replica
 /// takes them all), so the map stays true.
@@ -129,29 +132,29 @@ pub(crate) async fn connect_node(
     Ok(pool)
 }
 
-/// Connects `pool` and loads `script`, within [`crate::redis_store::SETUP_TIMEOUT`] in all;
+/// Connects `pool` and loads `script`, within [`SETUP_TIMEOUT`] in all;
 /// then sets `timeout` as its commands' deadline.
 pub(crate) async fn ready(
     pool: &Pool,
     script: &Script,
     timeout: Duration,
 ) -> Result<(), StoreError> {
-    tokio::time::timeout(crate::redis_store::SETUP_TIMEOUT, async {
+    tokio::time::timeout(SETUP_TIMEOUT, async {
         pool.init().await.map_err(StoreError::backend)?;
         script.load(pool.next()).await.map_err(StoreError::backend)
     })
     .await
-    .map_err(|_| StoreError::timeout(crate::redis_store::SETUP_TIMEOUT))??;
+    .map_err(|_| StoreError::timeout(SETUP_TIMEOUT))??;
     set_deadline(pool, timeout);
     Ok(())
 }
 
 /// A pool with the settings every connection of the store has: setup commands get
-/// [`crate::redis_store::SETUP_TIMEOUT`], one attempt per command, reconnects every 100 ms.
+/// [`SETUP_TIMEOUT`], one attempt per command, reconnects every 100 ms.
 pub(crate) fn build(config: Config, connections: usize) -> Result<Pool, StoreError> {
     Builder::from_config(config)
         .with_performance_config(|p| {
-            p.default_command_timeout = crate::redis_store::SETUP_TIMEOUT;
+            p.default_command_timeout = SETUP_TIMEOUT;
         })
         .with_connection_config(|c| {
             c.connection_timeout = Duration::from_millis(500);

@@ -8,6 +8,7 @@
 //! ingest worker's own flush; the local folder plays the object store. Then the hourly
 //! rollup runs and the query engine answers `wrong-limits` and `shadow-impact`.
 //!
+//! - [`config`]: what the demo runs (how long, how fast, how many keys, where it writes).
 //! - [`world`]: the synthetic world at the demo's rate, its key directory and its requests.
 //! - [`policy`]: that world's tiers and route classes as a policy document.
 //! - [`regions`]: the three regions, where each key's requests come from, and the
@@ -20,6 +21,7 @@
 //! [`demo`] runs the steps in order: [`prepare_out`], the gateway and its traffic, the raw
 //! table, the rollup, the reports.
 
+pub mod config;
 pub mod local_gateway;
 pub mod policy;
 pub mod queue;
@@ -27,7 +29,7 @@ pub mod regions;
 pub mod report;
 pub mod world;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -50,57 +52,12 @@ use verdict_schemas::RegionId;
 use verdict_schemas::layout::{RAW_PREFIX, RECONCILE_ROUNDS_PREFIX};
 use verdict_schemas::synth::SynthTraffic;
 
+pub use config::{DemoConfig, EXAMPLE_SQL};
 pub use local_gateway::{LocalGateway, spawn_upstream};
 pub use queue::{DEMO_TOPIC, partition_of};
 pub use report::{DemoReport, ShadowImpact, WrongLimit, render, render_review};
 
 const HOUR_MS: i64 = 3_600_000;
-
-/// The query the summary suggests trying on the query service.
-pub const EXAMPLE_SQL: &str = "SELECT tier, verdict, COUNT(*) AS n FROM decisions GROUP BY tier, verdict ORDER BY tier, verdict";
-
-/// What the demo runs: how long, how fast, how many keys, and where it writes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DemoConfig {
-    /// Folder that plays the object store: the raw table goes to `<out>/raw/`, the rollup to
-    /// `<out>/rollup/`, the policy and the key directory the gateway used to
-    /// `<out>/policy.toml` and `<out>/keys.csv`.
-    pub out: PathBuf,
-    /// Real seconds of traffic.
-    pub seconds: u64,
-    /// How much faster than real time the limiter's clock runs.
-    pub speed: u32,
-    /// Requests per real second the traffic aims at (the limits are set for it).
-    pub rate: u32,
-    /// Requests in flight at most.
-    pub concurrency: u16,
-    /// Distinct API keys.
-    pub keys: u32,
-    /// Seed of the traffic: the same seed sends the same keys in the same order.
-    pub seed: u64,
-    /// Partitions of the in-process queue.
-    pub partitions: u16,
-    /// Replace a raw table already in `out` (otherwise the demo refuses to touch it).
-    pub overwrite: bool,
-}
-
-impl Default for DemoConfig {
-    /// A minute of traffic at 3,000 requests/s into `verdict-data`: an hour on the demo's
-    /// clock.
-    fn default() -> Self {
-        Self {
-            out: PathBuf::from("verdict-data"),
-            seconds: 60,
-            speed: 60,
-            rate: 3_000,
-            concurrency: 32,
-            keys: 2_000,
-            seed: 42,
-            partitions: 4,
-            overwrite: false,
-        }
-    }
-}
 
 /// How the traffic is going, every few seconds while it runs.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -13,7 +13,7 @@ use verdict_ingest::{KafkaSource, RawTable};
 use verdict_limiter::EventReceiver;
 use verdict_schemas::{DecisionEvent, EVENT_V1_LEN, HourPartition, Verdict};
 
-use crate::DemoReport;
+use crate::report::DemoReport;
 
 /// The topic name the demo writes into file names, as production does.
 pub const DEMO_TOPIC: &str = "verdict.decisions.v1";

@@ -156,7 +156,7 @@ mod tests {
 
     #[test]
     fn the_regions_are_valid_policy() {
-        let world = crate::world::world(&crate::DemoConfig::default());
+        let world = crate::world::world(&crate::config::DemoConfig::default());
         let text = crate::policy::per_route_policy_toml(&world, 1) + &regions_toml();
         let doc = verdict_limiter::policy::parse_toml(&text).unwrap();
         let snapshot = PolicySnapshot::build(doc).unwrap();

@@ -4,10 +4,11 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use verdict_query::Engine;
+use verdict_query::reports::Form;
+use verdict_query::{Collected, Engine, RunOptions};
 use verdict_schemas::HourPartition;
 
-use crate::{DemoConfig, EXAMPLE_SQL};
+use crate::config::{DemoConfig, EXAMPLE_SQL};
 
 /// What the demo did, as printed.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -178,8 +179,14 @@ pub(crate) async fn ask(
     report.rollup_denied = total("denied");
     report.rollup_would_deny = total("would_deny");
     // The review runs once: its rows as printed, and its recommendation replayed.
-    let sql = engine.report_sql("wrong-limits", &range).await?;
-    let (schema, batches) = engine.collect(&sql, 100_000).await?;
+    let sql = engine
+        .report_sql("wrong-limits", &range, Form::Served)
+        .await?;
+    let Collected {
+        schema, batches, ..
+    } = engine
+        .collect(&sql, &RunOptions::default().rows(100_000))
+        .await?;
     report.wrong_limits = json_rows(&schema, &batches)?
         .iter()
         .map(|r| WrongLimit {
@@ -194,13 +201,13 @@ pub(crate) async fn ask(
             recommended_quota: number(r, "recommended_quota") as u64,
         })
         .collect();
-    let replay_range = verdict_query::reports::Range::parse(
+    let replay_range = verdict_query::range::Range::parse(
         range.get("from").map(String::as_str),
         range.get("to").map(String::as_str),
         chrono::Utc::now(),
         7,
     )?;
-    let review = verdict_query::recommend::read(&batches)?;
+    let review = verdict_query::recommendation::read(&batches)?;
     let targets = verdict_query::prove::Targets::from_params(&range)?;
     let replayed =
         verdict_query::recommend::replay_review(engine, review, replay_range, targets, 0).await?;
@@ -212,7 +219,9 @@ pub(crate) async fn ask(
         }
     }
     report.recommendation = Some(replayed);
-    let sql = engine.report_sql("shadow-impact", &range).await?;
+    let sql = engine
+        .report_sql("shadow-impact", &range, Form::Served)
+        .await?;
     report.shadow_impact = rows(engine, &sql)
         .await?
         .iter()
@@ -231,7 +240,11 @@ pub(crate) async fn ask(
 /// Runs `sql` and returns its rows as the query service answers them: JSON objects,
 /// column name → value.
 pub(crate) async fn rows(engine: &Engine, sql: &str) -> anyhow::Result<Vec<serde_json::Value>> {
-    let (schema, batches) = engine.collect(sql, 100_000).await?;
+    let Collected {
+        schema, batches, ..
+    } = engine
+        .collect(sql, &RunOptions::default().rows(100_000))
+        .await?;
     json_rows(&schema, &batches)
 }
 

@@ -11,7 +11,7 @@ use verdict_load::MakeRequest;
 use verdict_schemas::KeyId;
 use verdict_schemas::synth::{SynthConfig, SynthTraffic, synth_key_id};
 
-use crate::DemoConfig;
+use crate::config::DemoConfig;
 use crate::policy::ROUTES;
 use crate::regions::region_of;
 

@@ -19,8 +19,10 @@ use serde::{Deserialize, Serialize};
 use verdict_lake::{Action, Commit, LakeError};
 use verdict_schemas::{DecisionEvent, DecodeError, HourPartition};
 
-use crate::raw_file::{ConsumedEvent, RawFileError, build_hour_file};
+use crate::raw_file::{ConsumedEvent, build_hour_file};
 use crate::raw_table::{KafkaSource, RawTable, raw_add, split_by_hour};
+use verdict_lake::files::EncodeError;
+use verdict_schemas::layout::QUARANTINE_PREFIX;
 
 /// One flush's offset range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -30,9 +32,6 @@ pub struct FlushRange {
     /// Last offset (inclusive).
     pub last: i64,
 }
-
-/// Prefix of the quarantine of bad records.
-pub const QUARANTINE_PREFIX: &str = "quarantine";
 
 /// A record that could not go into the raw table.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -157,7 +156,7 @@ impl PartitionBuffer {
 pub enum FlushError {
     /// Building a file failed.
     #[error(transparent)]
-    File(#[from] RawFileError),
+    File(#[from] EncodeError),
     /// The store kept failing past the deadline.
     #[error("object store unavailable for {waited:?} ({what}): {source}")]
     Store {

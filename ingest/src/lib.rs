@@ -10,16 +10,12 @@
 
 pub mod flush;
 pub mod metrics;
-pub mod open;
-pub mod prefixed;
 pub mod raw_file;
 pub mod raw_table;
 pub mod worker;
 
 pub use metrics::IngestMetrics;
-pub use open::{OpenError, S3Options, folder_of, open_folder, open_store};
-pub use prefixed::Prefixed;
-pub use raw_file::{ConsumedEvent, RawFileError, encode_raw_parquet, raw_writer_properties};
+pub use raw_file::ConsumedEvent;
 pub use raw_table::{
     HourSplit, KafkaSource, RawTable, WriteError, WrittenFile, raw_add, split_by_hour,
 };

@@ -3,13 +3,8 @@
 //! into a `RecordBatch` of the raw schema, and encoded with the raw table's writer settings.
 
 use arrow::record_batch::RecordBatch;
-use parquet::arrow::ArrowWriter;
-use parquet::basic::{Compression, Encoding, ZstdLevel};
-use parquet::file::metadata::SortingColumn;
-use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
-use parquet::schema::types::ColumnPath;
-use verdict_schemas::tables::raw;
-use verdict_schemas::{DecisionEvent, HourPartition, RawBatchBuilder, raw_schema};
+use verdict_lake::files::{EncodeError, encode_raw_parquet};
+use verdict_schemas::{DecisionEvent, HourPartition, RawBatchBuilder};
 
 /// A decision event together with where it was read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,18 +63,6 @@ impl ConsumedEvent {
     }
 }
 
-/// Why a raw file could not be built.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum RawFileError {
-    /// Arrow refused the columns.
-    #[error("building the raw record batch: {0}")]
-    Arrow(#[from] arrow::error::ArrowError),
-    /// The Parquet encoder failed.
-    #[error("encoding raw parquet: {0}")]
-    Parquet(#[from] parquet::errors::ParquetError),
-}
-
 /// One hour's raw file, built and not yet written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HourFile {
@@ -114,7 +97,7 @@ pub fn build_hour_file(
     name: String,
     hour: HourPartition,
     mut events: Vec<ConsumedEvent>,
-) -> Result<Option<HourFile>, RawFileError> {
+) -> Result<Option<HourFile>, EncodeError> {
     if events.is_empty() {
         return Ok(None);
     }
@@ -133,63 +116,13 @@ pub fn build_hour_file(
 pub fn sorted_raw_batch(
     events: &mut [ConsumedEvent],
     cluster: &str,
-) -> Result<RecordBatch, RawFileError> {
+) -> Result<RecordBatch, EncodeError> {
     events.sort_unstable_by(|a, b| a.sort_key().cmp(&b.sort_key()));
     let mut builder = RawBatchBuilder::with_capacity(events.len());
     for c in events.iter() {
         builder.push(&c.event, cluster, c.partition, c.offset);
     }
     Ok(builder.finish()?)
-}
-
-/// The writer settings of the raw table: zstd, statistics down to the page (so readers can
-/// skip pages by key and time), a bloom filter on key id, and per-column encodings chosen
-/// for the sorted layout: dictionary for the low-cardinality columns (the default), delta
-/// for the two monotone-ish integers that would defeat a dictionary.
-pub fn raw_writer_properties() -> WriterProperties {
-    let delta = |name: &str| ColumnPath::from(name);
-    WriterProperties::builder()
-        .set_writer_version(WriterVersion::PARQUET_2_0)
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).unwrap_or_default()))
-        .set_statistics_enabled(EnabledStatistics::Page)
-        .set_max_row_group_row_count(Some(1 << 20))
-        .set_sorting_columns(Some(vec![
-            ascending(raw::KEY_ID),
-            ascending(raw::EVENT_TIME),
-        ]))
-        .set_column_bloom_filter_enabled(delta(raw::KEY_ID), true)
-        .set_column_dictionary_enabled(delta(raw::EVENT_TIME), false)
-        .set_column_encoding(delta(raw::EVENT_TIME), Encoding::DELTA_BINARY_PACKED)
-        .set_column_dictionary_enabled(delta(raw::KAFKA_OFFSET), false)
-        .set_column_encoding(delta(raw::KAFKA_OFFSET), Encoding::DELTA_BINARY_PACKED)
-        .build()
-}
-
-fn ascending(column: &str) -> SortingColumn {
-    SortingColumn {
-        column_idx: column_index(column),
-        descending: false,
-        nulls_first: false,
-    }
-}
-
-fn column_index(name: &str) -> i32 {
-    raw_schema()
-        .index_of(name)
-        .ok()
-        .and_then(|i| i32::try_from(i).ok())
-        .unwrap_or_default()
-}
-
-/// Encodes batches of the raw schema as one Parquet file, in memory.
-pub fn encode_raw_parquet(batches: &[RecordBatch]) -> Result<Vec<u8>, RawFileError> {
-    let mut out = Vec::new();
-    let mut writer = ArrowWriter::try_new(&mut out, raw_schema(), Some(raw_writer_properties()))?;
-    for b in batches {
-        writer.write(b)?;
-    }
-    writer.close()?;
-    Ok(out)
 }
 
 #[cfg(test)]
@@ -202,6 +135,7 @@ mod tests {
     };
 
     use super::*;
+    use verdict_schemas::raw_schema;
 
     fn consumed(key: u8, time: i64, offset: i64) -> ConsumedEvent {
         ConsumedEvent {
@@ -252,7 +186,9 @@ mod tests {
         let rg = meta.row_group(0);
         assert_eq!(rg.num_rows(), 4);
         assert_eq!(rg.sorting_columns().map(|s| s.len()), Some(2));
-        let key_col = column_index(raw::KEY_ID) as usize;
+        let key_col = raw_schema()
+            .index_of(verdict_schemas::tables::raw::KEY_ID)
+            .unwrap();
         assert!(
             rg.column(key_col).bloom_filter_offset().is_some(),
             "key_id has a bloom filter"
@@ -264,7 +200,7 @@ mod tests {
         // The file records the codec, not its level.
         assert!(matches!(
             rg.column(key_col).compression(),
-            Compression::ZSTD(_)
+            parquet::basic::Compression::ZSTD(_)
         ));
     }
 }

@@ -13,7 +13,8 @@ use verdict_lake::tables::{RAW, hour_partition};
 use verdict_lake::{Action, Add, Commit, LakeError, Snapshot, Table};
 use verdict_schemas::{HourPartition, LayoutError};
 
-use crate::raw_file::{ConsumedEvent, HourFile, RawFileError, build_hour_file};
+use crate::raw_file::{ConsumedEvent, HourFile, build_hour_file};
+use verdict_lake::files::EncodeError;
 
 /// Why raw files could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -21,7 +22,7 @@ use crate::raw_file::{ConsumedEvent, HourFile, RawFileError, build_hour_file};
 pub enum WriteError {
     /// The file could not be built.
     #[error(transparent)]
-    File(#[from] RawFileError),
+    File(#[from] EncodeError),
     /// The store refused the file.
     #[error("writing {path}: {source}")]
     Store {

@@ -20,7 +20,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use rand::RngCore;
-use verdict_ingest::encode_raw_parquet;
+use verdict_lake::files::encode_raw_parquet;
 use verdict_lake::tables::{RAW, hour_partition};
 use verdict_lake::{Action, Add, Commit, Conflict, LakeError, Snapshot, Table};
 use verdict_rollup::{RawFile, hour_files_in, hours_in};
@@ -47,7 +47,7 @@ pub enum CompactError {
     Arrow(#[from] arrow::error::ArrowError),
     /// Encoding the merged file failed.
     #[error(transparent)]
-    Encode(#[from] verdict_ingest::RawFileError),
+    Encode(#[from] verdict_lake::files::EncodeError),
 }
 
 /// One compaction done.
@@ -92,6 +92,10 @@ pub async fn run(
     let Some(mut snapshot) = table.snapshot_if_any().await? else {
         return Ok(report);
     };
+    // A writer's open: compaction rewrites the rows in verdict's schema, so a table another
+    // engine changed is named before any file is read or written.
+    table.check_writable(&snapshot)?;
+    RAW.check_schema(snapshot.metadata())?;
     for hour in hours_in(&snapshot) {
         if windows.is_workable(&hour, now_ms) {
             compact_hour(&table, &mut snapshot, hour, min_files, &mut report).await?;

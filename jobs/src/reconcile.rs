@@ -431,6 +431,22 @@ impl Reconciler {
     }
 }
 
+impl RoundRecord {
+    /// The record of a round at `time_ms` that did `outcome` under `cfg`.
+    pub fn of(time_ms: i64, cfg: &ReconcileConfig, outcome: &RoundOutcome) -> Self {
+        Self {
+            time_ms,
+            interval_ms: cfg.interval.as_millis() as i64,
+            increase_delay_ms: cfg.increase_delay.as_millis() as i64,
+            share_ttl_ms: cfg.share_ttl.as_millis() as i64,
+            floor: cfg.floor,
+            keys: u32::try_from(outcome.keys).unwrap_or(u32::MAX),
+            share_rows: u32::try_from(outcome.rows).unwrap_or(u32::MAX),
+            unreachable_regions: u16::try_from(outcome.unreachable.len()).unwrap_or(u16::MAX),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use object_store::ObjectStore;
 use object_store::path::Path;
 use std::collections::BTreeMap;
-use verdict_ingest::flush::QUARANTINE_PREFIX;
+use verdict_schemas::layout::QUARANTINE_PREFIX;
 
 use verdict_lake::tables::{DEMAND_HOURLY, DENIED_HOURLY, OVERAGE, RAW, RECONCILE_ROUNDS};
 use verdict_lake::vacuum;
@@ -78,16 +78,26 @@ pub async fn plan(
     windows: &Windows,
 ) -> Result<Vec<Expired>, RetentionError> {
     let mut out = Vec::new();
+    // An append-only table's partitions are refused here, where the dry run and the run
+    // both begin: removing them would remove data, which `delta.appendOnly` forbids.
+    let removable = |table: &Table, snapshot: &Snapshot, expired: &[Expired]| {
+        let files = expired.iter().map(|e| e.objects).sum();
+        table.check_removable(snapshot, "retention", files)
+    };
     if let Some(snapshot) = raw_snapshot(store).await? {
-        out.extend(raw_expired(&snapshot, now_ms, windows));
+        let expired = raw_expired(&snapshot, now_ms, windows);
+        removable(&RAW.table(Arc::clone(store)), &snapshot, &expired)?;
+        out.extend(expired);
     }
     for (def, keep) in derived(windows) {
-        if let Some(snapshot) = def.table(Arc::clone(store)).snapshot_if_any().await? {
-            out.extend(
-                derived_expired(def, &snapshot, now_ms, keep)
-                    .into_iter()
-                    .map(|(e, _)| e),
-            );
+        let table = def.table(Arc::clone(store));
+        if let Some(snapshot) = table.snapshot_if_any().await? {
+            let expired: Vec<Expired> = derived_expired(def, &snapshot, now_ms, keep)
+                .into_iter()
+                .map(|(e, _)| e)
+                .collect();
+            removable(&table, &snapshot, &expired)?;
+            out.extend(expired);
         }
     }
     let mut doomed: Vec<(&'static str, Path)> = Vec::new();

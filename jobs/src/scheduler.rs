@@ -274,9 +274,12 @@ mod tests {
     use std::time::Duration;
 
     use object_store::local::LocalFileSystem;
-    use verdict_ingest::{ConsumedEvent, KafkaSource, RawTable};
-    use verdict_schemas::HourPartition;
+    use object_store::path::Path;
+    use object_store::{ObjectStoreExt, PutPayload};
+    use verdict_lake::tables::{RAW, hour_partition};
+    use verdict_lake::{Action, Add, Commit};
     use verdict_schemas::synth::{SynthConfig, SynthTraffic};
+    use verdict_schemas::{HourPartition, RawBatchBuilder};
 
     use super::*;
 
@@ -302,22 +305,38 @@ mod tests {
             late_share: 0.0,
             ..SynthConfig::hour(5_000, 100)
         };
-        let events: Vec<ConsumedEvent> = SynthTraffic::new(cfg)
+        // One raw file of the hour, committed as any writer of the table commits one.
+        let mut rows = RawBatchBuilder::with_capacity(5_000);
+        for (offset, event) in SynthTraffic::new(cfg)
             .take(5_000)
             .filter(|e| HourPartition::from_event_time_ms(e.event_time_ms) == Ok(hour))
             .enumerate()
-            .map(|(i, event)| ConsumedEvent {
-                event,
-                partition: 0,
-                offset: i as i64,
-            })
-            .collect();
-        RawTable::open(Arc::clone(&store))
+        {
+            rows.push(&event, "local", 0, offset as i64);
+        }
+        let batch = rows.finish().unwrap();
+        let bytes = verdict_lake::files::encode_raw_parquet(std::slice::from_ref(&batch)).unwrap();
+        let path = format!("{}/part-0.parquet", hour.partition_path());
+        store
+            .put(
+                &Path::from(format!("{}/{path}", RAW.root)),
+                PutPayload::from(bytes.clone()),
+            )
             .await
-            .unwrap()
-            .append(&KafkaSource::new("local", "t", 0), hour, events)
+            .unwrap();
+        let add = Add {
+            path,
+            partition_values: hour_partition(&hour),
+            size: bytes.len() as i64,
+            modification_time: now,
+            data_change: true,
+            stats: Some(verdict_lake::stats::file_stats(&[batch], &["date", "hour"])),
+            tags: None,
+        };
+        let (table, mut snapshot) = RAW.open(Arc::clone(&store)).await.unwrap();
+        table
+            .commit(&mut snapshot, Commit::new("WRITE", vec![Action::Add(add)]))
             .await
-            .unwrap()
             .unwrap();
 
         let jobs = Jobs::new(

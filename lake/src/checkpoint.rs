@@ -40,6 +40,10 @@ pub struct LastCheckpoint {
     /// `add` actions it holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_of_add_files: Option<i64>,
+    /// The number of files of a multi-part checkpoint (another writer's; verdict writes one
+    /// file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parts: Option<u32>,
 }
 
 /// Why a checkpoint could not be written or read.

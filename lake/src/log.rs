@@ -1,7 +1,11 @@
 //! Where the transaction log's files live and what their names say:
 //! `<table>/_delta_log/<version, 20 digits>.json` for a commit,
-//! `<version>.checkpoint.parquet` for a checkpoint, and `_last_checkpoint` pointing at the
-//! newest checkpoint. Versions are zero-padded so that names sort as versions do.
+//! `<version>.checkpoint.parquet` for a checkpoint (the protocol's classic single file, which
+//! verdict writes), `<version>.checkpoint.<part>.<parts>.parquet` for one part of a
+//! multi-part checkpoint (another writer's, read part by part), and `_last_checkpoint`
+//! pointing at the newest checkpoint. Versions are zero-padded so that names sort as
+//! versions do. A v2 checkpoint (`<version>.checkpoint.<uuid>.json` or `.parquet`, the
+//! `v2Checkpoint` table feature) is recognised to be refused by name ([`v2_checkpoint`]).
 
 use object_store::path::Path;
 
@@ -17,6 +21,15 @@ pub enum LogFile {
     Commit(i64),
     /// A single-file checkpoint of a version.
     Checkpoint(i64),
+    /// Part `part` (from 1) of a checkpoint of a version in `parts` files.
+    CheckpointPart {
+        /// The version.
+        version: i64,
+        /// Which part, from 1.
+        part: u32,
+        /// How many parts the checkpoint has.
+        parts: u32,
+    },
 }
 
 impl LogFile {
@@ -24,11 +37,12 @@ impl LogFile {
     pub fn version(&self) -> i64 {
         match self {
             Self::Commit(v) | Self::Checkpoint(v) => *v,
+            Self::CheckpointPart { version, .. } => *version,
         }
     }
 
     /// Parses a log file's name (the last segment of a path); `None` for anything else
-    /// (`_last_checkpoint`, multi-part checkpoints, temporary files).
+    /// (`_last_checkpoint`, v2 checkpoints, temporary files).
     pub fn parse(name: &str) -> Option<Self> {
         let name = name.rsplit('/').next().unwrap_or(name);
         let digits = |s: &str| {
@@ -39,9 +53,31 @@ impl LogFile {
         if let Some(v) = name.strip_suffix(".json") {
             return digits(v).map(Self::Commit);
         }
-        name.strip_suffix(".checkpoint.parquet")
-            .and_then(digits)
-            .map(Self::Checkpoint)
+        if let Some(v) = name.strip_suffix(".checkpoint.parquet") {
+            return digits(v).map(Self::Checkpoint);
+        }
+        // `<version>.checkpoint.<part, 10 digits>.<parts, 10 digits>.parquet`.
+        let rest = name.strip_suffix(".parquet")?;
+        let mut fields = rest.split('.');
+        let (version, word, part, parts) = (
+            fields.next()?,
+            fields.next()?,
+            fields.next()?,
+            fields.next()?,
+        );
+        let ten = |s: &str| {
+            (s.len() == 10 && s.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| s.parse::<u32>().ok())
+                .flatten()
+        };
+        let (part, parts) = (ten(part)?, ten(parts)?);
+        (fields.next().is_none() && word == "checkpoint" && (1..=parts).contains(&part))
+            .then_some(())?;
+        Some(Self::CheckpointPart {
+            version: digits(version)?,
+            part,
+            parts,
+        })
     }
 
     /// Its path under the table's root.
@@ -49,8 +85,34 @@ impl LogFile {
         match self {
             Self::Commit(v) => log_path(root, &format!("{v:020}.json")),
             Self::Checkpoint(v) => log_path(root, &format!("{v:020}.checkpoint.parquet")),
+            Self::CheckpointPart {
+                version,
+                part,
+                parts,
+            } => log_path(
+                root,
+                &format!("{version:020}.checkpoint.{part:010}.{parts:010}.parquet"),
+            ),
         }
     }
+}
+
+/// The version of a v2 checkpoint's file name (`<version>.checkpoint.<uuid>.json` or
+/// `.parquet`, the `v2Checkpoint` table feature), which verdict does not read.
+pub fn v2_checkpoint(name: &str) -> Option<i64> {
+    let name = name.rsplit('/').next().unwrap_or(name);
+    let rest = name
+        .strip_suffix(".json")
+        .or_else(|| name.strip_suffix(".parquet"))?;
+    let mut fields = rest.split('.');
+    let (version, word, id) = (fields.next()?, fields.next()?, fields.next()?);
+    let uuid = id.len() == 36
+        && id.bytes().enumerate().all(|(i, b)| {
+            matches!(i, 8 | 13 | 18 | 23) == (b == b'-') && (b == b'-' || b.is_ascii_hexdigit())
+        });
+    (fields.next().is_none() && word == "checkpoint" && uuid && version.len() == 20)
+        .then(|| version.parse().ok())
+        .flatten()
 }
 
 /// `<root>/_delta_log/<name>`.
@@ -149,15 +211,32 @@ mod tests {
             LogFile::parse("00000000000000000010.checkpoint.parquet"),
             Some(k)
         );
+        let part = LogFile::CheckpointPart {
+            version: 10,
+            part: 1,
+            parts: 2,
+        };
+        assert_eq!(
+            LogFile::parse("00000000000000000010.checkpoint.0000000001.0000000002.parquet"),
+            Some(part)
+        );
+        assert_eq!(LogFile::parse(part.path(&root).as_ref()), Some(part));
+        let v2 = "00000000000000000010.checkpoint.80a083e8-7026-4e79-81be-64bd76c43a11.json";
+        assert_eq!(v2_checkpoint(v2), Some(10));
         for other in [
             "_last_checkpoint",
             "7.json",
-            "00000000000000000010.checkpoint.0000000001.0000000002.parquet",
+            v2,
+            "00000000000000000010.checkpoint.0000000003.0000000002.parquet",
             "00000000000000000007.json.tmp",
             "00000000000000000007.crc",
         ] {
             assert_eq!(LogFile::parse(other), None, "{other}");
         }
+        assert_eq!(
+            v2_checkpoint("00000000000000000010.checkpoint.parquet"),
+            None
+        );
         assert!(LogFile::Commit(9).path(&root).as_ref() < LogFile::Commit(10).path(&root).as_ref());
     }
 

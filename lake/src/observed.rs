@@ -1,7 +1,7 @@
 //! An object store that wraps another and sees its calls ([`Observed`]): every call goes
 //! to the wrapped store, and an [`Observer`] hears of the writes and may change the
 //! metadata that gets and listings return. The wrappers of the lake's users are observers:
-//! a store under a prefix that names objects relative to it (`verdict_ingest::Prefixed`), a
+//! a store under a prefix that names objects relative to it (`verdict_lake::Prefixed`), a
 //! store that pauses after each commit for the crash tests, one that dates objects on a
 //! simulated clock for `verdict bench log`. The `ObjectStore` trait is implemented once,
 //! here.

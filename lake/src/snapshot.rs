@@ -20,6 +20,9 @@ pub mod config {
     pub const DELETED_FILE_RETENTION: &str = "delta.deletedFileRetentionDuration";
     /// Whether checkpoints (and log cleanup) are written at all.
     pub const ENABLE_EXPIRED_LOG_CLEANUP: &str = "delta.enableExpiredLogCleanup";
+    /// Whether the table is append-only: no commit may remove data (a `remove` with
+    /// `dataChange`); rearranging it (compaction, `dataChange` false) is allowed.
+    pub const APPEND_ONLY: &str = "delta.appendOnly";
 }
 
 /// The protocol's defaults for the properties above.
@@ -244,6 +247,12 @@ impl Snapshot {
         self.property(config::LOG_RETENTION)
             .and_then(parse_interval)
             .unwrap_or(DEFAULT_LOG_RETENTION)
+    }
+
+    /// `delta.appendOnly`: no commit may remove data.
+    pub fn append_only(&self) -> bool {
+        self.property(config::APPEND_ONLY)
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
     }
 
     /// `delta.deletedFileRetentionDuration`.

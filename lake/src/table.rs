@@ -10,7 +10,7 @@
 //! commits the committer writes a checkpoint and deletes the log entries older than both
 //! the checkpoint before it and `delta.logRetentionDuration`.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -101,6 +101,54 @@ pub enum LakeError {
         /// What it needs.
         reason: String,
     },
+    /// The table's schema is not the one verdict reads and writes: a column is missing,
+    /// has another type, or the partition columns differ.
+    #[error("{table}: {reason}")]
+    Schema {
+        /// The table's root.
+        table: String,
+        /// Which column, and what it is.
+        reason: String,
+    },
+    /// The table is append-only (`delta.appendOnly`) and the commit removes data.
+    #[error(
+        "{table}: the table is append-only (delta.appendOnly = true): {operation} would remove \
+         {removes} file(s) of its data, which only a table without that property allows"
+    )]
+    AppendOnly {
+        /// The table's root.
+        table: String,
+        /// The commit's operation (`DELETE`, `REPLACE HOUR`, …).
+        operation: String,
+        /// How many data files it removes.
+        removes: usize,
+    },
+}
+
+/// The checkpoints of `entries` that can be read: each single-file checkpoint (`None`), and
+/// each multi-part one whose parts are all there (`Some(parts)`), by version.
+fn complete_checkpoints(entries: &[LogEntry]) -> Vec<(i64, Option<u32>)> {
+    let mut parts: BTreeMap<(i64, u32), BTreeSet<u32>> = BTreeMap::new();
+    let mut out = Vec::new();
+    for e in entries {
+        match e.file {
+            LogFile::Checkpoint(v) => out.push((v, None)),
+            LogFile::CheckpointPart {
+                version,
+                part,
+                parts: of,
+            } => {
+                parts.entry((version, of)).or_default().insert(part);
+            }
+            LogFile::Commit(_) => {}
+        }
+    }
+    for ((version, of), have) in parts {
+        if have.len() == of as usize {
+            out.push((version, Some(of)));
+        }
+    }
+    out
 }
 
 /// What another writer committed that a commit depended on.
@@ -393,14 +441,36 @@ impl Table {
         })
     }
 
-    async fn read_checkpoint(&self, version: i64) -> Result<Vec<Action>, LakeError> {
-        let path = LogFile::Checkpoint(version).path(&self.root);
-        let bytes = self.read_object(&path).await?;
-        decode_checkpoint(bytes).map_err(|source| LakeError::Checkpoint {
-            table: self.name.clone(),
-            path: path.to_string(),
-            source,
-        })
+    /// The actions of the checkpoint of `version`: its single file, or its `parts` files in
+    /// order (another writer's multi-part checkpoint).
+    async fn read_checkpoint(
+        &self,
+        version: i64,
+        parts: Option<u32>,
+    ) -> Result<Vec<Action>, LakeError> {
+        let files: Vec<LogFile> = match parts {
+            None => vec![LogFile::Checkpoint(version)],
+            Some(parts) => (1..=parts)
+                .map(|part| LogFile::CheckpointPart {
+                    version,
+                    part,
+                    parts,
+                })
+                .collect(),
+        };
+        let mut actions = Vec::new();
+        for file in files {
+            let path = file.path(&self.root);
+            let bytes = self.read_object(&path).await?;
+            actions.extend(
+                decode_checkpoint(bytes).map_err(|source| LakeError::Checkpoint {
+                    table: self.name.clone(),
+                    path: path.to_string(),
+                    source,
+                })?,
+            );
+        }
+        Ok(actions)
     }
 
     async fn last_checkpoint(&self) -> Result<Option<LastCheckpoint>, LakeError> {
@@ -446,7 +516,7 @@ impl Table {
     pub async fn snapshot(&self) -> Result<Snapshot, LakeError> {
         let last = self.last_checkpoint().await?;
         let start = match &last {
-            Some(c) => match self.read_checkpoint(c.version).await {
+            Some(c) => match self.read_checkpoint(c.version, c.parts).await {
                 Ok(actions) => Some(self.replay_base(c.version, actions)?),
                 // The pointer names a checkpoint log cleanup has since replaced: list.
                 Err(LakeError::Store {
@@ -482,7 +552,7 @@ impl Table {
             .iter()
             .filter_map(|e| match e.file {
                 LogFile::Commit(v) => Some(v),
-                LogFile::Checkpoint(_) => None,
+                _ => None,
             })
             .collect();
         let (Some(&oldest), Some(&newest)) = (commits.first(), commits.last()) else {
@@ -501,16 +571,13 @@ impl Table {
             )));
         }
         // The newest checkpoint at or before the target, else the log from version 0.
-        let checkpoint = entries
-            .iter()
-            .filter_map(|e| match e.file {
-                LogFile::Checkpoint(v) if v <= target => Some(v),
-                _ => None,
-            })
-            .max();
+        let checkpoint = complete_checkpoints(&entries)
+            .into_iter()
+            .filter(|(v, _)| *v <= target)
+            .max_by_key(|(v, parts)| (*v, parts.is_none()));
         let mut snapshot = match checkpoint {
-            Some(v) => {
-                let actions = self.read_checkpoint(v).await?;
+            Some((v, parts)) => {
+                let actions = self.read_checkpoint(v, parts).await?;
                 self.replay_base(v, actions)?
             }
             None if oldest == 0 => {
@@ -518,14 +585,22 @@ impl Table {
                 self.replay_base(0, actions)?
             }
             None => {
+                // The log may start at a checkpoint of a kind verdict does not read: say so.
+                if let Some(name) = self.v2_checkpoint_at_or_before(target).await? {
+                    return Err(LakeError::Protocol {
+                        table: self.name.clone(),
+                        reason: format!(
+                            "version {target} needs the v2 checkpoint {name} (the v2Checkpoint \
+                             table feature), which verdict does not read, and the log keeps no \
+                             commits from version 0 to replay instead"
+                        ),
+                    });
+                }
                 return Err(no_such(format!(
                     "version {target} is older than the log keeps (the oldest version is {})",
-                    entries
-                        .iter()
-                        .filter_map(|e| match e.file {
-                            LogFile::Checkpoint(v) => Some(v),
-                            LogFile::Commit(_) => None,
-                        })
+                    complete_checkpoints(&entries)
+                        .into_iter()
+                        .map(|(v, _)| v)
                         .min()
                         .unwrap_or(oldest)
                 )));
@@ -539,6 +614,26 @@ impl Table {
             )));
         }
         Ok(snapshot)
+    }
+
+    /// The name of the newest v2 checkpoint (see [`crate::log::v2_checkpoint`]) at or before
+    /// `version`, if the log holds one.
+    async fn v2_checkpoint_at_or_before(&self, version: i64) -> Result<Option<String>, LakeError> {
+        let listed: Vec<ObjectMeta> = self
+            .store
+            .list(Some(&log_dir(&self.root)))
+            .try_collect()
+            .await
+            .map_err(self.store_err())?;
+        Ok(listed
+            .iter()
+            .filter_map(|m| {
+                let name = m.location.filename()?;
+                let v = crate::log::v2_checkpoint(name)?;
+                (v <= version).then(|| (v, name.to_owned()))
+            })
+            .max()
+            .map(|(_, name)| name))
     }
 
     /// The snapshot as of a time: the newest version committed at or before `at_ms`.
@@ -624,11 +719,61 @@ impl Table {
         self.replay(snapshot, &entries, None).await
     }
 
+    /// Whether verdict may write the table as `snapshot` has it: its protocol needs no newer
+    /// writer than verdict's (writer version 2, whose `appendOnly` [`Table::commit`]
+    /// honours), and no column carries an invariant (`delta.invariants`, which verdict does
+    /// not check on write); named when it does.
+    pub fn check_writable(&self, snapshot: &Snapshot) -> Result<(), LakeError> {
+        let refused = |reason: String| LakeError::Protocol {
+            table: self.name.clone(),
+            reason,
+        };
+        snapshot.protocol().check_writable().map_err(refused)?;
+        if snapshot
+            .metadata()
+            .schema_string
+            .contains("delta.invariants")
+        {
+            return Err(refused(
+                "a column of the table carries an invariant (delta.invariants), which verdict \
+                 does not check on write"
+                    .to_owned(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether `operation` may remove `removes` files of data from the table as `snapshot`
+    /// has it: not from an append-only one (`delta.appendOnly`), named. [`Table::commit`]
+    /// checks every commit; a job checks before it plans (so its dry run says the same).
+    pub fn check_removable(
+        &self,
+        snapshot: &Snapshot,
+        operation: &str,
+        removes: usize,
+    ) -> Result<(), LakeError> {
+        if removes > 0 && snapshot.append_only() {
+            return Err(LakeError::AppendOnly {
+                table: self.name.clone(),
+                operation: operation.to_owned(),
+                removes,
+            });
+        }
+        Ok(())
+    }
+
     /// The latest snapshot, creating the table with `metadata` first if it has no log.
     /// Two processes creating it at once end with one table: the loser loads the winner's.
+    ///
+    /// This is a writer's open: a table whose protocol needs a newer writer than verdict is
+    /// refused here, before the writer uploads anything (see [`Table::check_writable`]).
     pub async fn open_or_create(&self, metadata: Metadata) -> Result<Snapshot, LakeError> {
         match self.snapshot().await {
             Err(LakeError::NotATable { .. }) => {}
+            Ok(snapshot) => {
+                self.check_writable(&snapshot)?;
+                return Ok(snapshot);
+            }
             other => return other,
         }
         let actions = vec![
@@ -652,13 +797,13 @@ impl Table {
     /// the version is returned. Writes a checkpoint when the version is a multiple of the
     /// table's interval.
     pub async fn commit(&self, snapshot: &mut Snapshot, commit: Commit) -> Result<i64, LakeError> {
-        snapshot
-            .protocol()
-            .check_writable()
-            .map_err(|reason| LakeError::Protocol {
-                table: self.name.clone(),
-                reason,
-            })?;
+        self.check_writable(snapshot)?;
+        let removes = commit
+            .actions
+            .iter()
+            .filter(|a| matches!(a, Action::Remove(r) if r.data_change))
+            .count();
+        self.check_removable(snapshot, &commit.operation, removes)?;
         let conflict = |version, conflict| LakeError::Conflict {
             table: self.name.clone(),
             version,
@@ -771,6 +916,7 @@ impl Table {
             size: counts.actions,
             size_in_bytes: Some(size),
             num_of_add_files: Some(counts.adds),
+            parts: None,
         };
         let body = serde_json::to_vec(&last).expect("serializes");
         self.store

@@ -27,7 +27,7 @@ use verdict_schemas::tables::{
 use verdict_schemas::HourPartition;
 
 use crate::action::{Metadata, PartitionValues};
-use crate::schema::schema_string;
+use crate::schema::{delta_type, schema_string};
 use crate::snapshot::{Snapshot, config};
 use crate::table::{LakeError, Table};
 
@@ -208,11 +208,71 @@ impl TableDef {
         Table::new(store, self.root)
     }
 
-    /// The table's latest snapshot, creating it if it has no log yet (writers).
+    /// The table's latest snapshot, creating it if it has no log yet (writers): refused
+    /// when verdict may not write it ([`Table::check_writable`]) or its schema is not this
+    /// table's ([`TableDef::check_schema`]).
     pub async fn open(&self, store: Arc<dyn ObjectStore>) -> Result<(Table, Snapshot), LakeError> {
         let table = self.table(store);
         let snapshot = table.open_or_create(self.metadata()).await?;
+        self.check_schema(snapshot.metadata())?;
         Ok((table, snapshot))
+    }
+
+    /// Whether a table's `metadata` (another writer's, or an older verdict's) holds every
+    /// column of this table with the Delta type verdict reads and writes, and the same
+    /// partition columns; the first column that does not is named. Columns verdict does
+    /// not know are left alone (a reader does not read them; a writer leaves them null).
+    pub fn check_schema(&self, metadata: &Metadata) -> Result<(), LakeError> {
+        let refused = |reason: String| LakeError::Schema {
+            table: self.root.to_owned(),
+            reason,
+        };
+        let schema: serde_json::Value = serde_json::from_str(&metadata.schema_string)
+            .map_err(|e| refused(format!("the table's schema does not parse: {e}")))?;
+        let found: Vec<(&str, String)> = schema["fields"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|f| Some((f["name"].as_str()?, f["type"].to_string())))
+            .collect();
+        let wanted = (self.schema)()
+            .fields()
+            .iter()
+            .map(|f| (f.name().clone(), f.data_type().clone()))
+            .chain(
+                (self.partitions)()
+                    .into_iter()
+                    .map(|(n, t)| (n.to_owned(), t)),
+            )
+            .collect::<Vec<_>>();
+        for (name, data_type) in &wanted {
+            let delta = delta_type(data_type).unwrap_or("?");
+            match found.iter().find(|(n, _)| n == name) {
+                None => {
+                    return Err(refused(format!(
+                        "column {name} ({delta}) is missing from the table's schema"
+                    )));
+                }
+                Some((_, t)) if t.trim_matches('"') != delta => {
+                    return Err(refused(format!(
+                        "column {name} is {} in the table's schema; verdict reads and writes it \
+                         as {delta}",
+                        t.trim_matches('"')
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+        let partitions = self.partition_names();
+        if metadata.partition_columns != partitions {
+            return Err(refused(format!(
+                "the table is partitioned by [{}]; verdict reads and writes it partitioned by \
+                 [{}]",
+                metadata.partition_columns.join(", "),
+                partitions.join(", ")
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -243,5 +303,44 @@ mod tests {
             assert_eq!(&m.id[14..15], "4");
         }
         assert_eq!(RAW.partition_names(), ["date", "hour"]);
+    }
+
+    /// The metadata of the raw table with its schema's fields passed through `edit`.
+    fn raw_with(edit: impl FnOnce(&mut Vec<serde_json::Value>)) -> Metadata {
+        let mut m = RAW.metadata();
+        let mut schema: serde_json::Value = serde_json::from_str(&m.schema_string).unwrap();
+        edit(schema["fields"].as_array_mut().unwrap());
+        m.schema_string = schema.to_string();
+        m
+    }
+
+    #[test]
+    fn a_schema_that_is_not_the_tables_is_refused_naming_the_column() {
+        RAW.check_schema(&RAW.metadata()).unwrap();
+        // A column another engine added is left alone.
+        let extra = raw_with(|f| {
+            f.push(serde_json::json!({"name": "note", "type": "string", "nullable": true, "metadata": {}}))
+        });
+        RAW.check_schema(&extra).unwrap();
+        let missing = raw_with(|f| f.retain(|c| c["name"] != "kafka_cluster"));
+        assert_eq!(
+            RAW.check_schema(&missing).unwrap_err().to_string(),
+            "raw: column kafka_cluster (string) is missing from the table's schema"
+        );
+        let mistyped = raw_with(|f| {
+            for c in f.iter_mut().filter(|c| c["name"] == "window_quota") {
+                c["type"] = "string".into();
+            }
+        });
+        assert_eq!(
+            RAW.check_schema(&mistyped).unwrap_err().to_string(),
+            "raw: column window_quota is string in the table's schema; verdict reads and writes it as long"
+        );
+        let mut repartitioned = RAW.metadata();
+        repartitioned.partition_columns = vec!["date".into()];
+        assert_eq!(
+            RAW.check_schema(&repartitioned).unwrap_err().to_string(),
+            "raw: the table is partitioned by [date]; verdict reads and writes it partitioned by [date, hour]"
+        );
     }
 }

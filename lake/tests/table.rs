@@ -397,6 +397,150 @@ async fn each_checkpoint_deletes_the_log_the_retention_no_longer_needs() {
     assert!(e.to_string().contains("older than the log keeps"), "{e}");
 }
 
+/// A table of `commits` appends whose log, as another writer may leave it, starts at a
+/// checkpoint of version `commits` written by `write` (commits before it deleted).
+async fn log_starting_at_a_foreign_checkpoint(
+    commits: usize,
+    write: impl AsyncFnOnce(&Arc<dyn ObjectStore>, Vec<Action>),
+) -> (tempfile::TempDir, Arc<dyn ObjectStore>, Table) {
+    let (dir, store) = folder();
+    let table = Table::new(Arc::clone(&store), "t");
+    let mut s = table.open_or_create(metadata(1_000)).await.unwrap();
+    for i in 1..=commits {
+        table
+            .commit(&mut s, append(&format!("f{i:02}.parquet")))
+            .await
+            .unwrap();
+    }
+    write(&store, s.checkpoint_actions().collect()).await;
+    for v in 0..commits {
+        store
+            .delete(&Path::from(format!("t/_delta_log/{v:020}.json")))
+            .await
+            .unwrap();
+    }
+    (dir, store, table)
+}
+
+#[tokio::test]
+async fn a_multi_part_checkpoint_is_read_part_by_part() {
+    let (_dir, store, table) = log_starting_at_a_foreign_checkpoint(6, async |store, actions| {
+        // Two parts, as Spark writes a large checkpoint: protocol and metadata in the first.
+        let (first, second) = actions.split_at(4);
+        for (part, actions) in [(1, first), (2, second)] {
+            let (bytes, _) =
+                verdict_lake::checkpoint::encode_checkpoint(actions.iter().cloned()).unwrap();
+            let name = format!(
+                "t/_delta_log/{:020}.checkpoint.{part:010}.{:010}.parquet",
+                6, 2
+            );
+            store
+                .put(&Path::from(name), PutPayload::from(bytes))
+                .await
+                .unwrap();
+        }
+        let last = r#"{"version":6,"size":8,"parts":2}"#;
+        store
+            .put(
+                &Path::from("t/_delta_log/_last_checkpoint"),
+                PutPayload::from(last.as_bytes().to_vec()),
+            )
+            .await
+            .unwrap();
+    })
+    .await;
+    // From the pointer, and from a listing.
+    assert_eq!(table.snapshot().await.unwrap().files().count(), 6);
+    assert_eq!(table.load(Some(6)).await.unwrap().files().count(), 6);
+    // One part missing: the checkpoint cannot be read, and the error says what is left.
+    store
+        .delete(&Path::from(format!(
+            "t/_delta_log/{:020}.checkpoint.{:010}.{:010}.parquet",
+            6, 2, 2
+        )))
+        .await
+        .unwrap();
+    let e = table.load(Some(6)).await.unwrap_err();
+    assert!(e.to_string().contains("older than the log keeps"), "{e}");
+}
+
+#[tokio::test]
+async fn a_log_starting_at_a_v2_checkpoint_is_refused_by_name() {
+    let name = "00000000000000000004.checkpoint.80a083e8-7026-4e79-81be-64bd76c43a11.json";
+    let (_dir, _store, table) = log_starting_at_a_foreign_checkpoint(4, async |store, _| {
+        store
+            .put(
+                &Path::from(format!("t/_delta_log/{name}")),
+                PutPayload::from(b"{}".to_vec()),
+            )
+            .await
+            .unwrap();
+    })
+    .await;
+    let e = table.snapshot().await.unwrap_err().to_string();
+    assert!(
+        e.contains(&format!(
+            "needs the v2 checkpoint {name} (the v2Checkpoint table feature)"
+        )),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn an_append_only_table_takes_no_removal_of_data() {
+    let (_dir, store) = folder();
+    let table = Table::new(Arc::clone(&store), "t");
+    let mut meta = metadata(10);
+    meta.configuration
+        .insert(config::APPEND_ONLY.to_string(), Some("true".to_string()));
+    let mut s = table.open_or_create(meta).await.unwrap();
+    for name in ["a.parquet", "b.parquet"] {
+        table.commit(&mut s, append(name)).await.unwrap();
+    }
+    let removes = |data_change: bool| {
+        let actions = s
+            .files()
+            .map(|a| Action::Remove(a.remove(now(), data_change)))
+            .collect();
+        Commit::new("DELETE", actions)
+    };
+    let (deleting, compacting) = (removes(true), removes(false));
+    let e = table.commit(&mut s, deleting).await.unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "t: the table is append-only (delta.appendOnly = true): DELETE would remove 2 file(s) \
+         of its data, which only a table without that property allows"
+    );
+    assert_eq!(s.files().count(), 2, "nothing was committed");
+    // Rearranging the same rows (compaction's removes say no data changed) is allowed.
+    table.commit(&mut s, compacting).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_table_that_needs_a_newer_writer_is_refused_when_a_writer_opens_it() {
+    let (_dir, store) = folder();
+    let table = Table::new(Arc::clone(&store), "t");
+    table.open_or_create(metadata(10)).await.unwrap();
+    // Another engine raises the protocol to table features (writer version 7).
+    let upgrade = r#"{"protocol":{"minReaderVersion":1,"minWriterVersion":7,"writerFeatures":["appendOnly","checkConstraints"]}}"#;
+    store
+        .put(
+            &Path::from("t/_delta_log/00000000000000000001.json"),
+            PutPayload::from(upgrade.as_bytes().to_vec()),
+        )
+        .await
+        .unwrap();
+    // A reader still reads it; a writer is refused at open, before it writes any file.
+    assert_eq!(table.snapshot().await.unwrap().version(), 1);
+    let e = table.open_or_create(metadata(10)).await.unwrap_err();
+    assert!(
+        e.to_string().contains(
+            "the table needs Delta writer version 7 (features [\"appendOnly\", \"checkConstraints\"]); verdict writes version 2"
+        ),
+        "{e}"
+    );
+}
+
 async fn log_names(store: &Arc<dyn ObjectStore>) -> Vec<String> {
     use futures::TryStreamExt;
     let mut names: Vec<String> = store

@@ -30,6 +30,7 @@ pub mod conformance;
 pub mod counter_store;
 pub mod events;
 pub mod http;
+pub mod in_process;
 pub mod key;
 pub mod layer;
 pub mod limiter;
@@ -48,14 +49,12 @@ pub use events::{
     ChannelSink, EventQueue, EventReceiver, EventSink, Handoff, event_queue, spawn_drain,
 };
 pub use http::{HttpAnswer, PROBLEM_JSON, http_answer};
+pub use in_process::{RoundCounts, RoundSettings, round_in_process};
 pub use key::LimitKey;
 pub use layer::{Identity, RateLimit, RateLimitLayer, Refusal, Resolved};
 pub use limiter::{Decision, Limiter, LimiterConfig, Regional, RegionalTimings, Request};
 pub use memory::MemoryStore;
 pub use metrics::LimiterMetrics;
 pub use policy::{LimitLookup, Mode, PolicyDocument, PolicyHandle, PolicySnapshot, RegionRow};
-pub use regions::{
-    NearLimit, RoundCounts, RoundSettings, Share, ShareEntry, ShareHandle, ShareKey, ShareRow,
-    ShareSnapshot, round_in_process,
-};
+pub use regions::{NearLimit, Share, ShareEntry, ShareHandle, ShareKey, ShareRow, ShareSnapshot};
 pub use sources::{CachedSource, FileSource, PolicySource, SourceError, spawn_refresher};

@@ -133,6 +133,17 @@ impl Answers {
     }
 }
 
+/// A file as a kept answer's key lists it: path, size, modification time and tag.
+pub fn describe(m: &object_store::ObjectMeta) -> String {
+    format!(
+        "{} {} {} {}",
+        m.location,
+        m.size,
+        m.last_modified.timestamp_millis(),
+        m.e_tag.as_deref().unwrap_or_default()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,10 +3,9 @@
 //! Every query gets a session of its own over the shared catalog: its own memory pool (of
 //! [`Limits::memory_bytes`], so one greedy query fails alone and the others keep running)
 //! drawing from a budget all queries share (see [`crate::budget`]), no spill files, and a
-//! deadline. Only `SELECT` (and `EXPLAIN` of
-//! one) passes: DDL, DML, `COPY`, `CREATE EXTERNAL TABLE`, `SET` and every other statement
-//! are refused before planning, and the plan is checked again by DataFusion's own
-//! [`SQLOptions`].
+//! deadline. Only what [`crate::guard`] passes is planned, and the plan is checked again by
+//! DataFusion's own `SQLOptions`. [`RunOptions`] says how one query runs: the version of
+//! the raw table it reads, the bounds on what it gathers, and whether its answer is kept.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -22,22 +21,22 @@ use datafusion::execution::object_store::{
 };
 use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::execution::session_state::SessionStateBuilder;
-use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
-use datafusion::sql::parser::Statement as DfStatement;
-use datafusion::sql::sqlparser::ast::Statement;
+use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::{Stream, StreamExt};
 use object_store::ObjectStore;
 use tokio::time::Instant;
 
-use crate::answers::{AnswerKey, Answers};
+use crate::answers::{AnswerKey, Answers, describe};
 use crate::budget::Budget;
-use crate::error::QueryError;
+use crate::error::{QueryError, memory_refusal};
+use crate::guard::{check_read_only, read_only_options};
 use crate::indicator::COUNT_INDICATORS;
 use crate::limits::Limits;
 use crate::memory::QueryMemory;
 use crate::pack::PACK_GROUP_KEYS;
 use crate::parts::{Parts, PartsExec, Warmed};
 use crate::pruning::RAW_SCAN_PRUNING;
+use crate::reports::Form;
 use crate::tables::{LAKE_URL, PoliciesTable, register};
 use crate::view::{AsOf, ReaderView};
 use bytes::Bytes;
@@ -148,7 +147,11 @@ impl Engine {
         register(&base, Arc::clone(&policies))?;
         // The reports over raw decisions read their first level from kept parts (see
         // `crate::parts`).
-        let parts = Arc::new(Parts::new(limits.part_cache_bytes, Arc::clone(&policies)));
+        let parts = Arc::new(Parts::new(
+            limits.part_cache_bytes,
+            Arc::clone(&policies),
+            crate::reports::levels::LEVELS,
+        ));
         parts.register(&base);
         Ok(Self {
             base,
@@ -202,13 +205,21 @@ impl Engine {
         Ok(warmed)
     }
 
-    /// A named report's answer as JSON ([`crate::format::json`], bounded like any JSON
-    /// answer) and its rows, and whether it was kept from before: an answer is kept for the
-    /// same SQL reading the same files under the same policy (see [`crate::answers`]). The
-    /// query is planned either way (planning lists the files it reads); it runs only when
-    /// no answer is kept.
-    pub async fn json_kept(&self, sql: &str) -> Result<(Bytes, usize, bool), QueryError> {
-        let planned = self.admit_and_plan(sql, None).await?;
+    /// `sql`'s answer as JSON ([`crate::format::json`], bounded by the engine's JSON limits
+    /// whatever `options` says of rows and bytes). With [`RunOptions::keep`], an answer is
+    /// kept for the same SQL reading the same files under the same policy (see
+    /// [`crate::answers`]): the query is planned either way (planning lists the files it
+    /// reads) and runs only when no answer is kept.
+    pub async fn json(&self, sql: &str, options: &RunOptions) -> Result<Json, QueryError> {
+        let planned = self.admit_and_plan(sql, options.at).await?;
+        if !options.keep {
+            let (body, rows) = self.json_of(self.start(planned)?).await?;
+            return Ok(Json {
+                body: Bytes::from(body),
+                rows,
+                kept: false,
+            });
+        }
         let policy = self
             .policies
             .snapshot()
@@ -216,34 +227,37 @@ impl Engine {
             .map_err(|e| QueryError::from_datafusion(e, &self.limits))?;
         let key = AnswerKey::new(sql, scanned_files(planned.plan.as_ref()), policy);
         if let Some((body, rows)) = self.answers.get(&key) {
-            return Ok((body, rows, true));
+            return Ok(Json {
+                body,
+                rows,
+                kept: true,
+            });
         }
         let (body, rows) = self.json_of(self.start(planned)?).await?;
         let body = Bytes::from(body);
         self.answers.put(key, body.clone(), rows);
-        Ok((body, rows, false))
-    }
-
-    /// `sql`'s answer as JSON ([`crate::format::json`]) and its rows, bounded by the JSON
-    /// limits, with the raw table as of `at` when given.
-    pub async fn json_at(
-        &self,
-        sql: &str,
-        at: Option<AsOf>,
-    ) -> Result<(Vec<u8>, usize), QueryError> {
-        self.json_of(self.run_at(sql, at).await?).await
+        Ok(Json {
+            body,
+            rows,
+            kept: false,
+        })
     }
 
     /// The rows of `stream` as JSON, bounded by the JSON limits, and their count.
     async fn json_of(&self, stream: QueryStream) -> Result<(Vec<u8>, usize), QueryError> {
-        let (schema, batches) =
+        let collected =
             collect_stream(stream, self.limits.json_rows, self.limits.json_bytes).await?;
-        let rows = batches.iter().map(RecordBatch::num_rows).sum();
-        let body = crate::format::json(&schema, &batches).map_err(|e| {
+        let body = crate::format::json(&collected.schema, &collected.batches).map_err(|e| {
             tracing::warn!(error = %e, "encoding JSON failed");
             QueryError::Internal
         })?;
-        Ok((body, rows))
+        Ok((body, collected.rows()))
+    }
+
+    /// Checks that the service can read every table of the lake as it is now (see
+    /// [`ReaderView::check_tables`]): a missing or mistyped column is named.
+    pub async fn check_tables(&self) -> Result<(), verdict_lake::LakeError> {
+        self.view.check_tables().await
     }
 
     /// The limits every query runs under.
@@ -347,16 +361,12 @@ impl Engine {
         Ok(SessionContext::new_with_state(state))
     }
 
-    /// Checks, plans and starts `sql`; the rows come from the returned stream, which ends
-    /// with [`QueryError::TimeLimit`] if the deadline passes.
-    pub async fn run(&self, sql: &str) -> Result<QueryStream, QueryError> {
-        self.run_at(sql, None).await
-    }
-
-    /// [`Self::run`], with the raw table as of `at` when given (time travel: an analyst
-    /// reproduces an earlier answer from the version it read).
-    pub async fn run_at(&self, sql: &str, at: Option<AsOf>) -> Result<QueryStream, QueryError> {
-        let planned = self.admit_and_plan(sql, at).await?;
+    /// Checks, plans and starts `sql` (the raw table as of [`RunOptions::at`]: time
+    /// travel, an analyst reproducing an earlier answer from the version it read); the rows
+    /// come from the returned stream, which ends with [`QueryError::TimeLimit`] if the
+    /// deadline passes. The bounds on rows and bytes are the caller's to apply.
+    pub async fn run(&self, sql: &str, options: &RunOptions) -> Result<QueryStream, QueryError> {
+        let planned = self.admit_and_plan(sql, options.at).await?;
         self.start(planned)
     }
 
@@ -416,50 +426,16 @@ impl Engine {
         })
     }
 
-    /// Runs `sql` and collects at most `max_rows` rows ([`QueryError::RowLimit`] beyond).
-    pub async fn collect(
-        &self,
-        sql: &str,
-        max_rows: usize,
-    ) -> Result<(SchemaRef, Vec<RecordBatch>), QueryError> {
-        self.collect_bounded(sql, max_rows, usize::MAX).await
-    }
-
-    /// Runs `sql` and collects at most `max_rows` rows ([`QueryError::RowLimit`] beyond)
-    /// and `max_bytes` bytes of Arrow data ([`QueryError::AnswerTooLarge`] beyond).
-    pub async fn collect_bounded(
-        &self,
-        sql: &str,
-        max_rows: usize,
-        max_bytes: usize,
-    ) -> Result<(SchemaRef, Vec<RecordBatch>), QueryError> {
-        self.collect_bounded_at(sql, max_rows, max_bytes, None)
-            .await
-    }
-
-    /// [`Self::collect_bounded`], with the raw table as of `at` when given.
-    pub async fn collect_bounded_at(
-        &self,
-        sql: &str,
-        max_rows: usize,
-        max_bytes: usize,
-        at: Option<AsOf>,
-    ) -> Result<(SchemaRef, Vec<RecordBatch>), QueryError> {
-        collect_stream(self.run_at(sql, at).await?, max_rows, max_bytes).await
-    }
-
-    /// Runs `sql` to the end, for the benchmark: the rows, and the rows the scans read
-    /// (the output of every data source in the plan, after file, row group and page
-    /// pruning).
-    pub async fn collect_measured(&self, sql: &str) -> Result<(Vec<RecordBatch>, u64), QueryError> {
-        let planned = self.admit_and_plan(sql, None).await?;
+    /// Runs `sql` to the end and collects its rows, at most [`RunOptions::max_rows`]
+    /// ([`QueryError::RowLimit`] beyond) and [`RunOptions::max_bytes`] of Arrow data
+    /// ([`QueryError::AnswerTooLarge`] beyond), with the rows its scans read.
+    pub async fn collect(&self, sql: &str, options: &RunOptions) -> Result<Collected, QueryError> {
+        let planned = self.admit_and_plan(sql, options.at).await?;
         let physical = Arc::clone(&planned.plan);
-        let mut stream = self.start(planned)?;
-        let mut batches = Vec::new();
-        while let Some(batch) = stream.next().await {
-            batches.push(batch?);
-        }
-        Ok((batches, scanned_rows(physical.as_ref())))
+        let mut collected =
+            collect_stream(self.start(planned)?, options.max_rows, options.max_bytes).await?;
+        collected.rows_read = scanned_rows(physical.as_ref());
+        Ok(collected)
     }
 
     /// Tier and route class names of the policy in force.
@@ -474,39 +450,16 @@ impl Engine {
             .unwrap_or_default())
     }
 
-    /// The SQL of report `name` with `params` (defaults relative to now).
+    /// The SQL of report `name` in `form` with `params` (defaults relative to now).
     pub async fn report_sql(
         &self,
         name: &str,
         params: &std::collections::BTreeMap<String, String>,
-    ) -> Result<String, QueryError> {
-        self.render(name, params, false).await
-    }
-
-    /// [`Self::report_sql`] as a statement over the lake's tables, `policies` and `regions` only, which
-    /// DuckDB runs too (see [`crate::reports::render_portable`]).
-    pub async fn report_sql_portable(
-        &self,
-        name: &str,
-        params: &std::collections::BTreeMap<String, String>,
-    ) -> Result<String, QueryError> {
-        self.render(name, params, true).await
-    }
-
-    async fn render(
-        &self,
-        name: &str,
-        params: &std::collections::BTreeMap<String, String>,
-        portable: bool,
+        form: Form,
     ) -> Result<String, QueryError> {
         let report = crate::reports::find(name)?;
         let names = self.names().await?;
-        let now = chrono::Utc::now();
-        if portable {
-            crate::reports::render_portable(&report, params, &names, now)
-        } else {
-            crate::reports::render(&report, params, &names, now)
-        }
+        report.render(params, &names, chrono::Utc::now(), form)
     }
 
     /// Why a query past its count stops: its own limit, or the service's budget (busy).
@@ -521,6 +474,86 @@ impl Engine {
     }
 }
 
+/// How one query runs: the raw table's version it reads, and the bounds on what
+/// [`Engine::collect`] gathers. `RunOptions::default()` reads the newest version, gathers
+/// without bounds and keeps no answer.
+#[derive(Debug, Clone, Copy)]
+pub struct RunOptions {
+    /// The raw table as of this version or time (time travel); the newest when `None`.
+    pub at: Option<AsOf>,
+    /// Rows [`Engine::collect`] gathers at most ([`QueryError::RowLimit`] beyond).
+    pub max_rows: usize,
+    /// Bytes of Arrow data [`Engine::collect`] gathers at most
+    /// ([`QueryError::AnswerTooLarge`] beyond).
+    pub max_bytes: usize,
+    /// [`Engine::json`] keeps the answer, and answers from one kept (see
+    /// [`crate::answers`]).
+    pub keep: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            at: None,
+            max_rows: usize::MAX,
+            max_bytes: usize::MAX,
+            keep: false,
+        }
+    }
+}
+
+impl RunOptions {
+    /// The raw table as of `at` (the newest when `None`).
+    pub fn at(self, at: Option<AsOf>) -> Self {
+        Self { at, ..self }
+    }
+
+    /// At most `max_rows` rows.
+    pub fn rows(self, max_rows: usize) -> Self {
+        Self { max_rows, ..self }
+    }
+
+    /// At most `max_bytes` bytes of Arrow data.
+    pub fn bytes(self, max_bytes: usize) -> Self {
+        Self { max_bytes, ..self }
+    }
+
+    /// The answer kept, and answered from one kept.
+    pub fn kept(self) -> Self {
+        Self { keep: true, ..self }
+    }
+}
+
+/// The rows a query returned, and the rows its scans read (the output of every data source
+/// in the plan, after file, row group and page pruning).
+#[derive(Debug)]
+pub struct Collected {
+    /// The schema of the rows.
+    pub schema: SchemaRef,
+    /// The rows.
+    pub batches: Vec<RecordBatch>,
+    /// Rows the scans read.
+    pub rows_read: u64,
+}
+
+impl Collected {
+    /// How many rows it holds.
+    pub fn rows(&self) -> usize {
+        self.batches.iter().map(RecordBatch::num_rows).sum()
+    }
+}
+
+/// A query's answer as JSON.
+#[derive(Debug, Clone)]
+pub struct Json {
+    /// The JSON.
+    pub body: Bytes,
+    /// Its rows.
+    pub rows: usize,
+    /// Whether it was kept from before.
+    pub kept: bool,
+}
+
 /// A query admitted and planned: its place in the budget, its deadline, its session and
 /// its physical plan.
 struct Planned {
@@ -531,25 +564,13 @@ struct Planned {
     memory: QueryMemory,
 }
 
-/// The error of a query whose count passed its limit (`service` false) or the service's
-/// budget (true: busy, try again).
-pub(crate) fn memory_refusal(service: bool, limits: &Limits) -> QueryError {
-    if service {
-        QueryError::Busy { retry_after_s: 5 }
-    } else {
-        QueryError::MemoryLimit {
-            limit_mib: limits.memory_bytes >> 20,
-        }
-    }
-}
-
 /// The rows of `stream`: at most `max_rows` ([`QueryError::RowLimit`] beyond) and
 /// `max_bytes` bytes of Arrow data ([`QueryError::AnswerTooLarge`] beyond).
 async fn collect_stream(
     mut stream: QueryStream,
     max_rows: usize,
     max_bytes: usize,
-) -> Result<(SchemaRef, Vec<RecordBatch>), QueryError> {
+) -> Result<Collected, QueryError> {
     let schema = stream.schema();
     let mut batches = Vec::new();
     let (mut rows, mut bytes) = (0usize, 0usize);
@@ -567,7 +588,11 @@ async fn collect_stream(
         }
         batches.push(batch);
     }
-    Ok((schema, batches))
+    Ok(Collected {
+        schema,
+        batches,
+        rows_read: 0,
+    })
 }
 
 /// The files the scans of `plan` read (path, size, modification time and tag), in plan
@@ -591,17 +616,6 @@ fn scanned_files(plan: &dyn datafusion::physical_plan::ExecutionPlan) -> Vec<Str
     out
 }
 
-/// A file as a kept answer's key lists it: path, size, modification time and tag.
-pub(crate) fn describe(m: &object_store::ObjectMeta) -> String {
-    format!(
-        "{} {} {} {}",
-        m.location,
-        m.size,
-        m.last_modified.timestamp_millis(),
-        m.e_tag.as_deref().unwrap_or_default()
-    )
-}
-
 /// Rows read by the data sources of an executed plan.
 fn scanned_rows(plan: &dyn datafusion::physical_plan::ExecutionPlan) -> u64 {
     let own = if plan.name() == "DataSourceExec" {
@@ -614,276 +628,6 @@ fn scanned_rows(plan: &dyn datafusion::physical_plan::ExecutionPlan) -> u64 {
         .into_iter()
         .map(|c| scanned_rows(c.as_ref()))
         .sum::<u64>()
-}
-
-/// What DataFusion itself must refuse in a plan.
-pub fn read_only_options() -> SQLOptions {
-    SQLOptions::new()
-        .with_allow_ddl(false)
-        .with_allow_dml(false)
-        .with_allow_statements(false)
-}
-
-/// The most a statement may hold. An analyst's query, however long, stays far below; what
-/// goes past is generated (a sum of thousands of terms, thousands of `OR`s or `UNION ALL`
-/// branches), and every stage after the parser (planning, optimizing, printing, evaluating)
-/// walks such trees recursively, so they are refused before any of that.
-pub const MAX_STATEMENT_BYTES: usize = 64 * 1024;
-/// Tokens a statement may hold (keywords, names, literals, operators).
-pub const MAX_STATEMENT_TOKENS: usize = 8_192;
-/// Branches of `UNION`, `INTERSECT` and `EXCEPT` a statement may hold.
-pub const MAX_SET_BRANCHES: usize = 64;
-/// Binary operators one expression may chain at one level of parentheses (`a + b + …`,
-/// `x = 1 OR x = 2 OR …`): such a chain is a tree as deep as it is long, and printing or
-/// evaluating it recurses once per operator. A long list of values belongs in `IN (…)`.
-pub const MAX_CHAINED_OPERATORS: usize = 128;
-
-/// Refuses a statement over [`MAX_STATEMENT_BYTES`], [`MAX_STATEMENT_TOKENS`] or
-/// [`MAX_SET_BRANCHES`], naming the limit. Tokenizing is flat (no recursion), so it is safe
-/// on any input.
-pub fn check_size(sql: &str) -> Result<(), QueryError> {
-    use datafusion::sql::sqlparser::dialect::GenericDialect;
-    use datafusion::sql::sqlparser::keywords::Keyword;
-    use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
-    if sql.len() > MAX_STATEMENT_BYTES {
-        return Err(QueryError::TooLarge(format!(
-            "the statement is {} bytes; the limit is {MAX_STATEMENT_BYTES}",
-            sql.len()
-        )));
-    }
-    let tokens = Tokenizer::new(&GenericDialect {}, sql)
-        .tokenize()
-        .map_err(|e| QueryError::Invalid(crate::error::clip(&e.to_string())))?;
-    let meaningful = tokens
-        .iter()
-        .filter(|t| !matches!(t, Token::Whitespace(_)))
-        .count();
-    if meaningful > MAX_STATEMENT_TOKENS {
-        return Err(QueryError::TooLarge(format!(
-            "the statement has {meaningful} tokens; the limit is {MAX_STATEMENT_TOKENS}"
-        )));
-    }
-    let chained = longest_operator_chain(&tokens);
-    if chained > MAX_CHAINED_OPERATORS {
-        return Err(QueryError::TooLarge(format!(
-            "an expression chains {chained} operators; the limit is {MAX_CHAINED_OPERATORS}: \
-             put a long list of values in IN (…)"
-        )));
-    }
-    let branches = 1 + tokens
-        .iter()
-        .filter(|t| {
-            matches!(t, Token::Word(w)
-                if matches!(w.keyword, Keyword::UNION | Keyword::INTERSECT | Keyword::EXCEPT))
-        })
-        .count();
-    if branches > MAX_SET_BRANCHES {
-        return Err(QueryError::TooLarge(format!(
-            "the statement has {branches} branches of UNION, INTERSECT or EXCEPT; the limit \
-             is {MAX_SET_BRANCHES}"
-        )));
-    }
-    Ok(())
-}
-
-/// Table references a statement may expand into once its `WITH` queries are written out
-/// where they are used (counted as [`check_expansion`] does).
-pub const MAX_EXPANDED_RELATIONS: u64 = 1_000;
-
-/// Refuses a statement that expands into more than [`MAX_EXPANDED_RELATIONS`] table
-/// references: planning writes each `WITH` query out where it is used, so 600 bytes of
-/// `c_i AS (SELECT * FROM c_(i-1) UNION ALL SELECT * FROM c_(i-1))` make 2^24 scans, which
-/// took the process past 8 GiB before a plan existed. A `WITH` query counts the references
-/// in its body (a `WITH` query named there counts its own count); the statement counts
-/// every reference it holds, those in the bodies included, so a chain counts at most twice
-/// what it expands into. Refused before anything is planned, naming the limit.
-pub fn check_expansion(statement: &Statement) -> Result<(), QueryError> {
-    use datafusion::sql::sqlparser::ast::{Query, Visit, Visitor, visit_relations};
-    use std::collections::HashMap;
-    use std::ops::ControlFlow;
-
-    fn name_of(name: &datafusion::sql::sqlparser::ast::ObjectName) -> String {
-        name.to_string().to_lowercase()
-    }
-    fn weight_of(weights: &HashMap<String, u64>, name: &str) -> u64 {
-        weights.get(name).copied().unwrap_or(1)
-    }
-    struct Ctes(HashMap<String, u64>);
-    impl Visitor for Ctes {
-        type Break = ();
-        fn pre_visit_query(&mut self, query: &Query) -> ControlFlow<()> {
-            for cte in query.with.iter().flat_map(|w| &w.cte_tables) {
-                let mut weight = 0u64;
-                let _ = visit_relations(&*cte.query, |r| {
-                    weight = weight.saturating_add(weight_of(&self.0, &name_of(r)));
-                    ControlFlow::<()>::Continue(())
-                });
-                self.0
-                    .insert(cte.alias.name.value.to_lowercase(), weight.max(1));
-            }
-            ControlFlow::Continue(())
-        }
-    }
-    let mut ctes = Ctes(HashMap::new());
-    let _ = statement.visit(&mut ctes);
-    if ctes.0.is_empty() {
-        return Ok(());
-    }
-    let mut total = 0u64;
-    let _ = visit_relations(statement, |r| {
-        total = total.saturating_add(weight_of(&ctes.0, &name_of(r)));
-        ControlFlow::<()>::Continue(())
-    });
-    if total > MAX_EXPANDED_RELATIONS {
-        let widest = ctes
-            .0
-            .iter()
-            .max_by_key(|(name, w)| (**w, std::cmp::Reverse((*name).clone())))
-            .map(|(name, w)| format!("{} alone stands for {w}", crate::error::clip(name)))
-            .unwrap_or_default();
-        return Err(QueryError::TooLarge(format!(
-            "the statement expands into {} table references once its WITH queries are \
-             written out where they are used ({widest}); the limit is \
-             {MAX_EXPANDED_RELATIONS}",
-            if total == u64::MAX {
-                "more than 2^64".to_owned()
-            } else {
-                total.to_string()
-            }
-        )));
-    }
-    Ok(())
-}
-
-/// The most binary operators chained in one expression at one level of parentheses: the
-/// count restarts at every comma, parenthesis and clause keyword.
-fn longest_operator_chain(tokens: &[datafusion::sql::sqlparser::tokenizer::Token]) -> usize {
-    use datafusion::sql::sqlparser::keywords::Keyword;
-    use datafusion::sql::sqlparser::tokenizer::Token;
-    let mut levels = vec![0usize];
-    let mut longest = 0;
-    for t in tokens {
-        match t {
-            Token::LParen => levels.push(0),
-            Token::RParen if levels.len() > 1 => {
-                levels.pop();
-            }
-            Token::Comma => *levels.last_mut().unwrap_or(&mut 0) = 0,
-            Token::Plus
-            | Token::Minus
-            | Token::Mul
-            | Token::Div
-            | Token::Mod
-            | Token::StringConcat
-            | Token::Eq
-            | Token::Neq
-            | Token::Lt
-            | Token::Gt
-            | Token::LtEq
-            | Token::GtEq
-            | Token::Ampersand
-            | Token::Pipe
-            | Token::Caret => {
-                if let Some(n) = levels.last_mut() {
-                    *n += 1;
-                    longest = longest.max(*n);
-                }
-            }
-            Token::Word(w) => match w.keyword {
-                Keyword::AND | Keyword::OR => {
-                    if let Some(n) = levels.last_mut() {
-                        *n += 1;
-                        longest = longest.max(*n);
-                    }
-                }
-                Keyword::SELECT
-                | Keyword::FROM
-                | Keyword::WHERE
-                | Keyword::GROUP
-                | Keyword::HAVING
-                | Keyword::ORDER
-                | Keyword::LIMIT
-                | Keyword::ON
-                | Keyword::CASE
-                | Keyword::WHEN
-                | Keyword::THEN
-                | Keyword::ELSE
-                | Keyword::END
-                | Keyword::UNION
-                | Keyword::INTERSECT
-                | Keyword::EXCEPT => *levels.last_mut().unwrap_or(&mut 0) = 0,
-                _ => {}
-            },
-            _ => {}
-        }
-    }
-    longest
-}
-
-/// Parses `sql` and passes it only if it is one query (or `EXPLAIN` of one), within the
-/// size limits of [`check_size`].
-pub fn check_read_only(
-    state: &datafusion::execution::SessionState,
-    sql: &str,
-) -> Result<DfStatement, QueryError> {
-    check_size(sql)?;
-    let dialect = state.config().options().sql_parser.dialect;
-    let statement = state
-        .sql_to_statement(sql, &dialect)
-        .map_err(|e| match e.find_root() {
-            DataFusionError::NotImplemented(m) if m.contains("single SQL statement") => {
-                QueryError::Refused(
-                    "one statement per request: send the queries one at a time".into(),
-                )
-            }
-            root => QueryError::Invalid(crate::error::in_words(root)),
-        })?;
-    refuse_unless_query(&statement)?;
-    // EXPLAIN plans what it explains: its statement is bounded the same.
-    let explained = match &statement {
-        DfStatement::Explain(e) => e.statement.as_ref(),
-        other => other,
-    };
-    if let DfStatement::Statement(inner) = explained {
-        check_expansion(inner)?;
-    }
-    Ok(statement)
-}
-
-fn refuse_unless_query(statement: &DfStatement) -> Result<(), QueryError> {
-    let what = match statement {
-        DfStatement::Statement(s) => match s.as_ref() {
-            Statement::Query(_) => return Ok(()),
-            Statement::Explain { statement, .. } => match statement.as_ref() {
-                Statement::Query(_) => return Ok(()),
-                _ => "EXPLAIN of a statement that is not a query",
-            },
-            Statement::Insert(_)
-            | Statement::Update { .. }
-            | Statement::Delete(_)
-            | Statement::Merge { .. }
-            | Statement::Truncate { .. } => {
-                "a statement that changes data (INSERT, UPDATE, DELETE, MERGE, TRUNCATE)"
-            }
-            Statement::Copy { .. } => "COPY",
-            Statement::CreateTable(_)
-            | Statement::CreateView { .. }
-            | Statement::CreateSchema { .. }
-            | Statement::CreateDatabase { .. }
-            | Statement::CreateFunction(_)
-            | Statement::CreateIndex(_)
-            | Statement::Drop { .. }
-            | Statement::AlterTable { .. } => "a statement that defines or drops objects (DDL)",
-            _ => "a statement that is not a query",
-        },
-        DfStatement::CreateExternalTable(_) => "CREATE EXTERNAL TABLE (reading files by path)",
-        DfStatement::CopyTo(_) => "COPY (writing files)",
-        DfStatement::Explain(e) => return refuse_unless_query(&e.statement),
-        DfStatement::Reset(_) => "RESET",
-    };
-    Err(QueryError::Refused(format!(
-        "the query service is read-only and runs only SELECT queries: {what} is refused"
-    )))
 }
 
 /// The rows of a running query. Dropping it cancels the query.
@@ -953,65 +697,5 @@ impl Stream for QueryStream {
             Poll::Ready(Some(Ok(batch))) => Poll::Ready(Some(Ok(batch))),
             Poll::Pending => Poll::Pending,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn generated_statements_past_the_limits_are_refused_by_name() {
-        let sum = format!("SELECT {} FROM decisions", vec!["1"; 5_000].join(" + "));
-        let err = check_size(&sum).unwrap_err();
-        assert_eq!(err.kind(), "query_too_large");
-        assert!(
-            err.to_string().contains("tokens; the limit is 8192"),
-            "{err}"
-        );
-        let union = vec!["SELECT 1"; 100].join(" UNION ALL ");
-        let err = check_size(&union).unwrap_err();
-        assert!(
-            err.to_string()
-                .contains("100 branches of UNION, INTERSECT or EXCEPT; the limit is 64"),
-            "{err}"
-        );
-        let long = format!("SELECT '{}'", "x".repeat(70_000));
-        assert!(
-            check_size(&long)
-                .unwrap_err()
-                .to_string()
-                .contains("70009 bytes")
-        );
-        // An analyst's long query passes: the limits are far above what people write.
-        let report = crate::reports::catalog()
-            .into_iter()
-            .map(|r| {
-                crate::reports::render(
-                    &r,
-                    &Default::default(),
-                    &Default::default(),
-                    chrono::Utc::now(),
-                )
-                .unwrap()
-            })
-            .max_by_key(String::len)
-            .unwrap();
-        check_size(&report).unwrap();
-        check_size(&vec!["SELECT 1"; 64].join(" UNION ALL ")).unwrap();
-        // A chain of operators is as deep as it is long: 2,000 terms are refused, 120 pass.
-        let sum = |n: usize| format!("SELECT {} AS s", vec!["1"; n].join(" + "));
-        let err = check_size(&sum(2_000)).unwrap_err().to_string();
-        assert!(
-            err.contains("chains 1999 operators; the limit is 128"),
-            "{err}"
-        );
-        check_size(&sum(120)).unwrap();
-        // The count restarts at commas and parentheses.
-        let wide = (0..30)
-            .map(|_| format!("({})", vec!["1"; 120].join(" + ")))
-            .collect::<Vec<_>>()
-            .join(", ");
-        check_size(&format!("SELECT {wide}")).unwrap();
     }
 }

@@ -269,6 +269,28 @@ fn is_arrow_user_error(e: &arrow::error::ArrowError) -> bool {
     )
 }
 
+/// The error of a query whose count passed its limit (`service` false) or the service's
+/// budget (true: busy, try again).
+pub(crate) fn memory_refusal(service: bool, limits: &Limits) -> QueryError {
+    if service {
+        QueryError::Busy { retry_after_s: 5 }
+    } else {
+        QueryError::MemoryLimit {
+            limit_mib: limits.memory_bytes >> 20,
+        }
+    }
+}
+
+/// `text` as an error message shows it: quoted, and cut after 40 characters, so a message
+/// never carries much of what a caller sent.
+pub fn shown(text: &str) -> String {
+    const MAX: usize = 40;
+    match text.char_indices().nth(MAX) {
+        Some((end, _)) => format!("{:?}…", &text[..end]),
+        None => format!("{text:?}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

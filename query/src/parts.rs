@@ -1,6 +1,7 @@
-//! The reports' kept parts: a report over the raw decisions reads its first level (each
-//! key's row for the limit review, each version's counts for `policy-changes`, …) from parts
-//! computed once per day and kept, through a table function such as `review_parts(from, to)`.
+//! The reports' kept parts: a report over the raw decisions reads its first level from parts
+//! computed once per day and kept, through the level's table function (`review_parts(from,
+//! to)` and the like). The levels themselves are the reports' (see
+//! [`crate::reports::levels`]): this module keeps any [`Level`] it is given.
 //!
 //! The first levels of the reports over raw decisions are nearly all of their work: seconds
 //! for the limit review over a week, for a page that analysts open again and again over
@@ -19,14 +20,14 @@
 //!
 //! The files a query's parts were computed from are listed by the plan's [`PartsExec`], so
 //! an answer kept for the report's SQL (see [`crate::answers`]) is dropped when they change.
-//! Every report keeps a portable statement too ([`crate::reports::render_portable`]), which
+//! Every report keeps a portable statement too ([`crate::reports::Form::Portable`]), which
 //! reads the decisions all the way, as DuckDB does in the benchmark, with the same rows.
 
 use std::fmt;
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use async_trait::async_trait;
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -51,156 +52,44 @@ use verdict_schemas::layout::{
     HourPartition, RAW_PREFIX, RECONCILE_ROUNDS_PREFIX, parse_date_segment,
 };
 
-use crate::answers::{AnswerKey, Answers};
-use crate::reports::{Range, parse_time, part_sql};
-use crate::tables::LAKE_URL;
-use crate::tables::PoliciesTable;
+use crate::answers::{AnswerKey, Answers, describe};
+use crate::range::{Range, literal, parse_time, pieces};
+use crate::tables::{LAKE_URL, PoliciesTable};
 
-/// A report's first level, kept in parts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Level {
-    /// The limit review's (`wrong-limits`, `limit-outliers`): each key's requests, demand,
-    /// peaks, quotas and refusals.
-    Review,
-    /// `shadow-impact`'s: each key of a shadow limit, its requests and would-deny.
-    Shadow,
-    /// `policy-changes`': each limit's requests, refusals and first decision per policy
-    /// version.
-    Versions,
-    /// `degraded`'s: each hour and region's decisions, of the fallback and the kill switch.
-    Degraded,
-    /// `denial-rate`'s (over raw decisions, without a key): each limit's hourly counts.
-    Rates,
+/// One report's first level, kept in parts: its table function, its columns and the SQL of
+/// one piece. The reports define theirs (`crate::reports::levels`); the parts know nothing
+/// else of them.
+#[derive(Debug, Clone, Copy)]
+pub struct Level {
+    /// Its table function's name in SQL (`review_parts`).
+    pub function: &'static str,
+    /// The columns of its rows.
+    pub schema: fn() -> SchemaRef,
+    /// The SQL of its part over the decisions within a piece (never crossing a midnight),
+    /// unfiltered, so that one part serves every filter.
+    pub sql: fn(&Range) -> String,
 }
 
 impl Level {
-    /// Every level.
-    pub const ALL: [Level; 5] = [
-        Self::Review,
-        Self::Shadow,
-        Self::Versions,
-        Self::Degraded,
-        Self::Rates,
-    ];
-
-    /// Its table function's name in SQL.
-    pub fn function(self) -> &'static str {
-        match self {
-            Self::Review => "review_parts",
-            Self::Shadow => "shadow_parts",
-            Self::Versions => "version_parts",
-            Self::Degraded => "degraded_parts",
-            Self::Rates => "rate_parts",
-        }
-    }
-
     /// The call of its table function over `range`, as a report's SQL reads it.
-    pub fn call(self, range: &Range) -> String {
+    pub fn call(&self, range: &Range) -> String {
         format!(
             "{}('{}', '{}')",
-            self.function(),
+            self.function,
             literal(range.from),
             literal(range.to)
         )
     }
-
-    /// The SQL of its part over the decisions within `piece`.
-    fn sql(self, piece: &Range) -> String {
-        match self {
-            Self::Review => part_sql(piece),
-            Self::Shadow => crate::reports::shadow_part_sql(piece),
-            Self::Versions => crate::reports::versions_part_sql(piece),
-            Self::Degraded => crate::reports::degraded_part_sql(piece),
-            Self::Rates => crate::reports::rates_part_sql(piece),
-        }
-    }
-
-    /// The columns of its rows.
-    pub fn schema(self) -> SchemaRef {
-        let ts = || DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into()));
-        let key = || DataType::FixedSizeBinary(16);
-        let columns: Vec<(&str, DataType)> = match self {
-            Self::Review => vec![
-                ("tier", DataType::UInt8),
-                ("route_class", DataType::UInt8),
-                ("key_id", key()),
-                ("requests", DataType::Int64),
-                ("demand", DataType::Float64),
-                ("peak_hour", DataType::Int64),
-                ("need", DataType::Float64),
-                ("peak_span", DataType::Float64),
-                ("quota_low", DataType::Float64),
-                ("quota_high", DataType::Float64),
-                ("quota_ceiling", DataType::Float64),
-                ("enforced", DataType::UInt32),
-                ("denied", DataType::Int64),
-                ("would_deny", DataType::Int64),
-                ("by_bucket", DataType::Int64),
-                ("by_window", DataType::Int64),
-                ("home", DataType::Int64),
-            ],
-            Self::Shadow => vec![
-                ("tier", DataType::UInt8),
-                ("route_class", DataType::UInt8),
-                ("key_id", key()),
-                ("requests", DataType::Int64),
-                ("would_deny", DataType::Int64),
-                ("would_deny_by_bucket", DataType::Int64),
-                ("would_deny_by_window", DataType::Int64),
-            ],
-            Self::Versions => vec![
-                ("tier", DataType::UInt8),
-                ("route_class", DataType::UInt8),
-                ("policy_version", DataType::Int64),
-                ("requests", DataType::Int64),
-                ("refused", DataType::Int64),
-                ("first_seen", ts()),
-                ("enforced", DataType::UInt32),
-            ],
-            Self::Degraded => vec![
-                ("date", DataType::Date32),
-                ("hour", DataType::Int32),
-                ("region", DataType::UInt16),
-                ("decisions", DataType::Int64),
-                ("local_fallback", DataType::Int64),
-                ("kill_switch", DataType::Int64),
-            ],
-            Self::Rates => vec![
-                ("hour", ts()),
-                ("tier", DataType::UInt8),
-                ("route_class", DataType::UInt8),
-                ("requests", DataType::Int64),
-                ("denied", DataType::Int64),
-                ("would_deny", DataType::Int64),
-                ("policy_version", DataType::Int64),
-            ],
-        };
-        Arc::new(Schema::new(
-            columns
-                .into_iter()
-                .map(|(name, t)| Field::new(name, t, true))
-                .collect::<Vec<_>>(),
-        ))
-    }
 }
 
-/// `t` as the reports pass it to a level's table function.
-pub fn literal(t: DateTime<Utc>) -> String {
-    t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
-}
-
-/// The range cut at midnights (UTC): whole days, and the pieces of days at its ends.
-pub fn pieces(range: Range) -> Vec<Range> {
-    let mut out = Vec::new();
-    let mut from = range.from;
-    while from < range.to {
-        let midnight = from.date_naive().and_hms_opt(0, 0, 0).map(|t| t.and_utc());
-        let next = midnight.map_or(range.to, |m| m + Duration::days(1));
-        let to = next.min(range.to);
-        out.push(Range { from, to });
-        from = to;
-    }
-    out
+/// A schema of nullable columns, as a level's rows have them.
+pub fn columns(columns: &[(&str, DataType)]) -> SchemaRef {
+    Arc::new(Schema::new(
+        columns
+            .iter()
+            .map(|(name, t)| Field::new(*name, t.clone(), true))
+            .collect::<Vec<_>>(),
+    ))
 }
 
 /// The kept parts.
@@ -208,6 +97,7 @@ pub fn pieces(range: Range) -> Vec<Range> {
 pub struct Parts {
     kept: Answers,
     policies: Arc<PoliciesTable>,
+    levels: &'static [Level],
 }
 
 /// What a warming did (see `Engine::warm_parts`).
@@ -259,12 +149,13 @@ impl Listing {
 }
 
 impl Parts {
-    /// Keeps up to `max_bytes` of parts (0: none; every review computes its parts), under
-    /// the policy of `policies`.
-    pub fn new(max_bytes: usize, policies: Arc<PoliciesTable>) -> Self {
+    /// Keeps up to `max_bytes` of `levels`' parts (0: none; every report computes its
+    /// parts), under the policy of `policies`.
+    pub fn new(max_bytes: usize, policies: Arc<PoliciesTable>, levels: &'static [Level]) -> Self {
         Self {
             kept: Answers::new(max_bytes),
             policies,
+            levels,
         }
     }
 
@@ -283,7 +174,7 @@ impl Parts {
                 by_day
                     .entry(hour.date())
                     .or_default()
-                    .push((hour.hour(), crate::engine::describe(&meta)));
+                    .push((hour.hour(), describe(&meta)));
             }
         }
         for files in by_day.values_mut() {
@@ -300,10 +191,7 @@ impl Parts {
                 .parts()
                 .find_map(|p| parse_date_segment(p.as_ref()))
             {
-                rounds_by_day
-                    .entry(day)
-                    .or_default()
-                    .push(crate::engine::describe(&meta));
+                rounds_by_day.entry(day).or_default().push(describe(&meta));
             }
         }
         for files in rounds_by_day.values_mut() {
@@ -326,11 +214,11 @@ impl Parts {
     pub async fn parts(
         &self,
         ctx: &SessionContext,
-        level: Level,
+        level: &Level,
         pieces: &[Range],
         listing: &Listing,
     ) -> DfResult<(Vec<RecordBatch>, Vec<String>, usize)> {
-        let schema = level.schema();
+        let schema = (level.schema)();
         let (mut batches, mut files, mut computed) = (Vec::new(), Vec::new(), 0);
         for piece in pieces {
             let piece_files = listing.files(piece);
@@ -338,7 +226,7 @@ impl Parts {
             if piece_files.is_empty() {
                 continue;
             }
-            let sql = level.sql(piece);
+            let sql = (level.sql)(piece);
             let key = AnswerKey::new(&sql, piece_files.clone(), listing.policy.clone());
             files.extend(piece_files);
             if let Some((body, _)) = self.kept.get(&key) {
@@ -378,7 +266,7 @@ impl Parts {
             to: from + Duration::days(1),
         }];
         let mut computed = 0;
-        for level in Level::ALL {
+        for level in self.levels {
             computed += self.parts(ctx, level, &piece, listing).await?.2;
         }
         if computed > 0 {
@@ -394,11 +282,11 @@ impl Parts {
 
     /// Registers each level's table function in `ctx`, reading and keeping parts here.
     pub fn register(self: &Arc<Self>, ctx: &SessionContext) {
-        for level in Level::ALL {
+        for level in self.levels {
             ctx.register_udtf(
-                level.function(),
+                level.function,
                 Arc::new(PartsFunction {
-                    level,
+                    level: *level,
                     parts: Arc::clone(self),
                 }),
             );
@@ -452,7 +340,7 @@ impl TableFunctionImpl for PartsFunction {
         &self,
         args: datafusion::catalog::TableFunctionArgs,
     ) -> DfResult<Arc<dyn TableProvider>> {
-        let function = self.level.function();
+        let function = self.level.function;
         let time = |i: usize, name: &str| -> DfResult<DateTime<Utc>> {
             match args.exprs().get(i) {
                 Some(Expr::Literal(ScalarValue::Utf8(Some(text)), _)) => parse_time(name, text)
@@ -494,7 +382,7 @@ struct PartsTable {
 #[async_trait]
 impl TableProvider for PartsTable {
     fn schema(&self) -> SchemaRef {
-        self.level.schema()
+        (self.level.schema)()
     }
 
     fn table_type(&self) -> TableType {
@@ -512,7 +400,7 @@ impl TableProvider for PartsTable {
             .as_any()
             .downcast_ref::<SessionState>()
             .ok_or_else(|| {
-                DataFusionError::Internal(format!("{} outside a session", self.level.function()))
+                DataFusionError::Internal(format!("{} outside a session", self.level.function))
             })?;
         // The query's own session: its memory pool, its view of the lake (time travel too).
         let ctx = SessionContext::new_with_state(state.clone());
@@ -521,14 +409,14 @@ impl TableProvider for PartsTable {
         let listing = self.parts.listing(&ctx).await?;
         let (batches, files, _) = self
             .parts
-            .parts(&ctx, self.level, &pieces(self.range), &listing)
+            .parts(&ctx, &self.level, &pieces(self.range), &listing)
             .await?;
         for (i, batch) in batches.into_iter().enumerate() {
             partitions[i % threads].push(batch);
         }
         let inner: Arc<dyn ExecutionPlan> = MemorySourceConfig::try_new_exec(
             &partitions,
-            self.level.schema(),
+            (self.level.schema)(),
             projection.cloned(),
         )?;
         Ok(Arc::new(PartsExec { inner, files }))
@@ -596,60 +484,5 @@ impl ExecutionPlan for PartsExec {
         context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
         self.inner.execute(partition, context)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn t(text: &str) -> DateTime<Utc> {
-        parse_time("t", text).unwrap()
-    }
-
-    #[test]
-    fn a_range_is_cut_at_each_midnight() {
-        let range = Range {
-            from: t("2026-11-23T10:30:00Z"),
-            to: t("2026-11-26T02:00:00Z"),
-        };
-        let got: Vec<(String, String)> = pieces(range)
-            .into_iter()
-            .map(|p| (literal(p.from), literal(p.to)))
-            .collect();
-        let want = [
-            ("2026-11-23T10:30:00.000Z", "2026-11-24T00:00:00.000Z"),
-            ("2026-11-24T00:00:00.000Z", "2026-11-25T00:00:00.000Z"),
-            ("2026-11-25T00:00:00.000Z", "2026-11-26T00:00:00.000Z"),
-            ("2026-11-26T00:00:00.000Z", "2026-11-26T02:00:00.000Z"),
-        ];
-        let want: Vec<(String, String)> = want
-            .iter()
-            .map(|(a, b)| (a.to_string(), b.to_string()))
-            .collect();
-        assert_eq!(got, want);
-        // Within one day: one piece, the range itself.
-        let day = Range {
-            from: t("2026-11-23T01:00:00Z"),
-            to: t("2026-11-23T05:00:00Z"),
-        };
-        assert_eq!(pieces(day), vec![day]);
-        // Whole days: one piece each.
-        let week = Range {
-            from: t("2026-11-23"),
-            to: t("2026-11-30"),
-        };
-        let got = pieces(week);
-        assert_eq!(got.len(), 7);
-        assert!(
-            got.iter()
-                .all(|p| p.to - p.from == Duration::days(1) && p.from.time() == Default::default())
-        );
-    }
-
-    #[test]
-    fn a_literal_is_read_back_as_the_same_time() {
-        let at = t("2026-11-23T10:30:00.250Z");
-        assert_eq!(parse_time("from", &literal(at)).unwrap(), at);
     }
 }

@@ -130,7 +130,7 @@ fn set_refusal(set: &Set) -> Option<String> {
         .map(|n| {
             format!(
                 "the query service is read-only and its settings are its own: SET {} is refused",
-                crate::reports::shown(&n)
+                crate::error::shown(&n)
             )
         })
 }

@@ -30,8 +30,8 @@ use verdict_schemas::{KeyId, RouteClassId, TierId};
 
 use crate::engine::Engine;
 use crate::error::QueryError;
-use crate::recommend::{self, Recommendation};
-use crate::reports::Range;
+use crate::range::Range;
+use crate::recommendation::{Recommendation, apply};
 use crate::shares::ShareModel;
 use crate::whatif::{self, Counts, Recorded, Replay};
 
@@ -267,7 +267,7 @@ impl Trial<'_> {
             recommended_refill_per_s: v.refill_per_s,
             ..self.row.clone()
         };
-        let policy = recommend::apply(self.doc, std::slice::from_ref(&candidate))?;
+        let policy = apply(self.doc, std::slice::from_ref(&candidate))?;
         let mut replay = Replay::with_shares(policy, self.model.clone());
         for r in self.trace {
             replay.feed(r)?;

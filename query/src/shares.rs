@@ -26,9 +26,9 @@ use verdict_limiter::regions::{Reading, RegionInput, Share, ShareEntry, compute_
 use verdict_limiter::{CounterState, PolicySnapshot};
 use verdict_schemas::{KeyId, RegionId};
 
-use crate::engine::Engine;
+use crate::engine::{Engine, RunOptions};
 use crate::error::QueryError;
-use crate::reports::Range;
+use crate::range::Range;
 
 /// What the answer says when the regions enforced their static weights.
 pub const STATIC_SHARES: &str = "each region enforced its static weight's share of every \
@@ -80,7 +80,7 @@ impl ShareModel {
             from.format("%Y-%m-%d %H:%M:%S%.3f"),
             range.to.format("%Y-%m-%d %H:%M:%S%.3f"),
         );
-        let (_, batches) = engine.collect(&sql, usize::MAX).await?;
+        let batches = engine.collect(&sql, &RunOptions::default()).await?.batches;
         let mut rounds = Vec::new();
         for b in &batches {
             let col = |i: usize| b.column(i);

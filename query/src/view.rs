@@ -112,6 +112,20 @@ impl ReaderView {
         })
     }
 
+    /// Reads each table's log as it is now and checks that verdict can read it: its protocol
+    /// and its schema (every column the service reads, with its type; see
+    /// [`verdict_lake::TableDef::check_schema`]). A table with no log yet passes. The
+    /// service runs this when it opens the lake, so a table another engine changed is named
+    /// before the first query; each listing checks it again.
+    pub async fn check_tables(&self) -> std::result::Result<(), LakeError> {
+        for def in ALL {
+            if let Some(snapshot) = def.table(Arc::clone(&self.inner)).snapshot_if_any().await? {
+                def.check_schema(snapshot.metadata())?;
+            }
+        }
+        Ok(())
+    }
+
     /// The files of table `i` (of [`ALL`]) now, as objects, ordered by path (none while
     /// the table has no log yet).
     fn table_files(
@@ -133,6 +147,7 @@ impl ReaderView {
                 },
             }
             let snapshot = cached.as_ref().expect("set above");
+            def.check_schema(snapshot.metadata()).map_err(lake_error)?;
             let root = Path::from(def.root);
             let mut out: Vec<ObjectMeta> = snapshot
                 .files()

@@ -21,7 +21,7 @@ use verdict_limiter::policy::PolicyDocument;
 use crate::engine::Engine;
 use crate::error::QueryError;
 use crate::prove::{KEYS_TOLERANCE, REQUESTS_TOLERANCE};
-use crate::reports::Range;
+use crate::range::Range;
 use crate::shares::ShareModel;
 use rustc_hash::FxHashMap;
 use verdict_schemas::KeyId;

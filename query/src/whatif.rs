@@ -28,9 +28,9 @@ use verdict_limiter::regions::{Share, is_near_limit};
 use verdict_limiter::{CounterState, LimitLookup, Mode, PolicySnapshot, decide};
 use verdict_schemas::{KeyId, RegionId, RouteClassId, TierId};
 
-use crate::engine::Engine;
+use crate::engine::{Engine, RunOptions};
 use crate::error::QueryError;
-use crate::reports::Range;
+use crate::range::Range;
 use crate::shares::{Reconcile, STATIC_SHARES, ShareModel};
 
 /// What every answer says about recorded demand.
@@ -579,7 +579,7 @@ pub async fn recorded_hour(
         range.from.max(hour).format("%Y-%m-%d %H:%M:%S%.3f"),
         range.to.min(next).format("%Y-%m-%d %H:%M:%S%.3f"),
     );
-    let (_, batches) = engine.collect(&sql, usize::MAX).await?;
+    let batches = engine.collect(&sql, &RunOptions::default()).await?.batches;
     let mut requests = Vec::new();
     for batch in &batches {
         requests.extend(recorded(batch)?);
@@ -590,7 +590,7 @@ pub async fn recorded_hour(
 
 /// The first hour of `range` (its start, on the hour).
 pub fn first_hour(range: Range) -> DateTime<Utc> {
-    crate::reports::start_of_hour(range.from)
+    crate::range::start_of_hour(range.from)
 }
 
 /// The hours of `range` the raw table holds decisions of, in order: a replay reads those
@@ -606,7 +606,7 @@ pub async fn recorded_hours(
         range.from.format("%Y-%m-%d"),
         range.to.format("%Y-%m-%d"),
     );
-    let (_, batches) = engine.collect(&sql, usize::MAX).await?;
+    let batches = engine.collect(&sql, &RunOptions::default()).await?.batches;
     let first = first_hour(range);
     let mut hours = Vec::new();
     for batch in &batches {

@@ -43,9 +43,6 @@ FROM b
 GROUP BY tier, route_class, region, bucket
 ORDER BY tier, route_class, region, bucket";
 
-/// The start of a histogram file's name inside its hour folder.
-pub const DEMAND_FILE: &str = "demand_hourly";
-
 impl Rollup {
     /// The demand histogram of `files` (one hour's raw files a reader takes) as one batch
     /// in the `demand_hourly` schema, by DataFusion running [`DEMAND_SQL`]: the histogram's
@@ -75,7 +72,7 @@ mod tests {
     use verdict_schemas::tables::{DEMAND_MAX_BUCKET, DEMAND_MIN_BUCKET};
 
     use super::*;
-    use crate::output::encode_parquet;
+    use verdict_lake::files::encode_rollup_parquet;
 
     /// The histogram's size at the design's scale: its rows do not grow with the keys, only
     /// with tiers × route classes × regions × buckets. The design has 4 tiers, 5 route
@@ -118,7 +115,7 @@ mod tests {
             ],
         )
         .unwrap();
-        let bytes = encode_parquet(&batch).unwrap().len();
+        let bytes = encode_rollup_parquet(&batch).unwrap().len();
         let per_day = 24 * bytes;
         println!("demand histogram: {rows} rows, {bytes} bytes an hour, {per_day} bytes a day");
         assert_eq!(rows, 3_900);

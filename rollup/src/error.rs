@@ -21,6 +21,9 @@ pub enum RollupError {
     /// Encoding a rollup file failed.
     #[error("parquet: {0}")]
     Parquet(#[from] parquet::errors::ParquetError),
+    /// A file could not be encoded.
+    #[error(transparent)]
+    Encode(#[from] verdict_lake::files::EncodeError),
     /// A raw file could not be read, or lacks a column of the raw table.
     #[error("raw file {path}: {reason}")]
     RawFile {

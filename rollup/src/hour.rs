@@ -30,10 +30,13 @@ use verdict_lake::{Action, Add, Commit, PartitionValues, Snapshot, TableDef};
 use verdict_schemas::layout::HourPartition;
 use verdict_schemas::tables::{denied_hourly_schema, raw_schema};
 
-use crate::demand::DEMAND_FILE;
 use crate::error::RollupError;
-use crate::output::{conform, encode_parquet};
+use crate::output::conform;
 use crate::sources::{HourFiles, hour_files};
+use verdict_lake::files::encode_rollup_parquet;
+
+/// The start of a histogram file's name inside its hour folder.
+pub const DEMAND_FILE: &str = "demand_hourly";
 
 /// The rollup of the table `raw`, one row per (key, tier, route class, region) with at
 /// least one denial or would-deny. Plain SQL that DuckDB runs unchanged (the benchmark
@@ -257,7 +260,7 @@ impl Rollup {
         partition: &PartitionValues,
         now_ms: i64,
     ) -> Result<Add, RollupError> {
-        let body = encode_parquet(batch)?;
+        let body = encode_rollup_parquet(batch)?;
         let name = format!("{dir}{stem}-{}.parquet", verdict_lake::tables::uuid());
         let size = body.len() as i64;
         self.store

@@ -18,11 +18,11 @@ pub mod sources;
 
 pub use fold::Folded;
 
-pub use demand::{DEMAND_FILE, DEMAND_SQL};
+pub use demand::DEMAND_SQL;
 pub use error::RollupError;
 pub use hour::{
-    HourRollup, Progress, ROLLUP_APP_ID, ROLLUP_FILE, ROLLUP_SQL, Rollup, RollupReport,
-    RollupState, hour_dir, replace, state_in,
+    DEMAND_FILE, HourRollup, Progress, ROLLUP_APP_ID, ROLLUP_FILE, ROLLUP_SQL, Rollup,
+    RollupReport, RollupState, hour_dir, replace, state_in,
 };
-pub use output::{conform, encode_parquet, writer_properties};
+pub use output::conform;
 pub use sources::{HourFiles, RawFile, hour_files, hour_files_in, hour_of, hours_in, raw_object};

@@ -1,34 +1,13 @@
-//! The files the rollup writes: one batch of a table's schema, encoded as Parquet with the
-//! rollup's writer settings.
+//! The files the rollup writes: one batch of a table's schema (encoded by the lake's
+//! `verdict_lake::files::encode_rollup_parquet`).
 
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::compute::{cast, concat_batches};
 use arrow::datatypes::SchemaRef;
-use bytes::Bytes;
-use parquet::arrow::ArrowWriter;
-use parquet::basic::{Compression, ZstdLevel};
-use parquet::file::properties::{EnabledStatistics, WriterProperties};
 
 use crate::error::RollupError;
-
-/// The writer settings of rollup files: zstd, statistics per page, rows sorted by key.
-pub fn writer_properties() -> WriterProperties {
-    WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).unwrap_or_default()))
-        .set_statistics_enabled(EnabledStatistics::Page)
-        .build()
-}
-
-/// One Parquet file holding `batch`, written with [`writer_properties`].
-pub fn encode_parquet(batch: &RecordBatch) -> Result<Bytes, RollupError> {
-    let mut out = Vec::new();
-    let mut writer = ArrowWriter::try_new(&mut out, batch.schema(), Some(writer_properties()))?;
-    writer.write(batch)?;
-    writer.close()?;
-    Ok(Bytes::from(out))
-}
 
 /// The result of a query as one batch of `schema`: its first column made by `lead` (a
 /// constant, given the row count), the others the query's columns in order, cast to the

@@ -21,6 +21,9 @@ pub const DEMAND_HOURLY_PREFIX: &str = "rollup/demand_hourly";
 pub const OVERAGE_PREFIX: &str = "overage";
 /// Prefix of the regional reconcile's record of its rounds.
 pub const RECONCILE_ROUNDS_PREFIX: &str = "reconcile_rounds";
+/// Prefix of the ingest's quarantine of bad records: JSON lines by day of ingestion, not a
+/// table.
+pub const QUARANTINE_PREFIX: &str = "quarantine";
 /// File extension of every table file.
 pub const PARQUET_EXT: &str = "parquet";
 

@@ -4,6 +4,7 @@
 
 pub mod engines;
 pub mod ingest_check;
+pub mod layout;
 pub mod private;
 pub mod query_fixture;
 pub mod regions;

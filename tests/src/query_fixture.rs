@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use object_store::ObjectStore;
 use verdict_jobs::overage;
+use verdict_query::reports::Form;
 use verdict_rollup::Rollup;
 use verdict_schemas::layout::HourPartition;
 use verdict_schemas::{
@@ -351,7 +352,7 @@ pub async fn known_engine(
     tempfile::TempDir,
 ) {
     let bucket = crate::s3_store("verdict-query").await;
-    let store: Arc<dyn ObjectStore> = Arc::new(verdict_ingest::Prefixed::new(
+    let store: Arc<dyn ObjectStore> = Arc::new(verdict_lake::Prefixed::new(
         bucket,
         &crate::unique_name(name),
     ));
@@ -371,8 +372,10 @@ pub async fn known_engine(
 
 /// Runs `sql` and returns the rows as JSON objects (key ids as hex), in order.
 pub async fn rows(engine: &verdict_query::Engine, sql: &str) -> Vec<serde_json::Value> {
-    let (schema, batches) = engine
-        .collect(sql, 1_000_000)
+    let verdict_query::Collected {
+        schema, batches, ..
+    } = engine
+        .collect(sql, &verdict_query::RunOptions::default().rows(1_000_000))
         .await
         .unwrap_or_else(|e| panic!("{sql}\n-> {e}"));
     let body = verdict_query::format::json(&schema, &batches).expect("JSON");
@@ -399,7 +402,7 @@ pub async fn report_in(
 ) -> Vec<serde_json::Value> {
     let given = given(from, to, params);
     let sql = engine
-        .report_sql(name, &given)
+        .report_sql(name, &given, Form::Served)
         .await
         .unwrap_or_else(|e| panic!("report {name}: {e}"));
     rows(engine, &sql).await
@@ -430,8 +433,11 @@ pub async fn served_and_portable(
     params: &[(&str, &str)],
 ) -> (Vec<serde_json::Value>, Vec<serde_json::Value>) {
     let given = given(from, to, params);
-    let served = engine.report_sql(name, &given).await.unwrap();
-    let portable = engine.report_sql_portable(name, &given).await.unwrap();
+    let served = engine.report_sql(name, &given, Form::Served).await.unwrap();
+    let portable = engine
+        .report_sql(name, &given, Form::Portable)
+        .await
+        .unwrap();
     assert!(served.contains("_parts('"), "{served}");
     assert!(!portable.contains("_parts('"), "{portable}");
     (rows(engine, &served).await, rows(engine, &portable).await)

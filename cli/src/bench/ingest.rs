@@ -16,9 +16,10 @@ use serde::Serialize;
 use verdict_ingest::flush::{PartitionBuffer, StoreCalls, flush_partition};
 use verdict_ingest::raw_file::sorted_raw_batch;
 use verdict_ingest::{
-    ConsumedEvent, IngestConfig, IngestWorker, KafkaSource, RawTable, S3Options,
-    encode_raw_parquet, open_store, split_by_hour,
+    ConsumedEvent, IngestConfig, IngestWorker, KafkaSource, RawTable, split_by_hour,
 };
+use verdict_lake::files::encode_raw_parquet;
+use verdict_lake::{S3Options, open_store};
 use verdict_schemas::DecisionEvent;
 
 use verdict_demo::partition_of;

@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use verdict_load::browser::Browser;
 
-use super::median;
+use super::shared::median;
 
 /// Options of `verdict bench page`.
 #[derive(Debug, Args)]

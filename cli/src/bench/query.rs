@@ -17,13 +17,14 @@ use serde::{Deserialize, Serialize};
 use verdict_jobs::overage;
 use verdict_jobs::partitions::delete_under;
 use verdict_limiter::{FileSource, PolicySource};
-use verdict_query::{Engine, Limits, PoliciesTable};
+use verdict_query::reports::Form;
+use verdict_query::{Engine, Limits, PoliciesTable, RunOptions};
 use verdict_rollup::Rollup;
 use verdict_schemas::layout::HourPartition;
 use verdict_schemas::synth::SynthConfig;
 
-use super::median;
 use super::rollup::write_synth_hour;
+use super::shared::median;
 use verdict_demo::policy::policy_toml;
 
 /// Options of `verdict bench query`.
@@ -56,7 +57,7 @@ pub struct QueryBenchArgs {
     #[arg(long)]
     pub no_uncounted: bool,
     #[command(flatten)]
-    pub compare: super::DuckDbArgs,
+    pub compare: super::shared::DuckDbArgs,
 }
 
 /// Options of `verdict bench query-peer`.
@@ -273,7 +274,9 @@ async fn queries(
             "report",
             // The statement DuckDB runs too: the limit review reads the decisions all the
             // way, not the query service's kept parts.
-            engine.report_sql_portable(report.name, &params).await?,
+            engine
+                .report_sql(report.name, &params, Form::Portable)
+                .await?,
         ));
     }
     let last_day = ts(END_MS - 86_400_000)[..10].to_string();
@@ -329,11 +332,11 @@ pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
         Some(DuckDb::start_peer(&root, &queries, threads)?)
     };
     for (name, kind, sql) in &queries {
-        let (batches, scanned) = engine
-            .collect_measured(sql)
+        let first = engine
+            .collect(sql, &RunOptions::default())
             .await
             .with_context(|| format!("query {name}"))?;
-        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        let (rows, scanned) = (first.rows(), first.rows_read);
         let mut duck_rows = None;
         if let Some(d) = duck.as_mut() {
             duck_rows = Some(d.run(name)?.rows);
@@ -348,7 +351,7 @@ pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
         let (mut times, mut duck_times, mut uncounted_times) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..args.runs {
             let t = Instant::now();
-            engine.collect_measured(sql).await?;
+            engine.collect(sql, &RunOptions::default()).await?;
             times.push(t.elapsed().as_secs_f64() * 1000.0);
             if let Some(u) = uncounted.as_mut() {
                 uncounted_times.push(u.run(name)?.seconds * 1000.0);
@@ -395,7 +398,7 @@ async fn replay(
 ) -> anyhow::Result<()> {
     use verdict_query::whatif;
     let candidate = whatif::candidate(&std::fs::read_to_string(root.join("policy.toml"))?)?;
-    let range = verdict_query::reports::Range::parse(
+    let range = verdict_query::range::Range::parse(
         Some(&ts(END_MS - i64::from(args.raw_days) * 86_400_000)),
         Some(&ts(END_MS)),
         chrono::Utc::now(),
@@ -441,7 +444,7 @@ async fn replay(
 /// recommendation; the search's time beside one what-if's (`end_to_end`).
 async fn recommended(
     engine: &Engine,
-    range: verdict_query::reports::Range,
+    range: verdict_query::range::Range,
     end_to_end: f64,
     runs: u32,
 ) -> anyhow::Result<()> {
@@ -455,8 +458,10 @@ async fn recommended(
     let mut answer = None;
     for _ in 0..runs.max(1) {
         let started = Instant::now();
-        let sql = engine.report_sql("wrong-limits", &params).await?;
-        engine.collect(&sql, usize::MAX).await?;
+        let sql = engine
+            .report_sql("wrong-limits", &params, Form::Served)
+            .await?;
+        engine.collect(&sql, &RunOptions::default()).await?;
         reviews.push(started.elapsed().as_secs_f64());
         let started = Instant::now();
         answer = Some(recommend::replay(engine, &params, chrono::Utc::now(), 10).await?);
@@ -620,10 +625,10 @@ pub async fn peer(args: QueryPeerArgs) -> anyhow::Result<()> {
             },
             Some(sql) => {
                 let t = Instant::now();
-                match engine.collect_measured(sql).await {
-                    Ok((batches, _)) => DuckDbRun {
+                match engine.collect(sql, &RunOptions::default()).await {
+                    Ok(collected) => DuckDbRun {
                         seconds: t.elapsed().as_secs_f64(),
-                        rows: batches.iter().map(|b| b.num_rows()).sum(),
+                        rows: collected.rows(),
                         error: None,
                     },
                     Err(e) => DuckDbRun {
@@ -651,7 +656,7 @@ struct DuckDb {
 }
 
 impl DuckDb {
-    fn start(compare: &super::DuckDbArgs, spec: &std::path::Path) -> anyhow::Result<Self> {
+    fn start(compare: &super::shared::DuckDbArgs, spec: &std::path::Path) -> anyhow::Result<Self> {
         let child = compare.duckdb_session(&["--queries".as_ref(), spec.as_os_str()])?;
         Self::attach("DuckDB", child)
     }

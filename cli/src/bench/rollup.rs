@@ -32,7 +32,7 @@ pub struct RollupBenchArgs {
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(1..))]
     pub files_per_partition: u32,
     #[command(flatten)]
-    pub compare: super::DuckDbArgs,
+    pub compare: super::shared::DuckDbArgs,
 }
 
 #[derive(Debug, Serialize)]

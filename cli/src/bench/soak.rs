@@ -745,9 +745,7 @@ async fn soak(args: &SoakArgs) -> anyhow::Result<SoakReport> {
         sum(|a| a.events_dropped),
     );
     let engine = verdict_query::Engine::new(
-        verdict_query::ReaderView::folder(verdict_ingest::open_folder(
-            &lake.display().to_string(),
-        )?),
+        verdict_query::ReaderView::folder(verdict_lake::open_folder(&lake.display().to_string())?),
         verdict_query::PoliciesTable::new(None),
         2,
         verdict_query::Limits::default(),
@@ -915,7 +913,10 @@ async fn allowed_over_limit(
         SUM(CASE WHEN verdict = 0 THEN 1 ELSE 0 END) AS allowed, \
         (MAX(date_part('epoch', event_time)) - MIN(date_part('epoch', event_time))) AS span_s \
         FROM decisions WHERE source IN (0, 1) GROUP BY key_id, date, hour";
-    let (_, batches) = engine.collect(sql, usize::MAX).await?;
+    let batches = engine
+        .collect(sql, &verdict_query::RunOptions::default())
+        .await?
+        .batches;
     let mut out = Vec::new();
     for b in &batches {
         let keys = b
@@ -947,7 +948,10 @@ async fn allowed_over_limit(
 }
 
 async fn first_u64(engine: &verdict_query::Engine, sql: &str) -> anyhow::Result<u64> {
-    let (_, batches) = engine.collect(sql, 1).await?;
+    let batches = engine
+        .collect(sql, &verdict_query::RunOptions::default().rows(1))
+        .await?
+        .batches;
     let b = batches.first().context("no answer")?;
     let v = arrow::compute::cast(b.column(0), &arrow::datatypes::DataType::UInt64)?;
     Ok(v.as_any()

@@ -9,9 +9,9 @@ use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 
-use super::AppState;
 use super::errors::ApiError;
-use crate::engine::QueryStream;
+use super::state::AppState;
+use crate::engine::{Json, QueryStream, RunOptions};
 use crate::error::QueryError;
 use crate::format::{Encoder, Format};
 use crate::view::AsOf;
@@ -116,7 +116,10 @@ async fn kept_json_answer(
     state: &AppState,
     sql: &str,
 ) -> Result<(Response, Option<usize>), QueryError> {
-    let (body, rows, kept) = state.engine.json_kept(sql).await?;
+    let Json { body, rows, kept } = state
+        .engine
+        .json(sql, &RunOptions::default().kept())
+        .await?;
     let outcome = if kept { "hit" } else { "miss" };
     state
         .metrics
@@ -144,7 +147,10 @@ pub(super) async fn json_answer(
     sql: &str,
     at: Option<AsOf>,
 ) -> Result<(Response, Option<usize>), QueryError> {
-    let (body, rows) = state.engine.json_at(sql, at).await?;
+    let Json { body, rows, .. } = state
+        .engine
+        .json(sql, &RunOptions::default().at(at))
+        .await?;
     Ok((
         ([(header::CONTENT_TYPE, Format::Json.content_type())], body).into_response(),
         Some(rows),
@@ -161,7 +167,7 @@ pub(super) async fn streamed_answer(
     format: Format,
     at: Option<AsOf>,
 ) -> Result<(Response, Option<usize>), QueryError> {
-    let mut stream: QueryStream = state.engine.run_at(sql, at).await?;
+    let mut stream: QueryStream = state.engine.run(sql, &RunOptions::default().at(at)).await?;
     let schema = stream.schema();
     let first = stream.next().await.transpose()?;
     let internal = |e: arrow::error::ArrowError| {

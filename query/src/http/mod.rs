@@ -16,7 +16,8 @@
 //! every `/v1` route wants `Authorization: Bearer <token>`; with none, [`serve`] listens only
 //! on loopback.
 //!
-//! Here: the router, the handlers, the server and its metrics. Beside it: `auth.rs` (tokens,
+//! Here: the router, the handlers and the server. Beside it: `state.rs` (what the handlers
+//! share: the engine, the tokens, the metrics), `auth.rs` (tokens,
 //! loopback only without them), `errors.rs` (every refusal in the documented JSON, the
 //! request head's limits, a panicking handler), `formats.rs` (the answer in the format
 //! asked for, bounded or streamed), `openapi.rs` (the OpenAPI document) and `page.rs` (the
@@ -32,16 +33,11 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use prometheus::{
-    HistogramVec, IntCounterVec, Registry, TextEncoder, register_histogram_vec_with_registry,
-    register_int_counter_vec_with_registry,
-};
 use serde_json::json;
 
-use crate::engine::Engine;
 use crate::error::QueryError;
 use crate::limits::Limits;
-use crate::reports::catalog;
+use crate::reports::{Form, catalog};
 use crate::view::AsOf;
 
 mod auth;
@@ -50,6 +46,7 @@ mod errors;
 mod formats;
 mod openapi;
 mod page;
+mod state;
 
 use auth::auth;
 pub use auth::{check_exposure, constant_time_eq, load_tokens};
@@ -59,91 +56,7 @@ pub use formats::ANSWER_CACHE_HEADER;
 use formats::{Keep, answer, answer_error};
 use openapi::openapi;
 pub use openapi::openapi_document;
-
-/// The service's own metrics.
-#[derive(Debug, Clone)]
-pub struct QueryMetrics {
-    /// The registry holding them.
-    pub registry: Registry,
-    /// `verdict_query_requests_total{endpoint, outcome}`: outcome is `ok` or an error kind.
-    pub requests: IntCounterVec,
-    /// `verdict_query_seconds{endpoint}`: time to the answer's first byte.
-    pub seconds: HistogramVec,
-    /// `verdict_query_rows_total{endpoint}`: rows answered.
-    pub rows: IntCounterVec,
-    /// `verdict_query_answer_cache_total{outcome}`: reports answered from a kept answer
-    /// (`hit`) or computed (`miss`).
-    pub answer_cache: IntCounterVec,
-}
-
-impl QueryMetrics {
-    /// A fresh registry.
-    pub fn new() -> Self {
-        let registry = Registry::new();
-        let requests = register_int_counter_vec_with_registry!(
-            "verdict_query_requests_total",
-            "Queries answered, by endpoint and outcome (ok or the error kind)",
-            &["endpoint", "outcome"],
-            registry
-        )
-        .expect("a valid, unique metric");
-        let seconds = register_histogram_vec_with_registry!(
-            "verdict_query_seconds",
-            "Time from the request to the answer's first byte",
-            &["endpoint"],
-            vec![
-                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0
-            ],
-            registry
-        )
-        .expect("a valid, unique metric");
-        let rows = register_int_counter_vec_with_registry!(
-            "verdict_query_rows_total",
-            "Rows answered, by endpoint",
-            &["endpoint"],
-            registry
-        )
-        .expect("a valid, unique metric");
-        let answer_cache = register_int_counter_vec_with_registry!(
-            "verdict_query_answer_cache_total",
-            "Named reports answered from an answer kept while their tables and policy were unchanged (hit), or computed (miss)",
-            &["outcome"],
-            registry
-        )
-        .expect("a valid, unique metric");
-        Self {
-            registry,
-            requests,
-            seconds,
-            rows,
-            answer_cache,
-        }
-    }
-
-    /// The metrics in Prometheus's text format.
-    pub fn render(&self) -> String {
-        TextEncoder::new()
-            .encode_to_string(&self.registry.gather())
-            .unwrap_or_default()
-    }
-}
-
-impl Default for QueryMetrics {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-/// What the handlers share.
-#[derive(Debug)]
-pub struct AppState {
-    /// The engine.
-    pub engine: Engine,
-    /// Accepted bearer tokens; empty: no authentication (loopback only).
-    pub tokens: Vec<String>,
-    /// Metrics.
-    pub metrics: QueryMetrics,
-}
+pub use state::{AppState, QueryMetrics};
 
 /// The router over `state`.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -320,7 +233,7 @@ async fn sql(
             "sql",
             QueryError::Invalid(format!(
                 "/v1/sql has no parameter {}; it takes: {}",
-                crate::reports::shown(name),
+                crate::error::shown(name),
                 SQL_PARAMS.join(", ")
             )),
         );
@@ -393,7 +306,7 @@ async fn report(
     Query(params): Query<BTreeMap<String, String>>,
     headers: HeaderMap,
 ) -> Response {
-    let sql = match state.engine.report_sql(&name, &params).await {
+    let sql = match state.engine.report_sql(&name, &params, Form::Served).await {
         Ok(sql) => sql,
         Err(e) => return answer_error(&state, "report", e),
     };
@@ -431,7 +344,7 @@ async fn what_if(
             }
         }
         let keys = keys_param(params.get("keys"))?;
-        let range = crate::reports::Range::parse(
+        let range = crate::range::Range::parse(
             params.get("from").map(String::as_str),
             params.get("to").map(String::as_str),
             chrono::Utc::now(),

@@ -2,7 +2,7 @@
 //! waits for a place in the shared budget's line (refused as busy past the queue timeout),
 //! runs under the service's time limit (or the client's `statement_timeout` when shorter),
 //! stops on the connection's cancel request, and is checked for size
-//! ([`crate::engine::check_size`]) before anything plans it. One statement per query, in both
+//! ([`crate::guard::check_size`]) before anything plans it. One statement per query, in both
 //! protocols: several are refused, not run one by one nor cut to the first.
 //!
 //! A client that closes its connection stops its statement too (`frames::guard` says when).
@@ -42,10 +42,10 @@ use datafusion_postgres::{DfSessionService, Parser};
 use futures::{Sink, SinkExt, Stream, StreamExt};
 use tokio::sync::{OwnedSemaphorePermit, watch};
 
-use super::cursors;
 use crate::connections::{Busy, Conn};
-use crate::engine::{Engine, check_size};
+use crate::engine::Engine;
 use crate::error::QueryError;
+use crate::guard::check_size;
 use crate::limits::Limits;
 use crate::memory::QueryMemory;
 
@@ -293,6 +293,25 @@ impl Held {
     }
 }
 
+/// The rows of the cursor the running statement declared (a session's), waiting for the
+/// statement's bounds to be moved onto them once it has run.
+#[derive(Default)]
+pub(super) struct Unbound(Mutex<Option<Handoff>>);
+
+impl Unbound {
+    /// Holds `rows` for the running statement's bounds.
+    pub(super) fn put(&self, rows: Handoff) {
+        if let Ok(mut held) = self.0.lock() {
+            *held = Some(rows);
+        }
+    }
+
+    /// The rows of the cursor the statement that just ran declared, if it declared one.
+    fn take(&self) -> Option<Handoff> {
+        self.0.lock().ok()?.take()
+    }
+}
+
 /// The rows of a declared cursor, waiting for the bounds of the statement that declared it
 /// ([`Handoff::bound`]): from then on they are that statement's [`BoundedRows`].
 pub(super) struct Handoff(Arc<Mutex<Handing>>);
@@ -359,7 +378,7 @@ impl Stream for BoundedRows {
             drop(held);
             drop(holding);
             self.watchdog.abort();
-            let e = crate::engine::memory_refusal(service, &self.limits);
+            let e = crate::error::memory_refusal(service, &self.limits);
             return Poll::Ready(Some(Err(refused_by_engine(e))));
         }
         let held = &mut *held;
@@ -509,8 +528,8 @@ impl Bounded {
             other => {
                 if let Some(cursor) = client
                     .session_extensions()
-                    .get::<cursors::Declared>()
-                    .and_then(|d| d.take_last())
+                    .get::<Unbound>()
+                    .and_then(|d| d.take())
                 {
                     cursor.bound(bounds);
                 }
@@ -530,7 +549,7 @@ impl Bounded {
             e = bounds.stop.as_mut() => return Err(e),
         };
         if let Some(service) = bounds.memory.state() {
-            let e = crate::engine::memory_refusal(service, &bounds.limits);
+            let e = crate::error::memory_refusal(service, &bounds.limits);
             return Err(refused_by_engine(e));
         }
         Ok(response)
@@ -545,7 +564,7 @@ fn one_statement(sql: &str) -> PgWireResult<()> {
         // syntax_error
         .map_err(|e| pg_error("42601", crate::error::clip(&e.to_string())))?;
     if let Some(statement) = statements.first() {
-        crate::engine::check_expansion(statement).map_err(refused_by_engine)?;
+        crate::guard::check_expansion(statement).map_err(refused_by_engine)?;
     }
     if statements.len() > 1 {
         // feature_not_supported

@@ -31,33 +31,22 @@ use datafusion_postgres::pgwire::api::stmt::StoredStatement;
 use datafusion_postgres::pgwire::api::store::PortalStore;
 use datafusion_postgres::pgwire::error::{PgWireError, PgWireResult};
 
-use super::bounds::{Handoff, pg_error};
+use super::bounds::{Handoff, Unbound, pg_error};
 
-/// The cursors a session declared: each one's columns (for describing a `FETCH`), and the
-/// rows of the one the running statement declared, which the statement's bounds are moved
-/// onto.
+/// The cursors a session declared: each one's columns (for describing a `FETCH`).
 #[derive(Default)]
-pub(super) struct Declared {
+struct Declared {
     columns: Mutex<HashMap<String, DFSchemaRef>>,
-    last: Mutex<Option<Handoff>>,
 }
 
 impl Declared {
-    /// The rows of the cursor declared by the statement that just ran, if it declared one.
-    pub(super) fn take_last(&self) -> Option<Handoff> {
-        self.last.lock().ok()?.take()
-    }
-
     fn columns(&self, name: &str) -> Option<DFSchemaRef> {
         self.columns.lock().ok()?.get(name).cloned()
     }
 
-    fn declare(&self, name: &str, columns: DFSchemaRef, rows: Handoff) {
+    fn declare(&self, name: &str, columns: DFSchemaRef) {
         if let Ok(mut all) = self.columns.lock() {
             all.insert(name.to_owned(), columns);
-        }
-        if let Ok(mut last) = self.last.lock() {
-            *last = Some(rows);
         }
     }
 }
@@ -151,7 +140,12 @@ async fn start(
     let portal = Portal::new_cursor(name.clone(), statement);
     portal.start(rows).await;
     client.portal_store().put_portal(Arc::new(portal));
-    declared(&*client).declare(&name, columns, handle);
+    declared(&*client).declare(&name, columns);
+    // The statement's bounds are moved onto the cursor's rows once it has run.
+    client
+        .session_extensions()
+        .get_or_insert_with(Unbound::default)
+        .put(handle);
     Ok(Response::Execution(Tag::new("DECLARE CURSOR")))
 }
 

@@ -3,7 +3,7 @@
 //! a gigabyte for each connection before the statement's size check refused it. So every
 //! connection's bytes pass through [`guard`] on their way in. It follows the messages'
 //! framing and refuses a message by the length its header declares, before its body is read:
-//! a Query past the statement limit ([`crate::engine::MAX_STATEMENT_BYTES`]), any other
+//! a Query past the statement limit ([`crate::guard::MAX_STATEMENT_BYTES`]), any other
 //! message past [`MAX_MESSAGE`]. The client is told why (an ErrorResponse with SQLSTATE
 //! 54000) and the connection is closed: what follows the header cannot be skipped without
 //! reading it.
@@ -18,7 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{Mutex, watch};
 
-use crate::engine::MAX_STATEMENT_BYTES;
+use crate::guard::MAX_STATEMENT_BYTES;
 
 /// The largest message other than a Query the front end reads: 1 MiB (a Parse's statement
 /// with its parameter types, a Bind's parameter values).

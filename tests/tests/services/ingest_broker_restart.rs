@@ -28,7 +28,7 @@ async fn the_worker_reconnects_after_a_broker_restart_and_writes_every_event_onc
     require(Service::Kafka);
     let bucket = s3_store("verdict-ingest-test").await;
     let run = unique_name("broker-restart");
-    let store: Arc<dyn ObjectStore> = Arc::new(verdict_ingest::Prefixed::new(bucket, &run));
+    let store: Arc<dyn ObjectStore> = Arc::new(verdict_lake::Prefixed::new(bucket, &run));
     let topic = unique_name("decisions-restart");
     create_topic(&topic, 4).await;
 

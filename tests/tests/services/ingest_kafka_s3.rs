@@ -37,7 +37,7 @@ async fn every_event_lands_exactly_once_across_an_aborted_worker_and_bad_records
     verdict_tests::capture_logs();
     let store = s3_store("verdict-ingest-test").await;
     let run = unique_name("ingest");
-    let store: Arc<dyn ObjectStore> = Arc::new(verdict_ingest::Prefixed::new(store, &run));
+    let store: Arc<dyn ObjectStore> = Arc::new(verdict_lake::Prefixed::new(store, &run));
     let topic = unique_name("decisions");
     create_topic(&topic, 4).await;
     let group = unique_name("ingest-group");
@@ -159,7 +159,7 @@ async fn two_workers_in_one_group_over_12_partitions_write_every_event_once() {
     verdict_tests::capture_logs();
     let store = s3_store("verdict-ingest-test").await;
     let run = unique_name("ingest-two");
-    let store: Arc<dyn ObjectStore> = Arc::new(verdict_ingest::Prefixed::new(store, &run));
+    let store: Arc<dyn ObjectStore> = Arc::new(verdict_lake::Prefixed::new(store, &run));
     let topic = unique_name("decisions12");
     create_topic(&topic, 12).await;
     let group = unique_name("ingest-group");
@@ -230,7 +230,7 @@ async fn an_object_store_outage_loses_and_doubles_nothing() {
     verdict_tests::capture_logs();
     let direct = s3_store("verdict-ingest-test").await;
     let run = unique_name("ingest-outage");
-    let store: Arc<dyn ObjectStore> = Arc::new(verdict_ingest::Prefixed::new(direct, &run));
+    let store: Arc<dyn ObjectStore> = Arc::new(verdict_lake::Prefixed::new(direct, &run));
     // The worker reaches S3 only through a proxy that the test cuts and restores.
     let port = verdict_tests::s3_endpoint()
         .rsplit(':')
@@ -242,7 +242,7 @@ async fn an_object_store_outage_loses_and_doubles_nothing() {
         &format!("http://127.0.0.1:{}", proxy.port()),
         "verdict-ingest-test",
     );
-    let via_proxy: Arc<dyn ObjectStore> = Arc::new(verdict_ingest::Prefixed::new(through, &run));
+    let via_proxy: Arc<dyn ObjectStore> = Arc::new(verdict_lake::Prefixed::new(through, &run));
     let topic = unique_name("decisions-outage");
     create_topic(&topic, 4).await;
 
@@ -350,7 +350,7 @@ async fn a_group_offset_behind_the_log_is_committed_up_to_it() {
     verdict_tests::capture_logs();
     let store = s3_store("verdict-ingest-test").await;
     let run = unique_name("ingest-owed");
-    let store: Arc<dyn ObjectStore> = Arc::new(verdict_ingest::Prefixed::new(store, &run));
+    let store: Arc<dyn ObjectStore> = Arc::new(verdict_lake::Prefixed::new(store, &run));
     let topic = unique_name("decisions-owed");
     create_topic(&topic, 2).await;
     let group = unique_name("ingest-group");
@@ -419,7 +419,7 @@ async fn two_kafka_clusters_with_the_same_topic_and_partitions_feed_one_table_ex
     verdict_tests::capture_logs();
     let store = s3_store("verdict-ingest-test").await;
     let run = unique_name("two-clusters");
-    let store: Arc<dyn ObjectStore> = Arc::new(verdict_ingest::Prefixed::new(store, &run));
+    let store: Arc<dyn ObjectStore> = Arc::new(verdict_lake::Prefixed::new(store, &run));
     let topic = unique_name("decisions");
     let group = unique_name("ingest-group");
     for brokers in [kafka_brokers(), kafka2_brokers()] {

@@ -11,7 +11,7 @@ use object_store::ObjectStore;
 use object_store::local::LocalFileSystem;
 use serde_json::Value;
 use verdict_jobs::round_log::RoundRecord;
-use verdict_query::reports::Range;
+use verdict_query::range::Range;
 use verdict_query::{Engine, Limits, PoliciesTable};
 use verdict_query::{recommend, whatif};
 use verdict_schemas::layout::HourPartition;

@@ -43,7 +43,14 @@ async fn psql_runs_a_report_over_the_wire_protocol_read_only_and_behind_the_toke
         ("min_keys".to_string(), "5".to_string()),
     ]
     .into();
-    let sql = engine.report_sql("wrong-limits", &params).await.unwrap();
+    let sql = engine
+        .report_sql(
+            "wrong-limits",
+            &params,
+            verdict_query::reports::Form::Served,
+        )
+        .await
+        .unwrap();
     let sql = format!(
         "SELECT tier, route_class, keys, constrained_keys, verdict FROM ({sql}) AS r \
          ORDER BY tier_id, override_key NULLS FIRST"

@@ -326,9 +326,13 @@ async fn the_tables_read_the_lake_as_written_and_see_new_files_without_a_restart
     let counted_at = |v| {
         let engine = engine.clone();
         async move {
-            let (_, batches) = engine
-                .collect_bounded_at("SELECT COUNT(*) AS n FROM decisions", 10, usize::MAX, at(v))
-                .await?;
+            let batches = engine
+                .collect(
+                    "SELECT COUNT(*) AS n FROM decisions",
+                    &verdict_query::RunOptions::default().rows(10).at(at(v)),
+                )
+                .await?
+                .batches;
             Ok::<_, verdict_query::QueryError>(
                 batches[0]
                     .column(0)
@@ -418,10 +422,10 @@ async fn raw_scans_test_against_file_statistics_only_the_conditions_that_can_rul
     let rolled = engine
         .collect(
             "EXPLAIN SELECT COUNT(*) FROM denied_hourly WHERE tier = 1",
-            100,
+            &verdict_query::RunOptions::default().rows(100),
         )
         .await
-        .map(|(_, batches)| arrow::util::pretty::pretty_format_batches(&batches).unwrap())
+        .map(|c| arrow::util::pretty::pretty_format_batches(&c.batches).unwrap())
         .unwrap()
         .to_string();
     assert!(rolled.contains("predicate=tier@"), "{rolled}");
@@ -553,6 +557,7 @@ async fn the_denial_rate_from_the_raw_decisions_and_from_the_rollup_agree() {
         .report_sql(
             "denial-rate",
             &[("source".to_string(), "lake".to_string())].into(),
+            verdict_query::reports::Form::Served,
         )
         .await
         .unwrap_err()

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use verdict_ingest::Prefixed;
 use verdict_ingest::raw_file::build_hour_file;
+use verdict_lake::Prefixed;
 use verdict_rollup::{Rollup, RollupError, hour_files};
 use verdict_schemas::DecisionEvent;
 use verdict_schemas::layout::HourPartition;
@@ -176,7 +176,7 @@ async fn a_raw_file_without_a_column_of_the_raw_table_is_refused_by_path_and_col
     let keys: ArrayRef =
         Arc::new(FixedSizeBinaryArray::try_from_iter([[7u8; 16]].into_iter()).unwrap());
     let batch = RecordBatch::try_from_iter([("key_id", keys)]).unwrap();
-    let bytes = verdict_rollup::encode_parquet(&batch).unwrap();
+    let bytes = verdict_lake::files::encode_rollup_parquet(&batch).unwrap();
     let path = Path::from(format!("{}/foreign.parquet", hour.raw_prefix()));
     let size = bytes.len();
     store.put(&path, PutPayload::from(bytes)).await.unwrap();

@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 
+use crate::observed::{Observed, Observer};
 use object_store::path::Path;
 use object_store::prefix::PrefixStore;
 use object_store::{ObjectMeta, ObjectStore};
-use verdict_lake::{Observed, Observer};
 
 /// A store seen under a prefix: [`Prefixed::new`] makes it.
 #[derive(Debug)]

@@ -1,4 +1,4 @@
-//! The denial rate over time (`denial-rate`): per hour × tier × route class, the limiter's
+//! `denial-rate`, the denial rate over time: per hour × tier × route class, the limiter's
 //! decisions, its refusals and shadow mode's would-deny, with the policy version in force.
 //! The analysts' page draws it; a key filter makes it one key's hourly history.
 //!
@@ -11,32 +11,44 @@
 
 use chrono::{DateTime, Duration, Utc};
 
-use super::{Args, QueryError, Range, limit_join};
-use crate::parts::Level;
+use super::levels::{RATES, hourly_counts};
+use super::params::{Args, FROM, KEY, ParamKind, ParamSpec, ROUTE, Report, TIER, TO, limit_join};
+use crate::error::{QueryError, shown};
+
+/// The report.
+pub(super) fn report() -> Report {
+    Report {
+        name: "denial-rate",
+        sql,
+        description: "The denial rate over time: per hour (`hour`, its start, UTC) × tier × \
+            route class, the limiter's decisions (`requests`: on Redis or the fallback; the \
+            kill switch's and those of a limit turned off are left out), refused with 429 \
+            (`denied`) and refused by shadow mode (`would_deny`), their rates, and the \
+            newest policy version seen in the hour. Within the raw table's 7 days it reads \
+            the decisions; a range starting earlier reads the hourly rollup (`source` says \
+            which), where the policy version is known only for hours with refusals. With \
+            `key`, one key's hourly history (from the rollup: only the hours it was \
+            refused in). Hours without decisions are left out.",
+        tables: &["decisions", "denied_hourly", "demand_hourly", "policies"],
+        params: vec![
+            FROM,
+            TO,
+            TIER,
+            ROUTE,
+            KEY,
+            ParamSpec {
+                name: "source",
+                kind: ParamKind::Choice,
+                default: Some("auto"),
+                doc: "`raw` (the decisions), `rollup` (the hourly rollup) or `auto`: raw \
+                      when the range starts within the raw table's 7 days, else the rollup",
+            },
+        ],
+    }
+}
 
 /// How long the raw table keeps decisions (the retention job's window).
 pub const RAW_DAYS: i64 = 7;
-
-/// Each limit's hourly counts over the decisions within `range` (a condition on them) with
-/// `filters`, and `columns` after the counts (`, …`).
-fn hourly_counts(range: &str, filters: &str, columns: &str) -> String {
-    format!(
-        "SELECT date_trunc('hour', event_time) AS hour, tier, route_class,
-    COUNT(*) AS requests,
-    SUM(CASE WHEN verdict = 1 THEN 1 ELSE 0 END) AS denied,
-    SUM(CASE WHEN verdict = 2 THEN 1 ELSE 0 END) AS would_deny,
-    MAX(policy_version) AS policy_version{columns}
-  FROM decisions
-  WHERE {range} AND source IN (0, 1){filters}
-  GROUP BY date_trunc('hour', event_time), tier, route_class"
-    )
-}
-
-/// The kept part of `denial-rate` over the decisions within `range` (see [`crate::parts`]):
-/// each limit's hourly counts.
-pub fn rates_part_sql(range: &Range) -> String {
-    hourly_counts(&range.sql("event_time", true), "", "")
-}
 
 /// Where a range's series is read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +58,7 @@ enum Source {
 }
 
 /// The SQL of `denial-rate`.
-pub(super) fn denial_rate_sql(a: &Args<'_>, now: DateTime<Utc>) -> Result<String, QueryError> {
+fn sql(a: &Args<'_>, now: DateTime<Utc>) -> Result<String, QueryError> {
     let range = a.range(now, RAW_DAYS)?;
     let source = match a.raw("source").unwrap_or("auto") {
         "raw" => Source::Raw,
@@ -56,7 +68,7 @@ pub(super) fn denial_rate_sql(a: &Args<'_>, now: DateTime<Utc>) -> Result<String
         other => {
             return Err(QueryError::Invalid(format!(
                 "parameter source: {} is not one of auto, raw, rollup",
-                super::shown(other)
+                shown(other)
             )));
         }
     };
@@ -75,7 +87,7 @@ pub(super) fn denial_rate_sql(a: &Args<'_>, now: DateTime<Utc>) -> Result<String
     'raw' AS source
   FROM {} k
   WHERE TRUE{}",
-            Level::Rates.call(&range),
+            RATES.call(&range),
             a.filters("k.")?
         ),
         Source::Rollup if by_key => format!(

@@ -1,0 +1,85 @@
+//! What several benches share: the median of timings, and the options of the benches that
+//! compare DataFusion with DuckDB on the same files.
+
+use std::ffi::OsStr;
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::Context;
+use clap::Args;
+
+/// The middle of `values` (of an even count, the upper of the two middle ones); timings,
+/// never NaN.
+pub fn median<T: Copy + PartialOrd>(values: &[T]) -> T {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    sorted[sorted.len() / 2]
+}
+
+/// Options of the benches that compare DataFusion with DuckDB on the same files.
+#[derive(Debug, Clone, Args)]
+pub struct DuckDbArgs {
+    /// Threads for both engines [default: the machine's cores].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Folder for the lake [default: a temporary folder, removed afterwards].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// The script that runs DuckDB (installed from PyPI on first use).
+    #[arg(long, default_value = "scripts/duckdb.sh")]
+    pub duckdb_script: PathBuf,
+    /// Skip the DuckDB comparison.
+    #[arg(long)]
+    pub no_duckdb: bool,
+}
+
+impl DuckDbArgs {
+    /// The threads to use.
+    pub fn threads(&self) -> usize {
+        self.threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, usize::from))
+    }
+
+    /// The lake's folder (absolute), and the temporary folder to keep alive when `--out`
+    /// is not given.
+    pub fn lake(&self) -> anyhow::Result<(PathBuf, Option<tempfile::TempDir>)> {
+        match &self.out {
+            Some(p) => {
+                std::fs::create_dir_all(p).with_context(|| format!("creating {}", p.display()))?;
+                Ok((p.canonicalize()?, None))
+            }
+            None => {
+                let tmp = tempfile::tempdir()?;
+                Ok((tmp.path().to_path_buf(), Some(tmp)))
+            }
+        }
+    }
+
+    /// Starts the DuckDB script with `args`, its standard input and output piped (its errors
+    /// go to ours).
+    pub fn duckdb_session(&self, args: &[&OsStr]) -> anyhow::Result<std::process::Child> {
+        let script = &self.duckdb_script;
+        Command::new(script)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .with_context(|| format!("running {}", script.display()))
+    }
+
+    /// Runs the DuckDB script with `args` and returns what it printed.
+    pub fn duckdb(&self, args: &[&OsStr]) -> anyhow::Result<String> {
+        let script = &self.duckdb_script;
+        let out = Command::new(script)
+            .args(args)
+            .output()
+            .with_context(|| format!("running {}", script.display()))?;
+        anyhow::ensure!(
+            out.status.success(),
+            "{} failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
