@@ -8,6 +8,10 @@ per line) with what verdict counts.
     lake.py watch  TABLE            counts again and again until stdin closes; "ready" first
     lake.py sql    ROOT FILE        runs the SQL in FILE on Spark over ROOT's tables
     lake.py others TABLE            rows of a Delta table by delta-rs, Polars and DuckDB
+    lake.py edit   TABLE            delta-rs writes to a table as another team's job would:
+                                    a checkpoint, OPTIMIZE, DELETE of tier 1, the property
+                                    delta.appendOnly, a checkpoint again; prints each step's
+                                    version and the rows delta-rs reads after it
 """
 
 import glob
@@ -82,6 +86,44 @@ def main(argv):
             }
         )
         return
+    if what == "edit":
+        import deltalake
+
+        table = argv[2]
+
+        def step(name):
+            dt = deltalake.DeltaTable(table)
+            rows = dt.to_pyarrow_table()
+            tier1 = sum(1 for t in rows.column("tier").to_pylist() if t == 1)
+            p = dt.protocol()
+            say(
+                {
+                    "step": name,
+                    "version": dt.version(),
+                    "rows": rows.num_rows,
+                    "tier1": tier1,
+                    "writer": p.min_writer_version,
+                    "reader": p.min_reader_version,
+                }
+            )
+            return dt
+
+        dt = step("start")
+        dt.create_checkpoint()
+        step("checkpoint")
+        dt.optimize.compact()
+        dt = step("optimize")
+        dt.delete("tier = 1")
+        dt = step("delete")
+        dt.alter.set_table_properties({"delta.appendOnly": "true"})
+        dt = step("property")
+        dt.create_checkpoint()
+        step("checkpoint")
+        # At the interpreter's exit the writers' thread pools abort the process now and then
+        # ("terminate called without an active exception", 2 of 8 runs, after every step
+        # was done and printed): leave without tearing them down, the output flushed.
+        sys.stdout.flush()
+        os._exit(0)
     spark = spark_session()
     spark.sparkContext.setLogLevel("ERROR")
     if what == "count":

@@ -302,3 +302,157 @@ async fn the_rollups_and_the_overage_on_spark_sql_give_verdicts_rows() {
         );
     }
 }
+
+/// Another team's job writes to the raw table with delta-rs: a checkpoint, OPTIMIZE, a
+/// DELETE of some rows, `delta.appendOnly`, a checkpoint again. verdict reads the table as
+/// of each of those versions exactly as delta-rs does, refuses what the property forbids
+/// (retention), and its next commit after them is read back by delta-rs, Polars, DuckDB
+/// and Spark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verdict_reads_what_delta_rs_wrote_and_its_next_commit_reads_back_everywhere() {
+    spark_install();
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+    let now = chrono::Utc::now().timestamp_millis();
+    let hour = HourPartition::from_event_time_ms(now - 5 * MS_PER_HOUR).unwrap();
+    let events_of = |seed: u64| -> Vec<_> {
+        let cfg = SynthConfig {
+            seed,
+            start_ms: hour.start_ms(),
+            late_share: 0.0,
+            ..SynthConfig::hour(6_000, 300)
+        };
+        SynthTraffic::new(cfg)
+            .take(6_000)
+            .filter(|e| HourPartition::from_event_time_ms(e.event_time_ms) == Ok(hour))
+            .collect()
+    };
+    write_raw_hour(&store, "decisions", hour, &events_of(7), 2, 1_000).await;
+    let engine = Engine::new(
+        LocalFileSystem::new_with_prefix(dir.path()).unwrap(),
+        PoliciesTable::new(None),
+        2,
+        Limits::default(),
+    )
+    .unwrap();
+    let count_at = |version: Option<i64>| {
+        let engine = engine.clone();
+        async move {
+            let sql = "SELECT COUNT(*) AS n, \
+                       SUM(CASE WHEN tier = 1 THEN 1 ELSE 0 END) AS tier1 FROM decisions";
+            let options =
+                verdict_query::RunOptions::default().at(version.map(verdict_query::AsOf::Version));
+            let got = engine.collect(sql, &options).await.unwrap();
+            let batch = &got.batches[0];
+            let n = |i: usize| {
+                arrow::compute::cast(batch.column(i), &arrow::datatypes::DataType::UInt64)
+                    .unwrap()
+                    .as_any()
+                    .downcast_ref::<arrow::array::UInt64Array>()
+                    .unwrap()
+                    .value(0)
+            };
+            (n(0), n(1))
+        }
+    };
+
+    let raw_dir = dir.path().join("raw");
+    let table_path = raw_dir.to_str().unwrap().to_owned();
+    let steps = tokio::task::spawn_blocking(move || run(&["edit", &table_path]))
+        .await
+        .unwrap();
+    let said: Vec<&str> = steps.iter().filter_map(|s| s["step"].as_str()).collect();
+    assert_eq!(
+        said,
+        [
+            "start",
+            "checkpoint",
+            "optimize",
+            "delete",
+            "property",
+            "checkpoint"
+        ]
+    );
+    for step in &steps {
+        let version = step["version"].as_i64().unwrap();
+        let theirs = (
+            step["rows"].as_u64().unwrap(),
+            step["tier1"].as_u64().unwrap(),
+        );
+        assert_eq!(
+            count_at(Some(version)).await,
+            theirs,
+            "verdict as of version {version} ({})",
+            step["step"]
+        );
+        // delta-rs kept the table at verdict's protocol: verdict may write it.
+        assert_eq!(
+            (step["reader"].as_i64(), step["writer"].as_i64()),
+            (Some(1), Some(2))
+        );
+    }
+    let deleted = &steps[3];
+    assert!(
+        deleted["rows"].as_u64() < steps[0]["rows"].as_u64(),
+        "{deleted}"
+    );
+    assert_eq!(deleted["tier1"].as_u64(), Some(0));
+    let after = count_at(None).await;
+    assert_eq!(after.0, steps[5]["rows"].as_u64().unwrap());
+
+    // The table's schema is still verdict's, and its new property is honoured: retention
+    // would remove data, which an append-only table forbids, in the plan and so in the
+    // dry run.
+    let table = RAW.table(Arc::clone(&store));
+    let snapshot = table.snapshot().await.unwrap();
+    RAW.check_schema(snapshot.metadata()).unwrap();
+    let windows = verdict_jobs::Windows::default();
+    let past = hour.end_ms() + 30 * 24 * MS_PER_HOUR;
+    let refused = verdict_jobs::retention::plan(&store, past, &windows)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("the table is append-only (delta.appendOnly = true): retention"),
+        "{refused}"
+    );
+
+    // verdict's next commit (one more hour's files) after delta-rs's: every engine reads it.
+    let next = hour.next().unwrap();
+    let events: Vec<_> = events_of(8)
+        .into_iter()
+        .map(|mut e| {
+            e.event_time_ms += MS_PER_HOUR;
+            e
+        })
+        .collect();
+    write_raw_hour(&store, "decisions", next, &events, 2, 1_000).await;
+    let total = count_at(None).await.0;
+    assert_eq!(total, after.0 + events.len() as u64);
+    let table_path = raw_dir.to_str().unwrap().to_owned();
+    let others = tokio::task::spawn_blocking(move || {
+        let others = run(&["others", &table_path]);
+        let spark = run(&["count", &table_path]);
+        (others, spark)
+    })
+    .await
+    .unwrap();
+    let (others, spark) = others;
+    for engine in ["delta_rs", "polars", "duckdb"] {
+        assert_eq!(
+            others[0][engine].as_u64(),
+            Some(total),
+            "{engine}: {others:?}"
+        );
+    }
+    assert_eq!(spark[0]["count"].as_u64(), Some(total), "Spark: {spark:?}");
+    let seen: Vec<String> = steps
+        .iter()
+        .map(|s| format!("{} v{} {} rows", s["step"], s["version"], s["rows"]))
+        .collect();
+    println!(
+        "delta-rs's versions, each read by verdict as delta-rs reads it: {}; verdict's next commit read by delta-rs, Polars, DuckDB and Spark: {total} rows",
+        seen.join(", ")
+    );
+}
