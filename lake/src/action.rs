@@ -255,9 +255,10 @@ pub struct CommitInfo {
     /// `WRITE`, `OPTIMIZE`, `DELETE`, `CREATE TABLE`, …
     #[serde(default)]
     pub operation: Option<String>,
-    /// The operation's parameters, as text.
+    /// The operation's parameters: text as verdict writes them, any JSON as other writers
+    /// do (Spark's OPTIMIZE writes `"auto": false`).
     #[serde(default)]
-    pub operation_parameters: Option<BTreeMap<String, String>>,
+    pub operation_parameters: Option<BTreeMap<String, serde_json::Value>>,
     /// The writer.
     #[serde(default)]
     pub engine_info: Option<String>,
@@ -346,12 +347,15 @@ mod tests {
         let spark = concat!(
             r#"{"commitInfo":{"timestamp":5,"operation":"WRITE","operationParameters":{"mode":"Append"},"isolationLevel":"Serializable"}}"#,
             "\n",
+            // Spark's OPTIMIZE: parameters that are not text.
+            r#"{"commitInfo":{"timestamp":6,"operation":"OPTIMIZE","operationParameters":{"predicate":"[]","auto":false,"clusterBy":"[]","zOrderBy":"[]"}}}"#,
+            "\n",
             r#"{"domainMetadata":{"domain":"x","configuration":"{}","removed":false}}"#,
             "\n\n",
             r#"{"add":{"path":"p","partitionValues":{},"size":1,"modificationTime":2,"dataChange":true,"baseRowId":4}}"#,
         );
         let actions = parse_commit(spark.as_bytes()).unwrap();
-        assert_eq!(actions.len(), 2);
+        assert_eq!(actions.len(), 3);
         assert!(matches!(&actions[0], Action::CommitInfo(c) if c.timestamp == Some(5)));
         let (line, _) = parse_commit(b"{\"add\":{}}\n").unwrap_err();
         assert_eq!(line, 1);

@@ -1050,7 +1050,12 @@ fn commit_info(
     CommitInfo {
         timestamp: Some(timestamp),
         operation: Some(operation.to_owned()),
-        operation_parameters: Some(parameters.clone()),
+        operation_parameters: Some(
+            parameters
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect(),
+        ),
         engine_info: Some(concat!("verdict/", env!("CARGO_PKG_VERSION")).to_owned()),
         read_version: (read_version >= 0).then_some(read_version),
         is_blind_append: Some(blind),

@@ -145,7 +145,7 @@ impl HourPartition {
             .ok_or_else(|| bad("no hour= segment after date="))?;
         let date = NaiveDate::parse_from_str(date, "%Y-%m-%d")
             .map_err(|_| bad("date is not YYYY-MM-DD"))?;
-        let hour = parse_hour(hour).ok_or_else(|| bad("hour is not 00-23"))?;
+        let hour = parse_hour_value(hour).ok_or_else(|| bad("hour is not 0-23"))?;
         Ok(Self { date, hour })
     }
 }
@@ -163,11 +163,21 @@ pub fn parse_date_segment(segment: &str) -> Option<NaiveDate> {
 
 /// The hour of an `hour=HH` path segment.
 pub fn parse_hour_segment(segment: &str) -> Option<u8> {
-    parse_hour(segment.strip_prefix("hour=")?)
+    parse_hour_value(segment.strip_prefix("hour=")?)
 }
 
 fn parse_hour(s: &str) -> Option<u8> {
-    if s.len() != 2 || !s.bytes().all(|b| b.is_ascii_digit()) {
+    if s.len() != 2 {
+        return None;
+    }
+    parse_hour_value(s)
+}
+
+/// An hour as a path spells it: verdict writes two digits (`hour=09`); another engine
+/// writing the table (Spark's OPTIMIZE, DELETE) spells the partition value as it is,
+/// `hour=9`.
+fn parse_hour_value(s: &str) -> Option<u8> {
+    if !(1..=2).contains(&s.len()) || !s.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
     s.parse().ok().filter(|h| *h < 24)
@@ -259,5 +269,11 @@ mod tests {
             Err(LayoutError::BadPartitionPath { .. })
         ));
         assert!(HourPartition::from_path("raw/date=2026-11-30/hour=99/").is_err());
+        // Another engine spells the hour as the partition value is: unpadded.
+        assert_eq!(
+            HourPartition::from_path("raw/date=2026-11-30/hour=7/part-0.snappy.parquet").unwrap(),
+            hour("2026-11-30T07")
+        );
+        assert!(HourPartition::from_path("raw/date=2026-11-30/hour=007/").is_err());
     }
 }

@@ -8,6 +8,8 @@ per line) with what verdict counts.
     lake.py watch  TABLE            counts again and again until stdin closes; "ready" first
     lake.py sql    ROOT FILE        runs the SQL in FILE on Spark over ROOT's tables
     lake.py others TABLE            rows of a Delta table by delta-rs, Polars and DuckDB
+    lake.py spark-edit TABLE        the same writes by Spark: a checkpoint, OPTIMIZE, DELETE
+                                    of tier 1, delta.appendOnly (then a checkpoint again)
     lake.py edit   TABLE            delta-rs writes to a table as another team's job would:
                                     a checkpoint, OPTIMIZE, DELETE of tier 1, the property
                                     delta.appendOnly, a checkpoint again; prints each step's
@@ -136,6 +138,42 @@ def main(argv):
         threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
         while not done.is_set():
             say({"count": count(spark, table)})
+    elif what == "spark-edit":
+        table = argv[2]
+        t = f"delta.`{table}`"
+
+        def step(name):
+            version = spark.sql(f"DESCRIBE HISTORY {t} LIMIT 1").collect()[0]["version"]
+            detail = spark.sql(f"DESCRIBE DETAIL {t}").collect()[0]
+            counts = spark.sql(
+                f"SELECT COUNT(*) AS n, SUM(CASE WHEN tier = 1 THEN 1 ELSE 0 END) AS t1 FROM {t}"
+            ).collect()[0]
+            say(
+                {
+                    "step": name,
+                    "version": version,
+                    "rows": counts["n"],
+                    "tier1": counts["t1"] or 0,
+                    "writer": detail["minWriterVersion"],
+                    "reader": detail["minReaderVersion"],
+                }
+            )
+
+        def checkpoint():
+            log = spark._jvm.org.apache.spark.sql.delta.DeltaLog
+            log.forTable(spark._jsparkSession, table).checkpoint()
+
+        step("start")
+        checkpoint()
+        step("checkpoint")
+        spark.sql(f"OPTIMIZE {t}")
+        step("optimize")
+        spark.sql(f"DELETE FROM {t} WHERE tier = 1")
+        step("delete")
+        spark.sql(f"ALTER TABLE {t} SET TBLPROPERTIES ('delta.appendOnly' = 'true')")
+        step("property")
+        checkpoint()
+        step("checkpoint")
     elif what == "sql":
         root, sql_file = argv[2], argv[3]
         for name in ["raw", "denied_hourly", "demand_hourly", "overage"]:

@@ -310,6 +310,20 @@ async fn the_rollups_and_the_overage_on_spark_sql_give_verdicts_rows() {
 /// and Spark.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verdict_reads_what_delta_rs_wrote_and_its_next_commit_reads_back_everywhere() {
+    another_engine_writes("edit", "delta-rs").await;
+}
+
+/// The same writes by Spark with Delta's connector: its OPTIMIZE and DELETE rewrite files
+/// into folders it names as the partition values are (`hour=9`), its commits carry
+/// parameters that are not text; the reports from kept parts still count every file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verdict_reads_what_spark_wrote_and_its_next_commit_reads_back_everywhere() {
+    another_engine_writes("spark-edit", "Spark").await;
+}
+
+/// `lake.py <command>` (another engine's writes) on a raw table verdict wrote, then
+/// verdict's reads and its next commit, as the two tests above say.
+async fn another_engine_writes(command: &str, engine_name: &str) {
     spark_install();
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn ObjectStore> =
@@ -359,7 +373,8 @@ async fn verdict_reads_what_delta_rs_wrote_and_its_next_commit_reads_back_everyw
 
     let raw_dir = dir.path().join("raw");
     let table_path = raw_dir.to_str().unwrap().to_owned();
-    let steps = tokio::task::spawn_blocking(move || run(&["edit", &table_path]))
+    let command = command.to_owned();
+    let steps = tokio::task::spawn_blocking(move || run(&[&command, &table_path]))
         .await
         .unwrap();
     let said: Vec<&str> = steps.iter().filter_map(|s| s["step"].as_str()).collect();
@@ -383,10 +398,10 @@ async fn verdict_reads_what_delta_rs_wrote_and_its_next_commit_reads_back_everyw
         assert_eq!(
             count_at(Some(version)).await,
             theirs,
-            "verdict as of version {version} ({})",
+            "verdict as of version {version} ({} by {engine_name})",
             step["step"]
         );
-        // delta-rs kept the table at verdict's protocol: verdict may write it.
+        // The other engine kept the table at verdict's protocol: verdict may write it.
         assert_eq!(
             (step["reader"].as_i64(), step["writer"].as_i64()),
             (Some(1), Some(2))
@@ -400,6 +415,26 @@ async fn verdict_reads_what_delta_rs_wrote_and_its_next_commit_reads_back_everyw
     assert_eq!(deleted["tier1"].as_u64(), Some(0));
     let after = count_at(None).await;
     assert_eq!(after.0, steps[5]["rows"].as_u64().unwrap());
+    // A report from the kept parts counts every file the other engine wrote, as the
+    // portable statement over the decisions does.
+    let (from, to) = (
+        chrono::DateTime::from_timestamp_millis(hour.start_ms())
+            .unwrap()
+            .to_rfc3339(),
+        chrono::DateTime::from_timestamp_millis(hour.end_ms())
+            .unwrap()
+            .to_rfc3339(),
+    );
+    let (served, portable) = verdict_tests::query_fixture::served_and_portable(
+        &engine,
+        "denial-rate",
+        &from,
+        &to,
+        &[("source", "raw")],
+    )
+    .await;
+    assert!(!served.is_empty());
+    assert_eq!(served, portable, "denial-rate after {engine_name}'s writes");
 
     // The table's schema is still verdict's, and its new property is honoured: retention
     // would remove data, which an append-only table forbids, in the plan and so in the
@@ -452,7 +487,7 @@ async fn verdict_reads_what_delta_rs_wrote_and_its_next_commit_reads_back_everyw
         .map(|s| format!("{} v{} {} rows", s["step"], s["version"], s["rows"]))
         .collect();
     println!(
-        "delta-rs's versions, each read by verdict as delta-rs reads it: {}; verdict's next commit read by delta-rs, Polars, DuckDB and Spark: {total} rows",
+        "{engine_name}'s versions, each read by verdict as {engine_name} reads it: {}; verdict's next commit read by delta-rs, Polars, DuckDB and Spark: {total} rows",
         seen.join(", ")
     );
 }
