@@ -3,6 +3,9 @@
 //! compaction, the rollup, the jobs) encodes through here, so a table's files read the same
 //! whoever wrote them.
 
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use bytes::Bytes;
 use parquet::arrow::ArrowWriter;
@@ -66,13 +69,7 @@ fn column_index(name: &str) -> i32 {
 
 /// Encodes batches of the raw schema as one Parquet file, in memory.
 pub fn encode_raw_parquet(batches: &[RecordBatch]) -> Result<Vec<u8>, EncodeError> {
-    let mut out = Vec::new();
-    let mut writer = ArrowWriter::try_new(&mut out, raw_schema(), Some(raw_writer_properties()))?;
-    for b in batches {
-        writer.write(b)?;
-    }
-    writer.close()?;
-    Ok(out)
+    encode(&raw_schema(), batches, raw_writer_properties())
 }
 
 /// The writer settings of the rollup's tables (`denied_hourly`, `demand_hourly`,
@@ -87,10 +84,25 @@ pub fn rollup_writer_properties() -> WriterProperties {
 /// One Parquet file of a rollup table holding `batch`, written with
 /// [`rollup_writer_properties`].
 pub fn encode_rollup_parquet(batch: &RecordBatch) -> Result<Bytes, EncodeError> {
+    encode(
+        &batch.schema(),
+        std::slice::from_ref(batch),
+        rollup_writer_properties(),
+    )
+    .map(Bytes::from)
+}
+
+/// `batches` of `schema` as one Parquet file written with `properties`, in memory.
+fn encode(
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    properties: WriterProperties,
+) -> Result<Vec<u8>, EncodeError> {
     let mut out = Vec::new();
-    let mut writer =
-        ArrowWriter::try_new(&mut out, batch.schema(), Some(rollup_writer_properties()))?;
-    writer.write(batch)?;
+    let mut writer = ArrowWriter::try_new(&mut out, Arc::clone(schema), Some(properties))?;
+    for b in batches {
+        writer.write(b)?;
+    }
     writer.close()?;
-    Ok(Bytes::from(out))
+    Ok(out)
 }

@@ -229,11 +229,16 @@ impl TableDef {
         };
         let schema: serde_json::Value = serde_json::from_str(&metadata.schema_string)
             .map_err(|e| refused(format!("the table's schema does not parse: {e}")))?;
+        // A primitive type is its name; a nested one is JSON, shown as it is.
         let found: Vec<(&str, String)> = schema["fields"]
             .as_array()
             .into_iter()
             .flatten()
-            .filter_map(|f| Some((f["name"].as_str()?, f["type"].to_string())))
+            .filter_map(|f| {
+                let t = &f["type"];
+                let t = t.as_str().map_or_else(|| t.to_string(), str::to_owned);
+                Some((f["name"].as_str()?, t))
+            })
             .collect();
         let wanted = (self.schema)()
             .fields()
@@ -253,11 +258,10 @@ impl TableDef {
                         "column {name} ({delta}) is missing from the table's schema"
                     )));
                 }
-                Some((_, t)) if t.trim_matches('"') != delta => {
+                Some((_, t)) if t != delta => {
                     return Err(refused(format!(
-                        "column {name} is {} in the table's schema; verdict reads and writes it \
-                         as {delta}",
-                        t.trim_matches('"')
+                        "column {name} is {t} in the table's schema; verdict reads and writes it \
+                         as {delta}"
                     )));
                 }
                 Some(_) => {}

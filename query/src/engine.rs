@@ -212,30 +212,29 @@ impl Engine {
     /// reads) and runs only when no answer is kept.
     pub async fn json(&self, sql: &str, options: &RunOptions) -> Result<Json, QueryError> {
         let planned = self.admit_and_plan(sql, options.at).await?;
-        if !options.keep {
-            let (body, rows) = self.json_of(self.start(planned)?).await?;
-            return Ok(Json {
-                body: Bytes::from(body),
-                rows,
-                kept: false,
-            });
-        }
-        let policy = self
-            .policies
-            .snapshot()
-            .await
-            .map_err(|e| QueryError::from_datafusion(e, &self.limits))?;
-        let key = AnswerKey::new(sql, scanned_files(planned.plan.as_ref()), policy);
-        if let Some((body, rows)) = self.answers.get(&key) {
-            return Ok(Json {
-                body,
-                rows,
-                kept: true,
-            });
-        }
+        let key = if options.keep {
+            let policy = self
+                .policies
+                .snapshot()
+                .await
+                .map_err(|e| QueryError::from_datafusion(e, &self.limits))?;
+            let key = AnswerKey::new(sql, scanned_files(planned.plan.as_ref()), policy);
+            if let Some((body, rows)) = self.answers.get(&key) {
+                return Ok(Json {
+                    body,
+                    rows,
+                    kept: true,
+                });
+            }
+            Some(key)
+        } else {
+            None
+        };
         let (body, rows) = self.json_of(self.start(planned)?).await?;
         let body = Bytes::from(body);
-        self.answers.put(key, body.clone(), rows);
+        if let Some(key) = key {
+            self.answers.put(key, body.clone(), rows);
+        }
         Ok(Json {
             body,
             rows,

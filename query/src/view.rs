@@ -116,10 +116,15 @@ impl ReaderView {
     /// and its schema (every column the service reads, with its type; see
     /// [`verdict_lake::TableDef::check_schema`]). A table with no log yet passes. The
     /// service runs this when it opens the lake, so a table another engine changed is named
-    /// before the first query; each listing checks it again.
+    /// before the first query; each listing checks it again. The snapshots read are kept
+    /// for the listings, which bring them up to date rather than read the logs again.
     pub async fn check_tables(&self) -> std::result::Result<(), LakeError> {
-        for def in ALL {
-            if let Some(snapshot) = def.table(Arc::clone(&self.inner)).snapshot_if_any().await? {
+        for (def, cached) in ALL.iter().zip(self.snapshots.iter()) {
+            let mut cached = cached.lock().await;
+            if cached.is_none() {
+                *cached = def.table(Arc::clone(&self.inner)).snapshot_if_any().await?;
+            }
+            if let Some(snapshot) = cached.as_ref() {
                 def.check_schema(snapshot.metadata())?;
             }
         }

@@ -18,7 +18,7 @@ pub enum RollupError {
     /// The result did not fit the rollup schema.
     #[error("arrow: {0}")]
     Arrow(#[from] arrow::error::ArrowError),
-    /// Encoding a rollup file failed.
+    /// Reading a raw file's Parquet failed.
     #[error("parquet: {0}")]
     Parquet(#[from] parquet::errors::ParquetError),
     /// A file could not be encoded.

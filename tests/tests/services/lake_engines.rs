@@ -14,8 +14,8 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use verdict_jobs::compact::{CompactReport, compact_hour};
 use verdict_lake::tables::RAW;
 use verdict_query::{Engine, Limits, PoliciesTable};
-use verdict_schemas::HourPartition;
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
+use verdict_schemas::{DecisionEvent, HourPartition};
 use verdict_tests::engines::{Watcher, run, spark_install};
 use verdict_tests::query_fixture::rows;
 use verdict_tests::rollup_check::write_raw_hour;
@@ -78,12 +78,43 @@ fn columns_of(rows: &[serde_json::Value], columns: &[&str]) -> Vec<Vec<String>> 
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn spark_delta_rs_and_polars_count_what_verdict_counts_through_compactions() {
-    spark_install();
+/// A lake in a fresh local folder (removed when the folder is dropped), and its store.
+fn folder_lake() -> (tempfile::TempDir, Arc<dyn ObjectStore>) {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn ObjectStore> =
         Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+    (dir, store)
+}
+
+/// The query engine over the lake in `dir`, with no policy.
+fn engine_over(dir: &std::path::Path) -> Engine {
+    Engine::new(
+        LocalFileSystem::new_with_prefix(dir).unwrap(),
+        PoliciesTable::new(None),
+        2,
+        Limits::default(),
+    )
+    .unwrap()
+}
+
+/// Of `events` generated for `hour` (seed `seed`, `keys` keys, none late), those in it.
+fn hour_events(hour: HourPartition, seed: u64, events: u64, keys: u32) -> Vec<DecisionEvent> {
+    let cfg = SynthConfig {
+        seed,
+        start_ms: hour.start_ms(),
+        late_share: 0.0,
+        ..SynthConfig::hour(events, keys)
+    };
+    SynthTraffic::new(cfg)
+        .take(events as usize)
+        .filter(|e| HourPartition::from_event_time_ms(e.event_time_ms) == Ok(hour))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spark_delta_rs_and_polars_count_what_verdict_counts_through_compactions() {
+    spark_install();
+    let (dir, store) = folder_lake();
     // Three closed hours inside the raw window, 2 Kafka partitions, files of 1,500 rows:
     // 8 files an hour, each its own commit.
     let now = chrono::Utc::now().timestamp_millis();
@@ -93,28 +124,13 @@ async fn spark_delta_rs_and_polars_count_what_verdict_counts_through_compactions
         hours.push(hours.last().unwrap().next().unwrap());
     }
     for (i, hour) in hours.iter().enumerate() {
-        let cfg = SynthConfig {
-            seed: 40 + i as u64,
-            start_ms: hour.start_ms(),
-            late_share: 0.0,
-            ..SynthConfig::hour(12_000, 400)
-        };
-        let events: Vec<_> = SynthTraffic::new(cfg)
-            .take(12_000)
-            .filter(|e| HourPartition::from_event_time_ms(e.event_time_ms) == Ok(*hour))
-            .collect();
+        let events = hour_events(*hour, 40 + i as u64, 12_000, 400);
         write_raw_hour(&store, "decisions", *hour, &events, 2, 1_500).await;
     }
     let table = RAW.table(Arc::clone(&store));
     let mut snapshot = table.snapshot().await.unwrap();
     let total = snapshot.num_records();
-    let engine = Engine::new(
-        LocalFileSystem::new_with_prefix(dir.path()).unwrap(),
-        PoliciesTable::new(None),
-        2,
-        Limits::default(),
-    )
-    .unwrap();
+    let engine = engine_over(dir.path());
     let verdict_count = || async {
         rows(&engine, "SELECT COUNT(*) AS n FROM decisions").await[0]["n"]
             .as_u64()
@@ -202,9 +218,7 @@ async fn spark_delta_rs_and_polars_count_what_verdict_counts_through_compactions
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rollups_and_the_overage_on_spark_sql_give_verdicts_rows() {
     spark_install();
-    let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn ObjectStore> =
-        Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+    let (dir, store) = folder_lake();
     // Two hours of the day before yesterday, with refusals enforced and in shadow mode.
     let day = chrono::Utc::now().date_naive() - chrono::Duration::days(2);
     let start = day
@@ -214,16 +228,7 @@ async fn the_rollups_and_the_overage_on_spark_sql_give_verdicts_rows() {
         .timestamp_millis();
     for i in 0..2 {
         let hour = HourPartition::from_event_time_ms(start + i * MS_PER_HOUR).unwrap();
-        let cfg = SynthConfig {
-            seed: 70 + i as u64,
-            start_ms: hour.start_ms(),
-            late_share: 0.0,
-            ..SynthConfig::hour(30_000, 300)
-        };
-        let events: Vec<_> = SynthTraffic::new(cfg)
-            .take(30_000)
-            .filter(|e| HourPartition::from_event_time_ms(e.event_time_ms) == Ok(hour))
-            .collect();
+        let events = hour_events(hour, 70 + i as u64, 30_000, 300);
         write_raw_hour(&store, "decisions", hour, &events, 2, 5_000).await;
     }
     let now = start + 26 * MS_PER_HOUR;
@@ -238,13 +243,7 @@ async fn the_rollups_and_the_overage_on_spark_sql_give_verdicts_rows() {
         .unwrap();
     assert_eq!(days.len(), 1, "{days:?}");
 
-    let engine = Engine::new(
-        LocalFileSystem::new_with_prefix(dir.path()).unwrap(),
-        PoliciesTable::new(None),
-        2,
-        Limits::default(),
-    )
-    .unwrap();
+    let engine = engine_over(dir.path());
     let root = dir.path().to_str().unwrap();
     let cases: [(&str, &str, &[&str]); 3] = [
         (
@@ -325,31 +324,12 @@ async fn verdict_reads_what_spark_wrote_and_its_next_commit_reads_back_everywher
 /// verdict's reads and its next commit, as the two tests above say.
 async fn another_engine_writes(command: &str, engine_name: &str) {
     spark_install();
-    let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn ObjectStore> =
-        Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+    let (dir, store) = folder_lake();
     let now = chrono::Utc::now().timestamp_millis();
     let hour = HourPartition::from_event_time_ms(now - 5 * MS_PER_HOUR).unwrap();
-    let events_of = |seed: u64| -> Vec<_> {
-        let cfg = SynthConfig {
-            seed,
-            start_ms: hour.start_ms(),
-            late_share: 0.0,
-            ..SynthConfig::hour(6_000, 300)
-        };
-        SynthTraffic::new(cfg)
-            .take(6_000)
-            .filter(|e| HourPartition::from_event_time_ms(e.event_time_ms) == Ok(hour))
-            .collect()
-    };
+    let events_of = |seed: u64| hour_events(hour, seed, 6_000, 300);
     write_raw_hour(&store, "decisions", hour, &events_of(7), 2, 1_000).await;
-    let engine = Engine::new(
-        LocalFileSystem::new_with_prefix(dir.path()).unwrap(),
-        PoliciesTable::new(None),
-        2,
-        Limits::default(),
-    )
-    .unwrap();
+    let engine = engine_over(dir.path());
     let count_at = |version: Option<i64>| {
         let engine = engine.clone();
         async move {
