@@ -8,8 +8,9 @@
 //! too low. `verdict policy` changes a limit and then puts the tier in shadow: every gateway
 //! follows within 30 s, the 429s stop and the would-deny events go on.
 
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::http::StatusCode;
@@ -123,13 +124,50 @@ async fn wait_for_version(http: &reqwest::Client, ports: &[u16], version: u64) {
     }
 }
 
-/// `verdict gateway`, `verdict ingest`, `verdict query serve`: a child process.
-fn verdict_child(args: &[&str]) -> Child {
-    verdict(args)
+/// `verdict gateway`, `verdict ingest`, `verdict query serve`: a child process logging at
+/// `log` (a `RUST_LOG`), each line of its log in the test's output after `[name]` (shown
+/// when the test fails) and kept in the returned lines.
+fn verdict_child(name: &str, log: &str, args: &[&str]) -> (Child, Lines) {
+    let mut child = verdict(args)
+        .env("RUST_LOG", log)
         .stdout(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
-        .expect("start verdict")
+        .expect("start verdict");
+    let lines = Lines::default();
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (name, sink) = (name.to_owned(), Arc::clone(&lines));
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("[{name}] {line}");
+            sink.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+        }
+    });
+    (child, lines)
 }
+
+/// `verdict gateway` in front of the upstream on port `up`, with the keys of `keys_file`,
+/// its events on `topic` of the real Kafka, listening on `port`; the caller adds the policy.
+fn gateway_args(up: u16, keys_file: &std::path::Path, topic: &str, port: u16) -> Vec<String> {
+    [
+        "gateway",
+        "--upstream",
+        &format!("http://127.0.0.1:{up}"),
+        "--keys-file",
+        &keys_file.display().to_string(),
+        "--kafka-brokers",
+        &kafka_brokers(),
+        "--kafka-topic",
+        topic,
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// The lines a child logged.
+type Lines = Arc<Mutex<Vec<String>>>;
 
 /// The first row of an answer of the query service, as JSON.
 async fn query(http: &reqwest::Client, base: &str, sql: &str) -> serde_json::Value {
@@ -211,49 +249,55 @@ async fn the_whole_flow_on_the_real_services() {
     // The query service over the lake and the policy, from the start.
     let http = reqwest::Client::new();
     let query_port = spare_port();
-    let mut services = Children(vec![verdict_child(&[
-        "query",
-        "serve",
-        "--store",
-        &lake,
-        "--s3-endpoint",
-        &s3_endpoint(),
-        "--policy-postgres",
-        &pg,
-        "--listen",
-        &format!("127.0.0.1:{query_port}"),
-    ])]);
+    let mut services = Children(vec![
+        verdict_child(
+            "query",
+            "warn",
+            &[
+                "query",
+                "serve",
+                "--store",
+                &lake,
+                "--s3-endpoint",
+                &s3_endpoint(),
+                "--policy-postgres",
+                &pg,
+                "--listen",
+                &format!("127.0.0.1:{query_port}"),
+            ],
+        )
+        .0,
+    ]);
     let base = format!("http://127.0.0.1:{query_port}");
 
     let up = verdict_demo::spawn_upstream().await.unwrap().port();
     let ports: Vec<u16> = (0..3).map(|_| spare_port()).collect();
     let mut gateways = Children(Vec::new());
+    let mut gateway_logs = Vec::new();
     for (i, port) in ports.iter().enumerate() {
-        gateways.0.push(verdict_child(&[
-            "gateway",
-            "--upstream",
-            &format!("http://127.0.0.1:{up}"),
-            "--keys-file",
-            keys_file.to_str().unwrap(),
-            "--policy-postgres",
-            &pg,
-            "--policy-refresh-secs",
-            "1",
-            "--redis",
-            &redis_url(),
-            "--redis-timeout-ms",
-            "250",
-            "--kafka-brokers",
-            &kafka_brokers(),
-            "--kafka-topic",
-            &topic,
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--instance",
-            &i.to_string(),
-            "--instance-count",
-            "3",
-        ]));
+        let mut args = gateway_args(up, &keys_file, &topic, *port);
+        args.extend(
+            [
+                "--policy-postgres",
+                &pg,
+                "--policy-refresh-secs",
+                "1",
+                "--redis",
+                &redis_url(),
+                "--redis-timeout-ms",
+                "250",
+                "--instance",
+                &i.to_string(),
+                "--instance-count",
+                "3",
+            ]
+            .map(String::from),
+        );
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (child, lines) =
+            verdict_child(&format!("gateway {i}"), "warn,verdict::gateway=info", &args);
+        gateways.0.push(child);
+        gateway_logs.push(lines);
     }
     for port in ports.iter().chain([&query_port]) {
         eventually(Duration::from_secs(30), "the service listening", || async {
@@ -325,8 +369,20 @@ async fn the_whole_flow_on_the_real_services() {
             .await
             .expect("the dropped-events counter");
     }
-    // SIGTERM: each gateway stops listening and flushes its events to Kafka.
+    // SIGTERM: each gateway stops listening and flushes its events to Kafka, and says what
+    // became of every decision's event: none may be lost on the way out.
     gateways.stop();
+    for (i, lines) in gateway_logs.iter().enumerate() {
+        let lines = lines.lock().unwrap();
+        let stopped = lines
+            .iter()
+            .find(|l| l.contains("gateway stopped"))
+            .unwrap_or_else(|| panic!("gateway {i} did not log its stop: {lines:?}"));
+        assert!(
+            stopped.contains("events_failed=0") && stopped.contains("events_dropped=0"),
+            "gateway {i} did not deliver every event to Kafka: {stopped}"
+        );
+    }
 
     // Two ingest workers of one group share the topic's partitions and write the raw
     // table on the S3 server.
@@ -334,23 +390,28 @@ async fn the_whole_flow_on_the_real_services() {
     let mut workers = Children(
         (0..2)
             .map(|i| {
-                verdict_child(&[
-                    "ingest",
-                    "--store",
-                    &lake,
-                    "--s3-endpoint",
-                    &s3_endpoint(),
-                    "--brokers",
-                    &kafka_brokers(),
-                    "--topic",
-                    &topic,
-                    "--group",
-                    &group,
-                    "--instance-id",
-                    &format!("worker-{i}"),
-                    "--flush-max-age-secs",
-                    "1",
-                ])
+                verdict_child(
+                    &format!("ingest {i}"),
+                    "warn,verdict_ingest=info",
+                    &[
+                        "ingest",
+                        "--store",
+                        &lake,
+                        "--s3-endpoint",
+                        &s3_endpoint(),
+                        "--brokers",
+                        &kafka_brokers(),
+                        "--topic",
+                        &topic,
+                        "--group",
+                        &group,
+                        "--instance-id",
+                        &format!("worker-{i}"),
+                        "--flush-max-age-secs",
+                        "1",
+                    ],
+                )
+                .0
             })
             .collect(),
     );
@@ -487,26 +548,15 @@ async fn a_gateway_stopped_under_load_answers_what_it_accepted_and_flushes_every
     let log = dir.path().join("gateway.log");
     let up = verdict_demo::spawn_upstream().await.unwrap().port();
     let port = spare_port();
-    let mut gateway = verdict(&[
-        "gateway",
-        "--upstream",
-        &format!("http://127.0.0.1:{up}"),
-        "--keys-file",
-        keys_file.to_str().unwrap(),
-        "--policy-file",
-        policy.to_str().unwrap(),
-        "--kafka-brokers",
-        &kafka_brokers(),
-        "--kafka-topic",
-        &topic,
-        "--listen",
-        &format!("127.0.0.1:{port}"),
-    ])
-    .env("RUST_LOG", "info")
-    .stdout(Stdio::null())
-    .stderr(std::fs::File::create(&log).unwrap())
-    .spawn()
-    .expect("start verdict gateway");
+    let mut args = gateway_args(up, &keys_file, &topic, port);
+    args.extend(["--policy-file".to_owned(), policy.display().to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut gateway = verdict(&args)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("start verdict gateway");
     let http = reqwest::Client::new();
     eventually(Duration::from_secs(30), "the gateway listening", || async {
         http.get(format!("http://127.0.0.1:{port}/healthz"))

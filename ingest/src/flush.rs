@@ -4,7 +4,7 @@
 //! the Kafka cluster, topic and partition and whose version is the flush's last offset.
 //! The commit goes in only if the table's `txn` for the partition is still the one the
 //! worker resumed from or last committed: a worker that lost its partition and comes back
-//! late is refused, deletes nothing, and leaves only files no commit names, which vacuum
+//! late is refused, deletes nothing committed, and leaves only files no commit names, which vacuum
 //! removes. Store calls are retried with capped backoff until `give_up_after`: a store
 //! outage stops the flush, never loses or doubles a row.
 
@@ -370,9 +370,10 @@ fn plan_files(
 
 /// `quarantine/date=<day of ingestion>/<cluster>-<topic>-<partition>-<first>-<last>-<random>.jsonl`:
 /// a prefix of JSON lines, not a table. A flush writes it before its commit, under a name
-/// unique to that writing; a flush that is refused deletes it, and the next owner of the
-/// partition deletes what an aborted flush left ([`drop_uncommitted_quarantine`]), so each bad
-/// record is in one file.
+/// unique to that writing, and its commit names it ([`QUARANTINE_PARAMETER`]); a flush that
+/// is refused deletes it; one that never committed (its worker killed) leaves an orphan that
+/// the partition's owner deletes once it is decided ([`orphan_candidates`],
+/// [`delete_orphans`]). So each bad record ends in one file.
 pub fn quarantine_path(source: &KafkaSource, range: FlushRange, today: &str) -> Path {
     Path::from(format!(
         "{QUARANTINE_PREFIX}/date={today}/{}",
@@ -380,17 +381,27 @@ pub fn quarantine_path(source: &KafkaSource, range: FlushRange, today: &str) -> 
     ))
 }
 
-/// Deletes the quarantine files of `source` that no commit holds: those whose first offset
-/// is past `committed`, the raw table's progress for the source. A flush writes its quarantine
-/// file before its commit and flushes of a partition follow each other, so such a file is
-/// what a flush that never committed (its worker killed or fenced) left behind. The owner
-/// runs this when it takes the partition, before its first flush. Returns how many it deleted.
-pub async fn drop_uncommitted_quarantine(
+/// The operation parameter of a flush's commit that names the quarantine file written with
+/// it: the log says which quarantine files are committed.
+pub const QUARANTINE_PARAMETER: &str = "quarantine";
+
+/// One quarantine file of a source, as its name and the store's listing say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuarantineFile {
+    /// Its path.
+    pub path: Path,
+    /// The offsets of the flush that wrote it.
+    pub offsets: FlushRange,
+    /// When the store says it was written, Unix ms.
+    pub written_ms: i64,
+}
+
+/// The quarantine files of `source` in the store, by path.
+pub async fn quarantine_files(
     store: &Arc<dyn ObjectStore>,
     source: &KafkaSource,
-    committed: Option<i64>,
     retry: &StoreCalls,
-) -> Result<usize, FlushError> {
+) -> Result<Vec<QuarantineFile>, FlushError> {
     let mut report = FlushReport::default();
     let prefix = Path::from(QUARANTINE_PREFIX);
     let prefix = &prefix;
@@ -398,19 +409,100 @@ pub async fn drop_uncommitted_quarantine(
         store.list(Some(prefix)).try_collect::<Vec<_>>()
     })
     .await?;
-    let mut dropped = 0;
-    for meta in listed {
-        let Some(first) = meta
-            .location
-            .filename()
-            .and_then(|name| source.first_offset_in(name))
-        else {
-            continue;
-        };
-        if committed.is_some_and(|c| first <= c) {
-            continue;
+    let mut files: Vec<QuarantineFile> = listed
+        .into_iter()
+        .filter_map(|meta| {
+            let (first, last) = source.offsets_in(meta.location.filename()?)?;
+            Some(QuarantineFile {
+                offsets: FlushRange { first, last },
+                written_ms: meta.last_modified.timestamp_millis(),
+                path: meta.location,
+            })
+        })
+        .collect();
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(files)
+}
+
+/// Splits the quarantine files of one source against the raw table's progress for it,
+/// `committed`, into the candidates for orphans and the undecided.
+///
+/// A file whose offsets the progress does not yet cover is undecided: the flush that wrote
+/// it may still commit (a worker stopped past its session wakes and can win the race), so
+/// nothing deletes it; the owner looks at it again once its own commits cover it. A file
+/// the progress covers is decided: some commit took its offsets, and it holds their bad
+/// records if that commit names it. Only a covered file whose offsets overlap another
+/// file's of the source can be an orphan (the flush that committed those offsets wrote the
+/// same bad records into a file of its own); the log says which ([`delete_orphans`]).
+pub fn orphan_candidates(
+    files: Vec<QuarantineFile>,
+    committed: Option<i64>,
+) -> (Vec<QuarantineFile>, Vec<QuarantineFile>) {
+    let overlaps = |f: &QuarantineFile| {
+        files.iter().any(|g| {
+            g.path != f.path
+                && g.offsets.first <= f.offsets.last
+                && f.offsets.first <= g.offsets.last
+        })
+    };
+    let (covered, undecided): (Vec<_>, Vec<_>) = files
+        .iter()
+        .cloned()
+        .partition(|f| committed.is_some_and(|c| f.offsets.last <= c));
+    let candidates = covered.into_iter().filter(|f| overlaps(f)).collect();
+    (candidates, undecided)
+}
+
+/// How far before a quarantine file's write the log is read for the commit naming it: the
+/// commit comes after the file, so this only allows for clocks that disagree.
+const NAMING_SLACK_MS: i64 = 10 * 60 * 1000;
+
+/// Deletes the `candidates` (covered quarantine files of a source, [`orphan_candidates`])
+/// that no commit names: files of flushes that never committed, whose offsets and bad
+/// records another flush committed. A file is kept whenever the log cannot say (it was
+/// cleaned past the file's time, or could not be read): a record in two files is a smaller
+/// harm than a record in none. Returns how many it deleted.
+pub async fn delete_orphans(
+    raw: &RawTable,
+    candidates: &[QuarantineFile],
+    retry: &StoreCalls,
+) -> Result<usize, FlushError> {
+    let Some(since) = candidates.iter().map(|f| f.written_ms).min() else {
+        return Ok(0);
+    };
+    let named: std::collections::HashSet<String> = match raw
+        .table()
+        .parameters_since(since - NAMING_SLACK_MS)
+        .await
+    {
+        Ok(Some(commits)) => commits
+            .into_iter()
+            .filter_map(|(_, mut p)| match p.remove(QUARANTINE_PARAMETER) {
+                Some(serde_json::Value::String(path)) => Some(path),
+                _ => None,
+            })
+            .collect(),
+        Ok(None) => {
+            tracing::warn!(
+                files = candidates.len(),
+                "the raw table's log no longer holds the commits of these quarantine files' time; they are kept"
+            );
+            return Ok(0);
         }
-        let location = &meta.location;
+        Err(error) => {
+            tracing::warn!(%error, files = candidates.len(), "could not read which commits name these quarantine files; they are kept");
+            return Ok(0);
+        }
+    };
+    let store = Arc::clone(raw.table().store());
+    let store = &store;
+    let mut report = FlushReport::default();
+    let mut deleted = 0;
+    for f in candidates
+        .iter()
+        .filter(|f| !named.contains(f.path.as_ref()))
+    {
+        let location = &f.path;
         with_retry(retry, location.as_ref(), &mut report, move || async move {
             match store.delete(location).await {
                 Err(object_store::Error::NotFound { .. }) => Ok(()),
@@ -418,15 +510,15 @@ pub async fn drop_uncommitted_quarantine(
             }
         })
         .await?;
-        tracing::info!(path = %meta.location, "deleted the quarantine file of a flush that never committed");
-        dropped += 1;
+        tracing::info!(path = %f.path, "deleted the quarantine file of a flush that never committed; another flush committed its offsets and records");
+        deleted += 1;
     }
-    Ok(dropped)
+    Ok(deleted)
 }
 
 /// Deletes the files a refused flush wrote. Their names are unique to that flush and no
 /// commit holds them, so nothing committed goes; a file left behind is only an orphan for
-/// vacuum (raw) or for the next owner ([`drop_uncommitted_quarantine`]).
+/// vacuum (raw) or for the partition's owner ([`delete_orphans`]).
 async fn drop_refused(store: &Arc<dyn ObjectStore>, written: &[Path]) {
     for path in written {
         match store.delete(path).await {
@@ -507,16 +599,19 @@ pub async fn flush_partition(
         report.bytes += f.bytes.len();
         adds.push(add);
     }
-    let commit = Commit::new("STREAMING UPDATE", adds.clone())
+    let mut commit = Commit::new("STREAMING UPDATE", adds.clone())
         .with_parameter("outputMode", "Append")
         .with_parameter("source", source.app_id())
-        .with_parameter("offsets", format!("{}-{}", range.first, range.last))
-        .with_txn(
-            &source.app_id(),
-            expected,
-            range.last,
-            now.timestamp_millis(),
-        );
+        .with_parameter("offsets", format!("{}-{}", range.first, range.last));
+    if let Some(q) = &quarantine {
+        commit = commit.with_parameter(QUARANTINE_PARAMETER, &q.path);
+    }
+    let commit = commit.with_txn(
+        &source.app_id(),
+        expected,
+        range.last,
+        now.timestamp_millis(),
+    );
     let started = Instant::now();
     let mut wait = retry.initial;
     loop {
@@ -846,7 +941,7 @@ mod tests {
             ) && name.ends_with(".jsonl"),
             "{q:?}"
         );
-        assert_eq!(source().first_offset_in(name), Some(0));
+        assert_eq!(source().offsets_in(name), Some((0, 6)));
         let body = store
             .get(&Path::from(q[0].as_str()))
             .await
@@ -865,55 +960,90 @@ mod tests {
         assert_eq!(lines[1]["kind"], "event_time_out_of_range");
     }
 
+    /// What the owner of a partition decides about its quarantine files: a file past the
+    /// progress is left (its flush may still commit), a covered one is deleted only when
+    /// another file holds its offsets and no commit names it.
     #[tokio::test]
-    async fn the_next_owner_deletes_only_the_quarantine_no_commit_holds() {
+    async fn the_owner_deletes_only_the_quarantine_no_commit_will_name() {
         let (_dir, store, mut raw) = local().await;
         let calls = StoreCalls::default();
-        let with_bad = |range: std::ops::Range<i64>| {
-            let mut b = buffer(range.clone());
+        let with_bad = |range: std::ops::RangeInclusive<i64>| {
+            let mut b = buffer(*range.start()..*range.end());
             b.bad.push(BadRecord::undecodable(
                 2,
-                range.end,
+                *range.end(),
                 &[2, 0, 0],
                 &verdict_schemas::DecodeError::Empty,
             ));
-            b.consumed(range.end);
+            b.consumed(*range.end());
             b
         };
-        flush_partition(&mut raw, &source(), None, with_bad(0..10), &calls)
+        let files = |store: Arc<dyn ObjectStore>| async move {
+            quarantine_files(&store, &source(), &StoreCalls::default())
+                .await
+                .unwrap()
+        };
+        flush_partition(&mut raw, &source(), None, with_bad(0..=10), &calls)
             .await
             .unwrap();
-        let committed = names(&store, "quarantine").await;
-        // A worker aborted after writing the quarantine of 11..=20 and before its commit, and
-        // another source's file past this one's progress.
+        let first = files(Arc::clone(&store)).await;
+        assert_eq!(first.len(), 1);
+        // A worker killed after writing the quarantine of 11..=20 and before its commit,
+        // and a file of another source.
         let today = chrono::Utc::now().format("%Y-%m-%d").to_string();
         let range = FlushRange {
             first: 11,
             last: 20,
         };
-        let aborted = quarantine_path(&source(), range, &today);
+        let killed = quarantine_path(&source(), range, &today);
         let other = quarantine_path(&KafkaSource::new("local", TOPIC, 3), range, &today);
-        for p in [&aborted, &other] {
+        for p in [&killed, &other] {
             store
                 .put(p, PutPayload::from_static(b"{}\n"))
                 .await
                 .unwrap();
         }
-        let dropped = drop_uncommitted_quarantine(&store, &source(), Some(10), &calls)
+        // Taking the partition at progress 10: the killed flush's file is undecided, and
+        // the committed one is no candidate.
+        let (candidates, undecided) = orphan_candidates(files(Arc::clone(&store)).await, Some(10));
+        assert_eq!(candidates, Vec::new());
+        assert_eq!(
+            undecided.iter().map(|f| &f.path).collect::<Vec<_>>(),
+            vec![&killed]
+        );
+        // The owner commits 11..=20 with the same bad record: the killed flush's file is
+        // covered, overlaps the owner's, and no commit names it.
+        flush_partition(&mut raw, &source(), Some(10), with_bad(11..=20), &calls)
             .await
             .unwrap();
-        assert_eq!(dropped, 1);
-        let mut left = committed.clone();
-        left.push(other.to_string());
-        left.sort();
-        assert_eq!(names(&store, "quarantine").await, left);
-        // With no progress at all, every file of the source is uncommitted.
+        let (candidates, undecided) = orphan_candidates(files(Arc::clone(&store)).await, Some(20));
+        assert_eq!(undecided, Vec::new());
+        assert_eq!(candidates.len(), 2, "{candidates:?}");
+        assert_eq!(delete_orphans(&raw, &candidates, &calls).await.unwrap(), 1);
+        let left = files(Arc::clone(&store)).await;
+        assert_eq!(left.len(), 2);
+        assert!(left.iter().all(|f| f.path != killed), "{left:?}");
+        // A stopped worker's flush of 21..=30 wins the race against the owner's: the owner's
+        // flush is refused and deletes its own file; the winner's, which its commit names,
+        // is kept.
+        let mut stopped = RawTable::open(Arc::clone(&store)).await.unwrap();
+        flush_partition(&mut stopped, &source(), Some(20), with_bad(21..=30), &calls)
+            .await
+            .unwrap();
+        let refused = flush_partition(&mut raw, &source(), Some(20), with_bad(21..=30), &calls)
+            .await
+            .unwrap_err();
+        assert!(matches!(refused, FlushError::Fenced { .. }), "{refused}");
+        let (candidates, undecided) = orphan_candidates(files(Arc::clone(&store)).await, Some(30));
+        assert_eq!((candidates.len(), undecided.len()), (0, 0));
+        assert_eq!(files(Arc::clone(&store)).await.len(), 3);
         assert_eq!(
-            drop_uncommitted_quarantine(&store, &source(), None, &calls)
-                .await
-                .unwrap(),
-            1
+            names(&store, "quarantine").await.len(),
+            4,
+            "the other source's file stays"
         );
-        assert_eq!(names(&store, "quarantine").await, vec![other.to_string()]);
+        // Files past the progress are never candidates, whatever overlaps them.
+        let (candidates, undecided) = orphan_candidates(files(Arc::clone(&store)).await, None);
+        assert_eq!((candidates.len(), undecided.len()), (0, 3));
     }
 }

@@ -93,17 +93,16 @@ impl KafkaSource {
         format!("{}-{}-{:05}-", self.cluster, self.topic, self.partition)
     }
 
-    /// The first offset in `name` if it is the name of a file of this source
+    /// The first and last offsets in `name` if it is the name of a file of this source
     /// ([`KafkaSource::unique_name`]).
-    pub fn first_offset_in(&self, name: &str) -> Option<i64> {
+    pub fn offsets_in(&self, name: &str) -> Option<(i64, i64)> {
         let rest = name.strip_prefix(&self.name_prefix())?;
         let (first, rest) = rest.split_once('-')?;
         let (last, _) = rest.split_once('-')?;
         if first.len() != 20 || last.len() != 20 {
             return None;
         }
-        last.parse::<i64>().ok()?;
-        first.parse().ok()
+        Some((first.parse().ok()?, last.parse().ok()?))
     }
 }
 

@@ -25,8 +25,8 @@ use rdkafka::statistics::Statistics;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::flush::{
-    FlushError, FlushReport, PartitionBuffer, StoreCalls, drop_uncommitted_quarantine,
-    flush_partition, resume_point,
+    FlushError, FlushReport, PartitionBuffer, QuarantineFile, StoreCalls, delete_orphans,
+    flush_partition, orphan_candidates, quarantine_files, resume_point,
 };
 use crate::metrics::IngestMetrics;
 use crate::raw_table::{KafkaSource, RawTable};
@@ -212,8 +212,11 @@ impl ConsumerContext for Rebalances {
 struct Owned {
     source: KafkaSource,
     buf: PartitionBuffer,
-    /// The next offset expected (records below it are already in the table).
+    /// The next offset expected (records below it are already in the table; one above it
+    /// means records in between were not delivered, see [`IngestWorker::take`]).
     next: Option<i64>,
+    /// The offset the worker last sought back to because a record arrived past `next`.
+    gap_sought: Option<i64>,
     /// The partition's progress in the raw table's log as this worker last saw it (from
     /// the resume or its own last commit): the next flush's commit expects exactly this.
     committed: Option<i64>,
@@ -221,6 +224,10 @@ struct Owned {
     /// (its commit failed, or the resume found the log ahead): committed again on every
     /// tick until it takes, so the group's offset and the lag gauge catch up with the truth.
     owed_commit: Option<i64>,
+    /// Quarantine files of the partition past the log's progress when the worker took it:
+    /// their flushes may still commit, so they are decided once this worker's own commits
+    /// cover them ([`orphan_candidates`]).
+    undecided: Vec<QuarantineFile>,
 }
 
 /// The worker.
@@ -231,6 +238,9 @@ pub struct IngestWorker {
     raw: Option<RawTable>,
     consumer: StreamConsumer<Rebalances>,
     owned: HashMap<i32, Owned>,
+    /// Partitions the group assigns to this worker whose flush the raw table refused: each
+    /// resumes from the log on the next tick ([`IngestWorker::recover_refused`]).
+    refused: BTreeSet<i32>,
     stats: IngestStats,
     metrics: IngestMetrics,
 }
@@ -273,6 +283,7 @@ impl IngestWorker {
             raw: None,
             consumer,
             owned: HashMap::new(),
+            refused: BTreeSet::new(),
             stats: IngestStats::default(),
             metrics,
         })
@@ -320,6 +331,7 @@ impl IngestWorker {
             self.apply_rebalances().await?;
             match event {
                 Event::Tick => {
+                    self.recover_refused().await?;
                     self.flush_aged().await?;
                     self.commit_owed();
                 }
@@ -353,6 +365,7 @@ impl IngestWorker {
             match change {
                 Change::Revoked(ps) => {
                     for p in ps {
+                        self.refused.remove(&p);
                         if let Some(o) = self.owned.remove(&p) {
                             self.metrics.partitions_owned.dec();
                             tracing::info!(
@@ -365,6 +378,7 @@ impl IngestWorker {
                 }
                 Change::Assigned(ps) => {
                     for p in ps {
+                        self.refused.remove(&p);
                         self.recover(p).await?;
                     }
                 }
@@ -390,22 +404,44 @@ impl IngestWorker {
         let raw = self.raw().await?;
         let r = resume_point(raw, &source, committed, &retry).await?;
         let store = Arc::clone(raw.table().store());
-        let dropped = drop_uncommitted_quarantine(&store, &source, r.committed, &retry).await?;
-        let start = r.at.map_or(Offset::Beginning, Offset::Offset);
+        let files = quarantine_files(&store, &source, &retry).await?;
+        let (candidates, undecided) = orphan_candidates(files, r.committed);
+        let dropped = delete_orphans(raw, &candidates, &retry).await?;
+        // With no progress anywhere, the partition starts at its first offset still in
+        // Kafka: known, so that a record delivered out of place is seen as one.
+        let at = match r.at {
+            Some(at) => Some(at),
+            None => {
+                match self
+                    .consumer
+                    .fetch_watermarks(&self.cfg.topic, p, Duration::from_secs(10))
+                {
+                    Ok((low, _)) => Some(low),
+                    Err(e) => {
+                        tracing::warn!(partition = p, error = %e, "reading the partition's first offset; taking the first record delivered as the start");
+                        None
+                    }
+                }
+            }
+        };
+        let start = at.map_or(Offset::Beginning, Offset::Offset);
         tracing::info!(
             partition = p,
             ?start,
             kafka_committed = committed,
             log_committed = r.committed,
-            uncommitted_quarantine_deleted = dropped,
+            orphaned_quarantine_deleted = dropped,
+            undecided_quarantine = undecided.len(),
             "partition assigned; resuming where the raw table's log says"
         );
         let fresh = Owned {
             source,
             buf: PartitionBuffer::default(),
-            next: r.at,
+            next: at,
+            gap_sought: None,
             committed: r.committed,
             owed_commit: r.at.filter(|&at| committed.is_none_or(|c| c < at)),
+            undecided,
         };
         if self.owned.insert(p, fresh).is_none() {
             self.metrics.partitions_owned.inc();
@@ -414,6 +450,43 @@ impl IngestWorker {
             .seek(&self.cfg.topic, p, start, Duration::from_secs(10))?;
         self.consumer.resume(&tpl)?;
         Ok(())
+    }
+
+    /// Resumes each refused partition the group still assigns here from the raw table's log,
+    /// as after an assignment. A Kafka call that fails (the client may be rejoining the group
+    /// after a long stop) is tried again on the next tick; a partition the group has taken
+    /// away meanwhile is left to its revocation.
+    async fn recover_refused(&mut self) -> Result<(), IngestError> {
+        let refused: Vec<i32> = self.refused.iter().copied().collect();
+        for p in refused {
+            if !self.is_assigned(p) {
+                self.refused.remove(&p);
+                continue;
+            }
+            match self.recover(p).await {
+                Ok(()) => {
+                    self.refused.remove(&p);
+                }
+                Err(IngestError::Kafka(e)) => {
+                    tracing::warn!(partition = p, error = %e, "resuming a refused partition; tried again on the next tick");
+                    if self.owned.remove(&p).is_some() {
+                        self.metrics.partitions_owned.dec();
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the group assigns partition `p` to this worker now.
+    fn is_assigned(&self, p: i32) -> bool {
+        self.consumer
+            .context()
+            .assigned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&p)
     }
 
     /// The raw table, opened (or created) the first time it is needed.
@@ -442,6 +515,38 @@ impl IngestWorker {
         };
         if o.next.is_some_and(|next| offset < next) {
             return Ok(());
+        }
+        // A record past the next expected offset: the client delivered one fetched before a
+        // seek or a rebalance (it happens), or Kafka no longer holds the offsets between.
+        // Read again from the expected offset once; a record still past it then means
+        // Kafka's retention took the offsets in between, and they are gone.
+        if let Some(next) = o.next.filter(|&next| offset > next) {
+            if o.gap_sought != Some(next) {
+                tracing::warn!(
+                    partition = p,
+                    offset,
+                    expected = next,
+                    "a record arrived past the next expected offset; reading the partition again from there"
+                );
+                o.gap_sought = Some(next);
+                if let Err(e) = self.consumer.seek(
+                    &self.cfg.topic,
+                    p,
+                    Offset::Offset(next),
+                    Duration::from_secs(10),
+                ) {
+                    // The record is not taken; the next one past `next` tries again.
+                    tracing::warn!(partition = p, error = %e, "seeking back to the next expected offset");
+                    o.gap_sought = None;
+                }
+                return Ok(());
+            }
+            tracing::error!(
+                partition = p,
+                first_missing = next,
+                last_missing = offset - 1,
+                "offsets are no longer in Kafka (its retention took them before they were ingested)"
+            );
         }
         o.next = Some(offset + 1);
         o.buf.consumed(offset);
@@ -536,6 +641,7 @@ impl IngestWorker {
                         quarantined = report.quarantined,
                         "flush committed"
                     );
+                    self.settle_quarantine(p, range.last).await?;
                 }
                 Ok(())
             }
@@ -544,20 +650,54 @@ impl IngestWorker {
                 range,
                 reason,
             }) => {
-                tracing::error!(
-                    partition,
-                    ?range,
-                    %reason,
-                    "the raw table refused this flush: another worker owns the partition now; giving it up"
-                );
                 self.stats.fenced += 1;
                 self.metrics.fenced.inc();
                 if self.owned.remove(&p).is_some() {
                     self.metrics.partitions_owned.dec();
                 }
+                // Another worker committed the partition since this one last read its
+                // progress. Whether that worker owns it now is the group's to say: while the
+                // group assigns the partition here, this worker resumes it from the log on
+                // the next tick (its records are never left unread); once the group takes
+                // it away, the revocation is all there is to do.
+                if self.is_assigned(p) {
+                    tracing::warn!(
+                        partition,
+                        ?range,
+                        %reason,
+                        "the raw table refused this flush: another worker committed the partition since; the group still assigns it here, so it resumes from the raw table's log"
+                    );
+                    self.refused.insert(p);
+                } else {
+                    tracing::warn!(
+                        partition,
+                        ?range,
+                        %reason,
+                        "the raw table refused this flush: the group has given the partition to another worker"
+                    );
+                }
                 Ok(())
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Decides the undecided quarantine files of partition `p` that its progress, now
+    /// `committed`, covers, deleting the orphans among them ([`delete_orphans`]).
+    async fn settle_quarantine(&mut self, p: i32, committed: i64) -> Result<(), IngestError> {
+        let Some(o) = self.owned.get_mut(&p) else {
+            return Ok(());
+        };
+        if o.undecided.is_empty() {
+            return Ok(());
+        }
+        let (covered, undecided): (Vec<_>, Vec<_>) = std::mem::take(&mut o.undecided)
+            .into_iter()
+            .partition(|f| f.offsets.last <= committed);
+        o.undecided = undecided;
+        if let Some(raw) = self.raw.as_ref() {
+            delete_orphans(raw, &covered, &self.cfg.retry).await?;
+        }
+        Ok(())
     }
 }

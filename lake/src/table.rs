@@ -713,6 +713,53 @@ impl Table {
         ))
     }
 
+    /// The operation parameters of every commit written at or after `since_ms` (by the
+    /// store's modification time of its file), by version. `None` when the log may no
+    /// longer hold them all: its oldest commit is newer than `since_ms` and is not version 0
+    /// (log cleanup went past that time).
+    pub async fn parameters_since(
+        &self,
+        since_ms: i64,
+    ) -> Result<Option<Vec<(i64, BTreeMap<String, serde_json::Value>)>>, LakeError> {
+        let commits: Vec<(i64, i64)> = self
+            .list_log(None)
+            .await?
+            .into_iter()
+            .filter_map(|e| match e.file {
+                LogFile::Commit(v) => Some((v, e.meta.last_modified.timestamp_millis())),
+                _ => None,
+            })
+            .collect();
+        match commits.first() {
+            Some(&(oldest, written)) if oldest > 0 && written > since_ms => return Ok(None),
+            _ => {}
+        }
+        let versions: Vec<i64> = commits
+            .into_iter()
+            .filter(|&(_, written)| written >= since_ms)
+            .map(|(v, _)| v)
+            .collect();
+        let read: Vec<(i64, Vec<Action>)> = futures::stream::iter(versions)
+            .map(|v| async move { Ok::<_, LakeError>((v, self.read_commit(v).await?)) })
+            .buffered(16)
+            .try_collect()
+            .await?;
+        Ok(Some(
+            read.into_iter()
+                .map(|(v, actions)| {
+                    let parameters = actions
+                        .into_iter()
+                        .find_map(|a| match a {
+                            Action::CommitInfo(c) => c.operation_parameters,
+                            _ => None,
+                        })
+                        .unwrap_or_default();
+                    (v, parameters)
+                })
+                .collect(),
+        ))
+    }
+
     /// Brings `snapshot` up to the latest version, reading only the commits after it.
     pub async fn update(&self, snapshot: &mut Snapshot) -> Result<(), LakeError> {
         let entries = self.list_log(Some(snapshot.version())).await?;
