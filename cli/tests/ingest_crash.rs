@@ -8,6 +8,8 @@
 //!
 //! And `verdict ingest` stopped with SIGSTOP past its Kafka session inside a flush, then
 //! woken with SIGCONT once another worker has committed its partition: its commit is refused.
+//! Woken instead while the other worker is still inside its flush, it wins the race: the
+//! other's flush is refused, it resumes from the log, and no bad record is lost or doubled.
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
@@ -20,7 +22,8 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use rand::{Rng, SeedableRng};
 use verdict_tests::ingest_check::{
     Running, all_flushed, assert_exactly_once, assert_vacuum_takes_only_uncommitted, create_topic,
-    kafka_committed, produce, progress, raw_objects, recent_events, uncommitted, worker_config,
+    kafka_committed, produce, progress, quarantined, raw_objects, recent_events, uncommitted,
+    worker_config,
 };
 use verdict_tests::private::spare_port;
 use verdict_tests::{
@@ -29,7 +32,18 @@ use verdict_tests::{
 
 const BUCKET: &str = "verdict-ingest-test";
 
-fn worker_command(store_url: &str, topic: &str, group: &str, put_delay_ms: u64) -> Command {
+/// The group member id of the workers that follow each other.
+const WORKER: &str = "crash-test-worker";
+
+/// `verdict ingest` as the group's member `instance`, its puts to the store each held
+/// `put_delay_ms`.
+fn worker_command(
+    store_url: &str,
+    topic: &str,
+    group: &str,
+    instance: &str,
+    put_delay_ms: u64,
+) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_verdict"));
     cmd.args([
         "ingest",
@@ -46,7 +60,7 @@ fn worker_command(store_url: &str, topic: &str, group: &str, put_delay_ms: u64) 
         "--group",
         group,
         "--instance-id",
-        "crash-test-worker",
+        instance,
     ])
     .args([
         "--flush-max-records",
@@ -66,7 +80,7 @@ fn worker_command(store_url: &str, topic: &str, group: &str, put_delay_ms: u64) 
 }
 
 fn spawn_worker(store_url: &str, topic: &str, group: &str, put_delay_ms: u64) -> Child {
-    worker_command(store_url, topic, group, put_delay_ms)
+    worker_command(store_url, topic, group, WORKER, put_delay_ms)
         .spawn()
         .expect("start verdict ingest")
 }
@@ -75,7 +89,7 @@ fn spawn_worker(store_url: &str, topic: &str, group: &str, put_delay_ms: u64) ->
 /// afterwards tests the clean stop rather than the moment before the handler exists. Its
 /// log still reaches the test's stderr.
 fn spawn_listening_worker(store_url: &str, topic: &str, group: &str, metrics_port: u16) -> Child {
-    let mut child = worker_command(store_url, topic, group, 0)
+    let mut child = worker_command(store_url, topic, group, WORKER, 0)
         .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
         .env("RUST_LOG", "warn,verdict::signals=info")
         .stderr(Stdio::piped())
@@ -137,7 +151,7 @@ async fn killed_five_times_every_event_is_in_the_raw_table_exactly_once() {
     // (the worker holds 30 s after each commit). The next worker must resume from the log,
     // not from Kafka's older offset, or it writes the committed events twice.
     let before = progress(&store, &topic, 4).await;
-    let w = worker_command(&store_url, &topic, &group, 0)
+    let w = worker_command(&store_url, &topic, &group, WORKER, 0)
         .args(["--commit-pause-ms", "30000"])
         .spawn()
         .expect("start verdict ingest");
@@ -224,10 +238,16 @@ struct Paused {
 }
 
 impl Paused {
-    /// `verdict ingest` writing through a store that takes 1.5 s a put, so that a flush
-    /// spends seconds between its first file and its commit.
-    fn start(store_url: &str, topic: &str, group: &str) -> Self {
-        let mut child = worker_command(store_url, topic, group, 1_500)
+    /// `verdict ingest` as member `instance`, writing through a store that takes
+    /// `put_delay_ms` a put, so that a flush spends seconds between its first file and its
+    /// commit; its log lines go to the test's output after `[label]`.
+    fn start(
+        store_url: &str,
+        topic: &str,
+        group: &str,
+        (instance, put_delay_ms, label): (&str, u64, &'static str),
+    ) -> Self {
+        let mut child = worker_command(store_url, topic, group, instance, put_delay_ms)
             .env("RUST_LOG", "warn,verdict_ingest=info")
             .stderr(Stdio::piped())
             .spawn()
@@ -237,7 +257,7 @@ impl Paused {
         let sink = Arc::clone(&lines);
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("[paused worker] {line}");
+                eprintln!("[{label}] {line}");
                 sink.lock().unwrap().push(line);
             }
         });
@@ -281,7 +301,7 @@ async fn a_worker_paused_past_its_session_has_its_commit_refused_and_deletes_not
         async move { progress(&store, &topic, 1).await[&0] }
     };
 
-    let paused = Paused::start(&store_url, &topic, &group);
+    let paused = Paused::start(&store_url, &topic, &group, (WORKER, 1_500, "paused worker"));
     eventually(
         Duration::from_secs(90),
         "the first flush committed and a file of the next one written",
@@ -348,4 +368,122 @@ async fn a_worker_paused_past_its_session_has_its_commit_refused_and_deletes_not
     assert_exactly_once(&store, &produced).await;
     assert_vacuum_takes_only_uncommitted(&store).await;
     println!("owner: {:?}", owner.stop().await);
+}
+
+/// The quarantine files of partition 0 of `topic` that the raw table's progress does not
+/// cover yet: those of flushes that have not committed (or never will).
+async fn quarantine_past_progress(
+    store: &Arc<dyn ObjectStore>,
+    topic: &str,
+) -> Vec<verdict_ingest::flush::QuarantineFile> {
+    let committed = progress(store, topic, 1).await[&0];
+    let source = verdict_ingest::KafkaSource::new("main", topic, 0);
+    verdict_ingest::flush::quarantine_files(
+        store,
+        &source,
+        &verdict_ingest::flush::StoreCalls::default(),
+    )
+    .await
+    .unwrap()
+    .into_iter()
+    .filter(|f| committed.is_none_or(|c| f.offsets.last > c))
+    .collect()
+}
+
+/// The same stop as above, but the stopped worker wins: woken while the partition's new
+/// owner (a slower store) is between its quarantine file and its commit, it commits first.
+/// The new owner took the partition without deleting the stopped worker's quarantine file
+/// (its flush could still commit, and did); its own flush is refused, it deletes its own
+/// files, says the group still assigns it the partition and resumes from the log. Every
+/// bad record ends in exactly one quarantine file, every good one in the raw table once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_worker_that_wins_the_commit_race_keeps_its_bad_records_and_the_owner_goes_on() {
+    require(Service::Kafka);
+    let bucket = s3_store(BUCKET).await;
+    let run = unique_name("race");
+    let store: Arc<dyn ObjectStore> = Arc::new(verdict_lake::Prefixed::new(bucket, &run));
+    let store_url = format!("s3://{BUCKET}/{run}");
+    let topic = unique_name("decisions-race");
+    create_topic(&topic, 1).await;
+    let group = unique_name("race-group");
+    // 1,400 good events and 14 bad records among them, one every 100: two flushes of
+    // 700 records and a few records after them.
+    let mut values = recent_events(1_400, 43);
+    for i in 0..14 {
+        values.insert(50 + i * 100, format!("not an event {i}").into_bytes());
+    }
+    let produced = produce(&topic, values).await;
+    let (good, bad): (BTreeMap<_, _>, BTreeMap<_, _>) = produced
+        .clone()
+        .into_iter()
+        .partition(|(_, v)| verdict_schemas::DecisionEvent::decode(v).is_ok());
+    assert_eq!(bad.len(), 14);
+
+    let stopped = Paused::start(
+        &store_url,
+        &topic,
+        &group,
+        (WORKER, 1_500, "stopped worker"),
+    );
+    eventually(
+        Duration::from_secs(90),
+        "the first flush committed and the quarantine file of the next one written",
+        || async {
+            progress(&store, &topic, 1).await[&0].is_some()
+                && !quarantine_past_progress(&store, &topic).await.is_empty()
+        },
+    )
+    .await;
+    stopped.signal("-STOP");
+    let in_flight = quarantine_past_progress(&store, &topic).await;
+    assert_eq!(in_flight.len(), 1, "{in_flight:?}");
+    let in_flight = in_flight[0].path.clone();
+
+    // The new owner (its member id sorts first, so the group keeps the partition with it
+    // when the stopped worker rejoins) writes through a store four times slower.
+    let owner = Paused::start(
+        &store_url,
+        &topic,
+        &group,
+        ("a-race-owner", 6_000, "new owner"),
+    );
+    eventually(
+        Duration::from_secs(120),
+        "the new owner's quarantine file written beside the stopped worker's",
+        || async { quarantine_past_progress(&store, &topic).await.len() == 2 },
+    )
+    .await;
+    assert!(
+        owner.logged("undecided_quarantine=1"),
+        "the new owner did not keep the stopped worker's quarantine file as undecided"
+    );
+    stopped.signal("-CONT");
+    eventually(
+        Duration::from_secs(90),
+        "the new owner's commit refused",
+        || async { owner.logged(REFUSED) },
+    )
+    .await;
+    assert!(
+        owner.logged("the group still assigns it here, so it resumes from the raw table's log"),
+        "the refused owner did not resume the partition"
+    );
+    assert!(
+        !stopped.logged(REFUSED),
+        "the stopped worker's commit was refused: it did not win the race"
+    );
+    eventually(Duration::from_secs(180), "every offset flushed", || {
+        all_flushed(&store, "main", &topic, &produced)
+    })
+    .await;
+
+    // The winner's quarantine file is there; every bad record is in one file.
+    store
+        .head(&in_flight)
+        .await
+        .unwrap_or_else(|e| panic!("the winning flush's quarantine file {in_flight} is gone: {e}"));
+    let quarantined: BTreeSet<(i32, i64)> = quarantined(&store).await.into_keys().collect();
+    assert_eq!(quarantined, bad.keys().copied().collect::<BTreeSet<_>>());
+    assert_exactly_once(&store, &good).await;
+    assert_vacuum_takes_only_uncommitted(&store).await;
 }
