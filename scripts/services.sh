@@ -19,7 +19,7 @@
 #             `polars` readers and DuckDB, in a virtualenv of its own; the tests that read the lake
 #             with other engines run its Python (tests/spark/lake.py)
 #   nginx     not a server either: Debian's nginx, whose `limit_req` is the peer
-#             `verdict bench gateway --nginx` measures the gateway against (the bench starts
+#             `verdict-bench gateway --nginx` measures the gateway against (the bench starts
 #             and stops its own nginx); not part of `up` without names, since no test needs it
 #   chromium  not a server: Debian's headless Chromium, which the analysts' page test drives
 #             (it starts its own browser and speaks the DevTools protocol to it over a pipe)
@@ -416,7 +416,7 @@ chromium_status() { if chromium_bin >/dev/null; then say "chromium  installed"; 
 # ---------------------------------------------------------------- nginx (bench peer)
 nginx_up() {
   command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || apt_install nginx
-  say "nginx     up  $(command -v nginx || echo /usr/sbin/nginx) (started by verdict bench gateway --nginx)"
+  say "nginx     up  $(command -v nginx || echo /usr/sbin/nginx) (started by verdict-bench gateway --nginx)"
 }
 nginx_down() { :; }
 nginx_status() { if command -v nginx >/dev/null || [ -x /usr/sbin/nginx ]; then say "nginx     installed"; else say "nginx     missing  (scripts/services.sh up nginx installs it)"; fi; }

@@ -7,11 +7,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use object_store::ObjectStore;
-use object_store::throttle::{ThrottleConfig, ThrottledStore};
 use verdict_ingest::flush::StoreCalls;
 use verdict_ingest::{IngestConfig, IngestWorker};
 
-use crate::ingest_faults::PauseAfterCommit;
 use crate::store_args::StoreArgs;
 
 /// Options of `verdict ingest`.
@@ -53,33 +51,24 @@ pub struct IngestArgs {
     /// Serve `/metrics` (Prometheus) and `/healthz` on this address, e.g. 127.0.0.1:9464.
     #[arg(long, env = "VERDICT_METRICS_ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
-    /// Fault injection for tests: wait this long before every put to the store.
-    #[arg(long, hide = true, default_value_t = 0)]
-    pub put_delay_ms: u64,
-    /// Fault injection for tests: wait this long after each commit to the raw table's log,
-    /// before the offsets go to Kafka.
-    #[arg(long, hide = true, default_value_t = 0)]
-    pub commit_pause_ms: u64,
 }
 
 /// Runs the worker until a signal asks it to stop.
 pub async fn run(args: IngestArgs) -> anyhow::Result<()> {
+    run_through(args, |store| store).await
+}
+
+/// [`run`], with the lake's store as `through` makes it from the one the options name:
+/// the harness's fault injection (`verdict-bench ingest-with-faults`) wraps it here.
+pub async fn run_through(
+    args: IngestArgs,
+    through: impl FnOnce(Arc<dyn ObjectStore>) -> Arc<dyn ObjectStore>,
+) -> anyhow::Result<()> {
     // Listen for signals before anything else: joining the group and reading the raw
     // table's log can take a while, and a SIGTERM that arrives meanwhile must still mean
     // "stop cleanly".
     let shutdown = crate::signals::shutdown_signal()?;
-    let mut store = args.lake.open()?;
-    if args.put_delay_ms > 0 {
-        let slow = ThrottleConfig {
-            wait_put_per_call: Duration::from_millis(args.put_delay_ms),
-            ..ThrottleConfig::default()
-        };
-        store = Arc::new(ThrottledStore::new(store, slow)) as Arc<dyn ObjectStore>;
-    }
-    if args.commit_pause_ms > 0 {
-        let pause = Duration::from_millis(args.commit_pause_ms);
-        store = Arc::new(PauseAfterCommit::new(store, pause)) as Arc<dyn ObjectStore>;
-    }
+    let store = through(args.lake.open()?);
     let cfg = IngestConfig {
         brokers: args.brokers,
         cluster: args.cluster,

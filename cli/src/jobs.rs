@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::{Args, Subcommand};
 use verdict_jobs::windows::DAY;
 use verdict_jobs::{Job, Jobs, JobsConfig, Windows};
@@ -80,12 +81,12 @@ fn parse_region(s: &str) -> Result<(String, String), String> {
 }
 
 async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
-    use verdict_jobs::reconcile::{ReconcileConfig, Reconciler, RegionEndpoint};
-    use verdict_jobs::region_counters::RegionCounters;
-    use verdict_jobs::round_log::RoundLog;
-    use verdict_jobs::share_rounds::ShareRounds;
     use verdict_limiter::PolicySource;
     use verdict_policy_store::PgSource;
+    use verdict_reconcile::region_counters::RegionCounters;
+    use verdict_reconcile::round_log::RoundLog;
+    use verdict_reconcile::share_rounds::ShareRounds;
+    use verdict_reconcile::{ReconcileConfig, Reconciler, RegionEndpoint};
 
     anyhow::ensure!(
         (0.0..=1.0).contains(&args.floor),
@@ -275,7 +276,16 @@ pub async fn run(cmd: JobsCommand) -> anyhow::Result<()> {
             );
             let jobs = Jobs::new(args.common.lake.open()?, args.common.config());
             let now = args.now.unwrap_or_else(chrono::Utc::now).timestamp_millis();
-            let o = jobs.run_once(args.job, now, args.dry_run).await?;
+            let o = jobs
+                .run_once(args.job, now, args.dry_run)
+                .await
+                .with_context(|| {
+                    format!(
+                        "the {} job on the lake {}",
+                        args.job.name(),
+                        args.common.lake.store
+                    )
+                })?;
             println!("{}", said(args.job, &o, args.dry_run));
             Ok(())
         }

@@ -1,11 +1,11 @@
 //! The `verdict` command line: one binary whose subcommands run each part of the system.
-//! Each subcommand's options are a clap struct here; the work lives in the crates.
+//! Each subcommand's options are a clap struct here; the work lives in the crates. The
+//! benchmarks and the tests' fault injection are another binary, `verdict-bench`
+//! (`bench/`), which is not installed where the product runs.
 
-pub mod bench;
 pub mod demo;
 pub mod gateway;
 pub mod ingest;
-pub mod ingest_faults;
 pub mod jobs;
 pub mod policy;
 pub mod policy_args;
@@ -68,9 +68,6 @@ pub enum Command {
     /// limiter's own decision core, and say per tier × route class what it would have
     /// refused beside what was refused: shadow mode run offline on history.
     WhatIf(query::WhatIfArgs),
-    /// Measure a part of the system; prints JSON.
-    #[command(subcommand)]
-    Bench(bench::BenchCommand),
 }
 
 /// Runs one parsed command line.
@@ -83,7 +80,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         .build()?;
     match cli.command {
         Command::Demo(args) => runtime.block_on(demo::run(args)),
-        Command::Bench(cmd) => runtime.block_on(bench::run(cmd)),
         Command::Gateway(args) => runtime.block_on(gateway::run(args)),
         Command::Ingest(args) => runtime.block_on(ingest::run(args)),
         Command::Policy(cmd) => runtime.block_on(policy::run(cmd)),

@@ -1,5 +1,5 @@
 //! The counter store's connection options, shared by `verdict gateway`,
-//! `verdict bench gateway` and `verdict bench limiter`: connections, calls on the wire per
+//! `verdict-bench gateway` and `verdict-bench limiter`: connections, calls on the wire per
 //! connection, decisions per script call, the decision's deadline, and the key layout.
 
 use std::time::Duration;
@@ -29,7 +29,7 @@ pub struct RedisStoreArgs {
     /// (callers × route classes), which is what keeps a key near 60 bytes of Redis. Every
     /// instance on one Redis must use the same: the first records it (`rl:layout`), and a
     /// store set otherwise refuses to start [default: 1048576, one per 48 of the design's 50
-    /// million; `verdict bench limiter`: one per 48 of its keys × route classes].
+    /// million; `verdict-bench limiter`: one per 48 of its keys × route classes].
     #[arg(long, value_parser = key_groups)]
     pub redis_key_groups: Option<Layout>,
 }

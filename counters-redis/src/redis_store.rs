@@ -43,7 +43,7 @@ const CARRY_MAX: usize = 65_536;
 /// Connections per master by default: one. Each connection has one lane by default, so
 /// the requests that arrive while a call is on the wire all go in the next call; more
 /// lanes make more, smaller calls, and the script's fixed cost per call is most of
-/// Redis's work. In `verdict bench gateway --nginx --redis …` (closed loop, 32 in flight,
+/// Redis's work. In `verdict-bench gateway --nginx --redis …` (closed loop, 32 in flight,
 /// the two alternating in one session) the gateway made 0.63 to 0.65× nginx `limit_req`'s
 /// requests per second with one connection and 0.53 to 0.55× with four.
 pub const DEFAULT_CONNECTIONS: usize = 1;

@@ -13,7 +13,7 @@
 //! - [`policy`]: that world's tiers and route classes as a policy document.
 //! - [`regions`]: the three regions, where each key's requests come from, and the
 //!   reconcile's rounds over the regions' gateways.
-//! - [`local_gateway`]: a gateway and an upstream on loopback (also what `verdict bench
+//! - [`local_gateway`]: a gateway and an upstream on loopback (also what `verdict-bench
 //!   gateway` measures).
 //! - [`queue`]: the in-process queue's consumer and the raw table's writes from it.
 //! - [`report`]: what the demo did and the text it prints.
@@ -38,14 +38,14 @@ use anyhow::{Context, bail};
 use object_store::ObjectStore;
 use object_store::local::LocalFileSystem;
 use verdict_gateway::{BuiltGateway, GatewayBuilder, GatewayStore, KeyDirectory};
-use verdict_jobs::reconcile::ReconcileConfig;
-use verdict_jobs::round_log::RoundLog;
 use verdict_limiter::{
     Clock, FileSource, LimiterConfig, LimiterMetrics, MemoryStore, PolicyHandle, PolicySource,
     Regional, ScaledClock,
 };
 use verdict_load::{LoadProgress, LoadSpec};
 use verdict_query::{Engine, Limits, PoliciesTable};
+use verdict_reconcile::ReconcileConfig;
+use verdict_reconcile::round_log::RoundLog;
 use verdict_rollup::Rollup;
 use verdict_schemas::EVENT_V1_LEN;
 use verdict_schemas::RegionId;

@@ -1,5 +1,5 @@
 //! A gateway and an upstream inside this process, on loopback: what `verdict demo` sends its
-//! traffic through and what `verdict bench gateway` measures. The gateway is put together
+//! traffic through and what `verdict-bench gateway` measures. The gateway is put together
 //! as `verdict gateway` does it, by `verdict_gateway::GatewayBuilder`.
 
 use std::net::SocketAddr;

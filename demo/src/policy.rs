@@ -1,5 +1,5 @@
 //! The policy the synthetic world is decided under, in the limiter's TOML: what `verdict
-//! demo` and `verdict bench query` write next to their lake so that the `policies` table and
+//! demo` and `verdict-bench query` write next to their lake so that the `policies` table and
 //! the reports have names and limits to show.
 
 use verdict_schemas::synth::SynthConfig;

@@ -14,9 +14,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use verdict_jobs::reconcile::{ReconcileConfig, RoundOutcome};
-use verdict_jobs::round_log::RoundRecord;
 use verdict_limiter::{Clock, MemoryStore, PolicySnapshot, Regional, round_in_process};
+use verdict_reconcile::round_log::RoundRecord;
+use verdict_reconcile::{ReconcileConfig, RoundOutcome};
 use verdict_schemas::{KeyId, RegionId};
 
 /// The regions: name, static weight, share of the keys that live there.

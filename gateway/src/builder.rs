@@ -1,5 +1,5 @@
 //! One way to put a gateway together, shared by `verdict gateway`, `verdict demo` and
-//! `verdict bench gateway`: typed settings (`Duration`, `HeaderName`, `Uri`), the limiter
+//! `verdict-bench gateway`: typed settings (`Duration`, `HeaderName`, `Uri`), the limiter
 //! with its event queue, and the gateway around it. Where the events go (Kafka, the demo's
 //! in-process queue, nowhere) and which counter store decides stay the caller's choice.
 

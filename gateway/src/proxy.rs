@@ -95,7 +95,7 @@ impl GatewayMetrics {
         )
         .expect("valid metric");
         // Bounds at 6, 7.5 and 15 ms as well as the 5 ms deadline: a reader counts decisions
-        // within the deadline plus a scheduling slack (`verdict bench soak` does).
+        // within the deadline plus a scheduling slack (`verdict-bench soak` does).
         let hist = |name: &str, help: &str| {
             Histogram::with_opts(HistogramOpts::new(name, help).buckets(vec![
                 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002, 0.003, 0.005, 0.006, 0.007_5, 0.01,

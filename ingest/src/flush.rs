@@ -93,6 +93,18 @@ pub struct PartitionBuffer {
 }
 
 impl PartitionBuffer {
+    /// A buffer holding `events` (good events of one partition, by offset), as if each had
+    /// been consumed in turn.
+    pub fn of(mut events: Vec<ConsumedEvent>) -> Self {
+        events.sort_by_key(|c| c.offset);
+        let mut b = Self::default();
+        for c in &events {
+            b.consumed(c.offset);
+        }
+        b.events = events;
+        b
+    }
+
     /// Records that offset `offset` was consumed.
     pub fn consumed(&mut self, offset: i64) {
         if self.first.is_none() {
@@ -237,6 +249,8 @@ pub struct FlushReport {
     pub retries: usize,
     /// The hour partitions written, one raw file each, in order.
     pub hours: Vec<HourPartition>,
+    /// The raw files written, in the order of `hours`.
+    pub paths: Vec<Path>,
 }
 
 /// Runs `op` until it succeeds, retrying store errors with capped exponential backoff
@@ -576,7 +590,7 @@ pub async fn flush_partition(
     };
     report.range = Some(range);
     report.events = buf.events.len();
-    let now = chrono::Utc::now();
+    let now = chrono::DateTime::from_timestamp_millis(raw.table().now_ms()).unwrap_or_default();
     let today = now.format("%Y-%m-%d").to_string();
     let FlushFiles {
         raw: files,
@@ -595,6 +609,7 @@ pub async fn flush_partition(
     for (f, add) in files {
         put_file(&store, &f, retry, &mut report).await?;
         written.push(f.path.clone());
+        report.paths.push(f.path.clone());
         report.files += 1;
         report.bytes += f.bytes.len();
         adds.push(add);
@@ -647,6 +662,31 @@ pub async fn flush_partition(
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// Writes `events` of `source` as one flush after the raw table's progress for it, as a
+/// worker's flush does (the files, then one commit carrying the progress): how the
+/// embedded default, the benches and the tests write a lake, through the one write path.
+/// Offsets at or below the progress are moved past it, keeping their order and gaps, so
+/// successive calls continue the partition as later flushes would.
+pub async fn flush_after_progress(
+    raw: &mut RawTable,
+    source: &KafkaSource,
+    mut events: Vec<ConsumedEvent>,
+    retry: &StoreCalls,
+) -> Result<FlushReport, FlushError> {
+    // The writer's snapshot, which its own commits keep current: another writer's commit
+    // since makes the flush's expectation fail, as a worker's would.
+    let progress = raw.snapshot().txn_version(&source.app_id());
+    if let (Some(p), Some(first)) = (progress, events.iter().map(|c| c.offset).min())
+        && first <= p
+    {
+        let shift = p + 1 - first;
+        for c in &mut events {
+            c.offset += shift;
+        }
+    }
+    flush_partition(raw, source, progress, PartitionBuffer::of(events), retry).await
 }
 
 /// Counts and logs a failed store call, waits `wait`, and returns the next wait (doubled,

@@ -16,7 +16,5 @@ pub mod worker;
 
 pub use metrics::IngestMetrics;
 pub use raw_file::ConsumedEvent;
-pub use raw_table::{
-    HourSplit, KafkaSource, RawTable, WriteError, WrittenFile, raw_add, split_by_hour,
-};
+pub use raw_table::{HourSplit, KafkaSource, RawTable, raw_add, split_by_hour};
 pub use worker::{IngestConfig, IngestError, IngestStats, IngestWorker};

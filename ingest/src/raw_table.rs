@@ -6,35 +6,13 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::ObjectStore;
 use rand::RngCore;
 use verdict_lake::tables::{RAW, hour_partition};
-use verdict_lake::{Action, Add, Commit, LakeError, Snapshot, Table};
+use verdict_lake::{Add, Clock, Commit, LakeError, Snapshot, Table};
 use verdict_schemas::{HourPartition, LayoutError};
 
-use crate::raw_file::{ConsumedEvent, HourFile, build_hour_file};
-use verdict_lake::files::EncodeError;
-
-/// Why raw files could not be written.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum WriteError {
-    /// The file could not be built.
-    #[error(transparent)]
-    File(#[from] EncodeError),
-    /// The store refused the file.
-    #[error("writing {path}: {source}")]
-    Store {
-        /// The object path.
-        path: String,
-        /// What the store said.
-        source: object_store::Error,
-    },
-    /// The commit failed.
-    #[error(transparent)]
-    Lake(#[from] LakeError),
-}
+use crate::raw_file::{ConsumedEvent, HourFile};
 
 /// Where a chunk of events came from: one partition of one topic of one Kafka cluster. The
 /// raw table's `txn` application id is made of it, so that the regions' own Kafka clusters,
@@ -106,19 +84,6 @@ impl KafkaSource {
     }
 }
 
-/// One raw file that is now in the store.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WrittenFile {
-    /// Its hour partition.
-    pub hour: HourPartition,
-    /// Its object path.
-    pub path: Path,
-    /// Rows it holds.
-    pub rows: usize,
-    /// Its size in bytes.
-    pub bytes: usize,
-}
-
 /// Events of one chunk, grouped by the hour of their event time, and those whose time has
 /// no hour (to be quarantined by the caller).
 #[derive(Debug, Default)]
@@ -162,9 +127,16 @@ pub struct RawTable {
 }
 
 impl RawTable {
-    /// The raw table in `store` (the lake's root), created if it has no log yet.
+    /// The raw table in `store` (the lake's root), created if it has no log yet, reading
+    /// the system's clock.
     pub async fn open(store: Arc<dyn ObjectStore>) -> Result<Self, LakeError> {
-        let (table, snapshot) = RAW.open(store).await?;
+        Self::open_at(store, Arc::new(verdict_schemas::SystemClock)).await
+    }
+
+    /// [`RawTable::open`], reading the time from `clock`: its commits, and the flushes'
+    /// files and progress, are stamped with it.
+    pub async fn open_at(store: Arc<dyn ObjectStore>, clock: Clock) -> Result<Self, LakeError> {
+        let (table, snapshot) = RAW.open_table(RAW.table_at(store, clock)).await?;
         Ok(Self { table, snapshot })
     }
 
@@ -187,48 +159,6 @@ impl RawTable {
     /// Commits `commit` on the writer's snapshot (see [`Table::commit`]).
     pub async fn commit(&mut self, commit: Commit) -> Result<i64, LakeError> {
         self.table.commit(&mut self.snapshot, commit).await
-    }
-
-    /// Writes one hour's events from `source` as one file and commits it (a blind append,
-    /// no `txn`): how the embedded default, the benches and the tests build a lake.
-    pub async fn append(
-        &mut self,
-        source: &KafkaSource,
-        hour: HourPartition,
-        events: Vec<ConsumedEvent>,
-    ) -> Result<Option<WrittenFile>, WriteError> {
-        let (Some(first), Some(last)) = (
-            events.iter().map(|c| c.offset).min(),
-            events.iter().map(|c| c.offset).max(),
-        ) else {
-            return Ok(None);
-        };
-        let Some(file) =
-            build_hour_file(&source.cluster, source.file_name(first, last), hour, events)?
-        else {
-            return Ok(None);
-        };
-        let path = Path::from(file.path());
-        self.table
-            .store()
-            .put(&path, PutPayload::from(file.bytes.clone()))
-            .await
-            .map_err(|source| WriteError::Store {
-                path: path.to_string(),
-                source,
-            })?;
-        let now = chrono::Utc::now().timestamp_millis();
-        self.commit(
-            Commit::new("WRITE", vec![Action::Add(raw_add(&file, now, true))])
-                .with_parameter("mode", "Append"),
-        )
-        .await?;
-        Ok(Some(WrittenFile {
-            hour,
-            path,
-            rows: file.rows,
-            bytes: file.bytes.len(),
-        }))
     }
 }
 
@@ -274,41 +204,5 @@ mod tests {
             a, b,
             "a second writing of the same offsets gets another name"
         );
-    }
-
-    #[tokio::test]
-    async fn an_appended_hour_is_one_file_in_its_folder_and_one_commit() {
-        let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn ObjectStore> =
-            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
-        let mut raw = RawTable::open(Arc::clone(&store)).await.unwrap();
-        let h14 = 1_796_047_200_000;
-        let split = split_by_hour([at(h14 + 5, 10), at(h14 + 1, 12), at(h14 + 9, 11)]);
-        let (hour, events) = split.hours.into_iter().next().unwrap();
-        let source = KafkaSource::new("local", "verdict.decisions.v1", 3);
-        let written = raw.append(&source, hour, events).await.unwrap().unwrap();
-        assert!(
-            written
-                .path
-                .as_ref()
-                .starts_with("raw/date=2026-11-30/hour=14/local-verdict.decisions.v1-00003-"),
-            "{}",
-            written.path
-        );
-        assert_eq!(written.rows, 3);
-        let on_disk = std::fs::metadata(dir.path().join(written.path.as_ref()))
-            .unwrap()
-            .len();
-        assert_eq!(on_disk as usize, written.bytes);
-        let snapshot = RawTable::open(store).await.unwrap().snapshot().clone();
-        assert_eq!(snapshot.version(), 1);
-        let add = snapshot.files().next().unwrap();
-        assert_eq!(add.num_records(), Some(3));
-        assert_eq!(add.size as usize, written.bytes);
-        assert_eq!(
-            add.partition_values,
-            hour_partition(&"2026-11-30T14".parse().unwrap())
-        );
-        assert_eq!(raw.append(&source, hour, Vec::new()).await.unwrap(), None);
     }
 }

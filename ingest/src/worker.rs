@@ -30,6 +30,7 @@ use crate::flush::{
 };
 use crate::metrics::IngestMetrics;
 use crate::raw_table::{KafkaSource, RawTable};
+use verdict_lake::Clock;
 
 /// How the worker runs.
 #[derive(Debug, Clone)]
@@ -61,6 +62,9 @@ pub struct IngestConfig {
     pub retry: StoreCalls,
     /// How often the Kafka client reports statistics (the consumer lag gauges).
     pub stats_interval: Duration,
+    /// The time: event times are judged against it, and the raw table's commits, files and
+    /// progress are stamped with it.
+    pub clock: Clock,
 }
 
 impl Default for IngestConfig {
@@ -77,6 +81,7 @@ impl Default for IngestConfig {
             max_event_lead: Duration::from_secs(3600),
             retry: StoreCalls::default(),
             stats_interval: Duration::from_secs(5),
+            clock: Arc::new(verdict_schemas::SystemClock),
         }
     }
 }
@@ -492,7 +497,9 @@ impl IngestWorker {
     /// The raw table, opened (or created) the first time it is needed.
     async fn raw(&mut self) -> Result<&mut RawTable, IngestError> {
         if self.raw.is_none() {
-            self.raw = Some(RawTable::open(Arc::clone(&self.store)).await?);
+            self.raw = Some(
+                RawTable::open_at(Arc::clone(&self.store), Arc::clone(&self.cfg.clock)).await?,
+            );
         }
         Ok(self.raw.as_mut().expect("opened above"))
     }
@@ -503,7 +510,7 @@ impl IngestWorker {
         offset: i64,
         payload: Option<&[u8]>,
     ) -> Result<(), IngestError> {
-        let now = chrono::Utc::now().timestamp_millis();
+        let now = self.cfg.clock.now_ms();
         let (oldest, newest) = (
             now - self.cfg.max_event_age.as_millis() as i64,
             now + self.cfg.max_event_lead.as_millis() as i64,

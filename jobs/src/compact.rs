@@ -22,7 +22,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use rand::RngCore;
 use verdict_lake::files::encode_raw_parquet;
 use verdict_lake::tables::{RAW, hour_partition};
-use verdict_lake::{Action, Add, Commit, Conflict, LakeError, Snapshot, Table};
+use verdict_lake::{Action, Add, Clock, Commit, Conflict, LakeError, Snapshot, Table};
 use verdict_rollup::{RawFile, hour_files_in, hours_in};
 use verdict_schemas::tables::raw;
 use verdict_schemas::{HourPartition, raw_schema};
@@ -83,12 +83,13 @@ pub struct CompactReport {
 /// files.
 pub async fn run(
     store: &Arc<dyn ObjectStore>,
+    clock: &Clock,
     now_ms: i64,
     windows: &Windows,
     min_files: usize,
 ) -> Result<CompactReport, CompactError> {
     let mut report = CompactReport::default();
-    let table = RAW.table(Arc::clone(store));
+    let table = RAW.table_at(Arc::clone(store), Arc::clone(clock));
     let Some(mut snapshot) = table.snapshot_if_any().await? else {
         return Ok(report);
     };
@@ -153,7 +154,7 @@ async fn merge(
     let output = Path::from(format!("{}/{relative}", RAW.root));
     let body = encode_raw_parquet(std::slice::from_ref(&merged))?;
     let bytes_out = body.len();
-    let now = chrono::Utc::now().timestamp_millis();
+    let now = table.now_ms();
     let add = Add {
         path: relative,
         partition_values: hour_partition(&hour),

@@ -7,23 +7,19 @@
 //! - [`overage`]: the daily table pricing reads, recomputed when a day's rollups change;
 //! - [`retention`]: whole partitions deleted past their window (raw 7 days, rollups and
 //!   overage 5 years), with a dry run;
-//! - [`reconcile`]: every 30 s, each region's share of the global limits of the keys near
-//!   them, from every region's usage, with [`round_log`] recording its rounds in the lake;
 //! - [`scheduler`]: running them once or on a schedule, with [`metrics`].
 //!
-//! Every job takes "now" as a parameter, so tests run them on a fake clock.
+//! Every job takes "now" as a parameter, so tests run them on a fake clock. The regional
+//! reconcile, a job over Redis and PostgreSQL rather than the lake, is its own crate,
+//! `verdict-reconcile`.
 
 pub mod compact;
 pub mod late;
 pub mod metrics;
 pub mod overage;
 pub mod partitions;
-pub mod reconcile;
-pub mod region_counters;
 pub mod retention;
-pub mod round_log;
 pub mod scheduler;
-pub mod share_rounds;
 pub mod windows;
 
 pub use scheduler::{Job, JobError, JobOutcome, Jobs, JobsConfig};

@@ -111,7 +111,7 @@ async fn write_day(
         ),
         (TAG_SCHEMA_VERSION, OVERAGE_SCHEMA_VERSION.to_string()),
     ];
-    let now = chrono::Utc::now().timestamp_millis();
+    let now = rollup.clock().now_ms();
     let add = rollup
         .put_file(
             &OVERAGE,
@@ -140,12 +140,19 @@ async fn commit_days(
     days: Vec<(OverageReport, Add)>,
     txn: Option<(Option<i64>, i64)>,
 ) -> Result<Vec<OverageReport>, RollupError> {
-    let now = chrono::Utc::now().timestamp_millis();
     let files = days
         .iter()
         .map(|(r, add)| (day_dir(r.date), add.clone()))
         .collect();
-    let version = replace(rollup.store(), &OVERAGE, OVERAGE_APP_ID, files, txn, now).await?;
+    let version = replace(
+        rollup.store(),
+        rollup.clock(),
+        &OVERAGE,
+        OVERAGE_APP_ID,
+        files,
+        txn,
+    )
+    .await?;
     Ok(days
         .into_iter()
         .map(|(mut r, _)| {

@@ -20,7 +20,9 @@ use verdict_schemas::layout::QUARANTINE_PREFIX;
 
 use verdict_lake::tables::{DEMAND_HOURLY, DENIED_HOURLY, OVERAGE, RAW, RECONCILE_ROUNDS};
 use verdict_lake::vacuum;
-use verdict_lake::{Action, Add, Commit, LakeError, PartitionValues, Snapshot, Table, TableDef};
+use verdict_lake::{
+    Action, Add, Clock, Commit, LakeError, PartitionValues, Snapshot, Table, TableDef,
+};
 use verdict_rollup::{hour_files_in, hours_in};
 use verdict_schemas::HourPartition;
 use verdict_schemas::layout::{parse_date_segment, parse_hour_segment};
@@ -185,13 +187,12 @@ fn derived_expired(
 /// Removes a derived table's expired partitions in one commit and vacuums it; the files
 /// vacuum deleted and their bytes (dry: would delete).
 async fn expire_derived(
-    store: &Arc<dyn ObjectStore>,
+    table: Table,
     def: &'static TableDef,
     keep: std::time::Duration,
     now_ms: i64,
     dry_run: bool,
 ) -> Result<(usize, u64), RetentionError> {
-    let table = def.table(Arc::clone(store));
     let Some(mut snapshot) = table.snapshot_if_any().await? else {
         return Ok((0, 0));
     };
@@ -287,9 +288,10 @@ fn raw_expired(snapshot: &Snapshot, now_ms: i64, windows: &Windows) -> Vec<Expir
 }
 
 /// Removes the partitions past their window (or, with `dry_run`, only lists them) and
-/// vacuums the Delta tables.
+/// vacuums the Delta tables, as of `now_ms`; the commits are stamped by `clock`.
 pub async fn run(
     store: &Arc<dyn ObjectStore>,
+    clock: &Clock,
     now_ms: i64,
     windows: &Windows,
     dry_run: bool,
@@ -304,7 +306,7 @@ pub async fn run(
             tracing::info!(table = e.table, prefix = %e.prefix, objects = e.objects, bytes = e.bytes, "deleted an expired partition");
         }
     }
-    let table = RAW.table(Arc::clone(store));
+    let table = RAW.table_at(Arc::clone(store), Arc::clone(clock));
     if let Some(mut snapshot) = raw_snapshot(store).await? {
         // From the snapshot the removal is committed on, so that an hour that received late
         // files since the plan loses them too.
@@ -335,7 +337,8 @@ pub async fn run(
         report.vacuumed_bytes += bytes;
     }
     for (def, keep) in derived(windows) {
-        let (files, bytes) = expire_derived(store, def, keep, now_ms, dry_run).await?;
+        let table = def.table_at(Arc::clone(store), Arc::clone(clock));
+        let (files, bytes) = expire_derived(table, def, keep, now_ms, dry_run).await?;
         report.vacuumed += files;
         report.vacuumed_bytes += bytes;
     }

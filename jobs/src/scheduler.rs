@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use object_store::ObjectStore;
+use verdict_lake::Clock;
 use verdict_rollup::Rollup;
 
 use crate::metrics::JobMetrics;
@@ -99,6 +100,10 @@ pub enum JobError {
     /// The store.
     #[error("object store: {0}")]
     Store(#[from] object_store::Error),
+    /// The lake has no raw table (or it could not be read): every job works from it, so a
+    /// lake the ingest workers never wrote is refused rather than done with as empty.
+    #[error("{0} (is this the lake the ingest workers write?)")]
+    NoRawTable(verdict_lake::LakeError),
 }
 
 /// How the jobs run.
@@ -115,6 +120,8 @@ pub struct JobsConfig {
     pub daily_every: Duration,
     /// Threads for the queries.
     pub threads: usize,
+    /// The time: the schedule's "now", and what the jobs' files and commits are stamped with.
+    pub clock: Clock,
 }
 
 impl Default for JobsConfig {
@@ -125,6 +132,7 @@ impl Default for JobsConfig {
             rollup_every: Duration::from_secs(10 * 60),
             daily_every: Duration::from_secs(24 * 3600),
             threads: std::thread::available_parallelism().map_or(2, usize::from),
+            clock: Arc::new(verdict_schemas::SystemClock),
         }
     }
 }
@@ -142,7 +150,7 @@ impl Jobs {
     /// Jobs over `store`.
     pub fn new(store: Arc<dyn ObjectStore>, cfg: JobsConfig) -> Self {
         Self {
-            rollup: Rollup::new(Arc::clone(&store), cfg.threads),
+            rollup: Rollup::new(Arc::clone(&store), cfg.threads).with_clock(Arc::clone(&cfg.clock)),
             store,
             cfg,
             metrics: JobMetrics::new(),
@@ -167,7 +175,8 @@ impl Jobs {
         let result = self.dispatch(job, now_ms, dry_run).await;
         let took = started.elapsed();
         let name = job.name();
-        self.metrics.record_run(name, took, result.is_ok());
+        self.metrics
+            .record_run(name, took, result.is_ok(), self.cfg.clock.now_ms());
         match &result {
             Ok(o) => {
                 if !dry_run {
@@ -204,6 +213,11 @@ impl Jobs {
     }
 
     async fn dispatch(&self, job: Job, now_ms: i64, dry_run: bool) -> Result<JobOutcome, JobError> {
+        verdict_lake::tables::RAW
+            .table(Arc::clone(&self.store))
+            .snapshot()
+            .await
+            .map_err(JobError::NoRawTable)?;
         let w = &self.cfg.windows;
         Ok(match job {
             Job::Rollup => {
@@ -215,7 +229,14 @@ impl Jobs {
                 }
             }
             Job::Compact => {
-                let r = compact::run(&self.store, now_ms, w, self.cfg.compact_min_files).await?;
+                let r = compact::run(
+                    &self.store,
+                    &self.cfg.clock,
+                    now_ms,
+                    w,
+                    self.cfg.compact_min_files,
+                )
+                .await?;
                 JobOutcome {
                     written: r.compacted.len(),
                     bytes_written: r.compacted.iter().map(|c| c.bytes_out as u64).sum(),
@@ -233,7 +254,7 @@ impl Jobs {
                 }
             }
             Job::Retention => {
-                let r = retention::run(&self.store, now_ms, w, dry_run).await?;
+                let r = retention::run(&self.store, &self.cfg.clock, now_ms, w, dry_run).await?;
                 JobOutcome {
                     removed: r.expired.len(),
                     bytes_removed: r.expired.iter().map(|e| e.bytes).sum(),
@@ -261,7 +282,7 @@ impl Jobs {
                 _ = rollup_tick.tick() => &[Job::Rollup],
             };
             for job in jobs {
-                let now = chrono::Utc::now().timestamp_millis();
+                let now = self.cfg.clock.now_ms();
                 // The outcome is logged and counted by run_once.
                 let _ = self.run_once(*job, now, false).await;
             }
@@ -349,7 +370,7 @@ mod tests {
             },
         );
         let metrics = jobs.metrics().clone();
-        let runs = |job: &str| metrics.runs.with_label_values(&[job, "ok"]).get();
+        let runs = |job: &str| metrics.run.runs.with_label_values(&[job, "ok"]).get();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn({
             let jobs = jobs.clone();
@@ -374,7 +395,12 @@ mod tests {
         for job in Job::ALL {
             assert!(runs(job.name()) >= 1, "{job} never ran");
             assert!(
-                metrics.last_success.with_label_values(&[job.name()]).get() > 0,
+                metrics
+                    .run
+                    .last_success
+                    .with_label_values(&[job.name()])
+                    .get()
+                    > 0,
                 "{job} has no last success"
             );
         }

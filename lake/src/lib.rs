@@ -33,5 +33,5 @@ pub use observed::{Observed, Observer};
 pub use open::{OpenError, S3Options, folder_of, open_folder, open_store};
 pub use prefixed::Prefixed;
 pub use snapshot::Snapshot;
-pub use table::{Commit, Conflict, LakeError, Reads, Table};
+pub use table::{Clock, Commit, Conflict, LakeError, Reads, Table};
 pub use tables::TableDef;

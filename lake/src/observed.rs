@@ -3,7 +3,7 @@
 //! metadata that gets and listings return. The wrappers of the lake's users are observers:
 //! a store under a prefix that names objects relative to it (`verdict_lake::Prefixed`), a
 //! store that pauses after each commit for the crash tests, one that dates objects on a
-//! simulated clock for `verdict bench log`. The `ObjectStore` trait is implemented once,
+//! simulated clock for `verdict-bench log`. The `ObjectStore` trait is implemented once,
 //! here.
 
 use std::fmt;

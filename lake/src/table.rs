@@ -324,9 +324,9 @@ impl Commit {
     }
 }
 
-/// What a table reads the time from, in UTC milliseconds: the commits' timestamps, and the
+/// What a table reads the time from (UTC milliseconds): the commits' timestamps, and the
 /// cut-offs of a checkpoint's tombstones and of the log cleanup.
-pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
+pub type Clock = Arc<dyn verdict_schemas::Clock>;
 
 /// A Delta table at `root` in `store`.
 #[derive(Clone)]
@@ -365,17 +365,28 @@ impl Table {
             store,
             root: Path::from(root),
             name: root.to_owned(),
-            clock: Arc::new(|| chrono::Utc::now().timestamp_millis()),
+            clock: Arc::new(verdict_schemas::SystemClock),
             log_start: Arc::new(AtomicI64::new(-1)),
         }
     }
 
     /// The table reading the time from `clock` instead of the system's: a simulation of
-    /// days of commits in minutes (`verdict bench log`) runs the cleanup as those days would.
+    /// days of commits in minutes (`verdict-bench log`) runs the cleanup as those days would.
     #[must_use]
     pub fn with_clock(mut self, clock: Clock) -> Self {
         self.clock = clock;
         self
+    }
+
+    /// Now, by the table's clock (UTC milliseconds): what its writers stamp their files and
+    /// progress with.
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// The table's clock.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     /// The table's root.
@@ -825,7 +836,7 @@ impl Table {
         }
         let actions = vec![
             Action::CommitInfo(commit_info(
-                (self.clock)(),
+                self.clock.now_ms(),
                 "CREATE TABLE",
                 &BTreeMap::new(),
                 -1,
@@ -869,7 +880,7 @@ impl Table {
             let version = snapshot.version() + 1;
             let mut actions = Vec::with_capacity(commit.actions.len() + 1);
             actions.push(Action::CommitInfo(commit_info(
-                (self.clock)(),
+                self.clock.now_ms(),
                 &commit.operation,
                 &commit.parameters,
                 read_version,
@@ -889,7 +900,7 @@ impl Table {
                         // deleted-file retention, as a snapshot loaded from this checkpoint
                         // will, so that it does not grow with every removal since it started.
                         let retention = duration_ms(snapshot.deleted_file_retention());
-                        snapshot.expire_tombstones((self.clock)() - retention);
+                        snapshot.expire_tombstones(self.clock.now_ms() - retention);
                         // The commit is in; a checkpoint that fails is only a slower next
                         // load, so it is logged, not returned.
                         if let Err(e) = self.checkpoint(snapshot).await {
@@ -940,7 +951,7 @@ impl Table {
     /// retention left out), points `_last_checkpoint` at it, and deletes the log entries
     /// the retention no longer needs.
     pub async fn checkpoint(&self, snapshot: &Snapshot) -> Result<LastCheckpoint, LakeError> {
-        let now = (self.clock)();
+        let now = self.clock.now_ms();
         let tombstones_from = now - duration_ms(snapshot.deleted_file_retention());
         let path = LogFile::Checkpoint(snapshot.version()).path(&self.root);
         let actions = snapshot.checkpoint_actions().filter(|a| match a {

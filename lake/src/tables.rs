@@ -29,7 +29,7 @@ use verdict_schemas::HourPartition;
 use crate::action::{Metadata, PartitionValues};
 use crate::schema::{delta_type, schema_string};
 use crate::snapshot::{Snapshot, config};
-use crate::table::{LakeError, Table};
+use crate::table::{Clock, LakeError, Table};
 
 /// A partition column: its name and Arrow type (`Date32` or `Int32`).
 pub type PartitionColumn = (&'static str, DataType);
@@ -180,8 +180,8 @@ impl TableDef {
         (self.partitions)().into_iter().map(|(n, _)| n).collect()
     }
 
-    /// The `metaData` of a new table of this kind.
-    pub fn metadata(&self) -> Metadata {
+    /// The `metaData` of a new table of this kind, created at `created_ms` (UTC ms).
+    pub fn metadata(&self, created_ms: i64) -> Metadata {
         let partitions: Vec<Field> = (self.partitions)()
             .into_iter()
             .map(|(n, t)| Field::new(n, t, false))
@@ -199,21 +199,30 @@ impl TableDef {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), Some((*v).to_owned())))
                 .collect(),
-            created_time: Some(chrono::Utc::now().timestamp_millis()),
+            created_time: Some(created_ms),
         }
     }
 
-    /// The table in `store`.
+    /// The table in `store`, reading the system's clock.
     pub fn table(&self, store: Arc<dyn ObjectStore>) -> Table {
         Table::new(store, self.root)
+    }
+
+    /// The table in `store`, reading the time from `clock`.
+    pub fn table_at(&self, store: Arc<dyn ObjectStore>, clock: Clock) -> Table {
+        Table::new(store, self.root).with_clock(clock)
     }
 
     /// The table's latest snapshot, creating it if it has no log yet (writers): refused
     /// when verdict may not write it ([`Table::check_writable`]) or its schema is not this
     /// table's ([`TableDef::check_schema`]).
     pub async fn open(&self, store: Arc<dyn ObjectStore>) -> Result<(Table, Snapshot), LakeError> {
-        let table = self.table(store);
-        let snapshot = table.open_or_create(self.metadata()).await?;
+        self.open_table(self.table(store)).await
+    }
+
+    /// [`TableDef::open`] of `table` (this table, with the clock it was given).
+    pub async fn open_table(&self, table: Table) -> Result<(Table, Snapshot), LakeError> {
+        let snapshot = table.open_or_create(self.metadata(table.now_ms())).await?;
         self.check_schema(snapshot.metadata())?;
         Ok((table, snapshot))
     }
@@ -287,7 +296,7 @@ mod tests {
     #[test]
     fn every_table_has_a_delta_schema_with_its_partition_columns() {
         for t in ALL {
-            let m = t.metadata();
+            let m = t.metadata(0);
             let schema: serde_json::Value = serde_json::from_str(&m.schema_string).unwrap();
             let names: Vec<&str> = schema["fields"]
                 .as_array()
@@ -311,7 +320,7 @@ mod tests {
 
     /// The metadata of the raw table with its schema's fields passed through `edit`.
     fn raw_with(edit: impl FnOnce(&mut Vec<serde_json::Value>)) -> Metadata {
-        let mut m = RAW.metadata();
+        let mut m = RAW.metadata(0);
         let mut schema: serde_json::Value = serde_json::from_str(&m.schema_string).unwrap();
         edit(schema["fields"].as_array_mut().unwrap());
         m.schema_string = schema.to_string();
@@ -320,7 +329,7 @@ mod tests {
 
     #[test]
     fn a_schema_that_is_not_the_tables_is_refused_naming_the_column() {
-        RAW.check_schema(&RAW.metadata()).unwrap();
+        RAW.check_schema(&RAW.metadata(0)).unwrap();
         // A column another engine added is left alone.
         let extra = raw_with(|f| {
             f.push(serde_json::json!({"name": "note", "type": "string", "nullable": true, "metadata": {}}))
@@ -340,7 +349,7 @@ mod tests {
             RAW.check_schema(&mistyped).unwrap_err().to_string(),
             "raw: column window_quota is string in the table's schema; verdict reads and writes it as long"
         );
-        let mut repartitioned = RAW.metadata();
+        let mut repartitioned = RAW.metadata(0);
         repartitioned.partition_columns = vec!["date".into()];
         assert_eq!(
             RAW.check_schema(&repartitioned).unwrap_err().to_string(),

@@ -351,8 +351,9 @@ async fn vacuum_deletes_removed_files_and_orphans_past_the_retention_only() {
 async fn each_checkpoint_deletes_the_log_the_retention_no_longer_needs() {
     let (_dir, store) = folder();
     // A clock 31 days ahead: every checkpoint written is past the 30-day log retention.
-    let table =
-        Table::new(Arc::clone(&store), "t").with_clock(Arc::new(|| now() + 31 * 86_400_000));
+    let table = Table::new(Arc::clone(&store), "t").with_clock(Arc::new(
+        verdict_schemas::FakeClock::at(now() + 31 * 86_400_000),
+    ));
     let mut s = table.open_or_create(metadata(5)).await.unwrap();
     let mut logged = Vec::new();
     for i in 1..=23 {

@@ -325,13 +325,13 @@ mod tests {
     use tower::{ServiceBuilder, ServiceExt};
 
     use super::*;
-    use crate::clock::FakeClock;
     use crate::events::event_queue;
     use crate::limiter::LimiterConfig;
     use crate::memory::MemoryStore;
     use crate::metrics::LimiterMetrics;
     use crate::policy::tests::EXAMPLE;
     use crate::policy::{PolicyHandle, PolicySnapshot, parse_toml};
+    use verdict_schemas::clock::FakeClock;
 
     fn limiter(clock: &FakeClock) -> Arc<Limiter<MemoryStore>> {
         // The free tier's read class: a burst of 10, refilled at 1 a second, 100 an hour.

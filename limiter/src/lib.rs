@@ -24,7 +24,7 @@
 pub mod algo;
 pub mod breaker;
 mod charge_back;
-pub mod clock;
+pub use verdict_schemas::clock;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 pub mod counter_store;

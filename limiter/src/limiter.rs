@@ -16,7 +16,6 @@ use verdict_schemas::{
 use crate::algo::{CounterCheck, CounterState, Limits};
 use crate::breaker::{Admit, Breaker, BreakerConfig, BreakerState};
 use crate::charge_back::ChargeBack;
-use crate::clock::{Clock, SystemClock};
 use crate::counter_store::CounterStore;
 use crate::events::EventQueue;
 use crate::key::LimitKey;
@@ -24,6 +23,7 @@ use crate::memory::MemoryStore;
 use crate::metrics::LimiterMetrics;
 use crate::policy::{LimitLookup, Mode, PolicyHandle, PolicySnapshot};
 use crate::regions::{DEFAULT_SHARE_TTL, NearLimit, Share, ShareHandle, is_near_limit};
+use verdict_schemas::clock::{Clock, SystemClock};
 
 /// Where this limiter runs.
 #[derive(Debug, Clone)]

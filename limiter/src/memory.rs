@@ -7,9 +7,9 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::algo::{CounterCheck, CounterState, Limits, charge, decide};
-use crate::clock::{Clock, SystemClock};
 use crate::counter_store::{Charge, CounterStore, StoreError};
 use crate::key::LimitKey;
+use verdict_schemas::clock::{Clock, SystemClock};
 
 /// Shards of the map (a power of two).
 const SHARDS: usize = 64;
@@ -184,7 +184,7 @@ mod tests {
     use verdict_schemas::{KeyId, RouteClassId, TierId};
 
     use super::*;
-    use crate::clock::FakeClock;
+    use verdict_schemas::clock::FakeClock;
 
     fn key(i: u32) -> LimitKey {
         let mut id = [0u8; 16];

@@ -1,7 +1,7 @@
 //! Regions. Counters are regional: a globally exact count would cost a cross-region round
 //! trip (~80 ms) per request. The policy states a key's *global* limits and each region
 //! enforces its share of them: its static weight (policy `[[regions]]`), or what the
-//! reconcile job (`verdict_jobs::reconcile`) last computed from every region's usage.
+//! reconcile job (`verdict_reconcile`) last computed from every region's usage.
 //!
 //! - [`Share`], [`ShareEntry`], [`ShareHandle`]: the shares in force in one region, swapped
 //!   atomically like the policy. A share that grows takes effect only at its

@@ -9,9 +9,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::clock::Clock;
 use crate::metrics::LimiterMetrics;
 use crate::policy::{PolicyDocument, PolicyError, PolicyHandle, PolicySnapshot, parse_toml};
+use verdict_schemas::clock::Clock;
 
 /// Why a source could not deliver a policy.
 #[derive(Debug, thiserror::Error)]
@@ -305,7 +305,7 @@ fn same_rules(a: &PolicyDocument, b: &PolicyDocument) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::SystemClock;
+    use verdict_schemas::clock::SystemClock;
 
     const DOC: &str = "version = 5\n[[tiers]]\nid = 0\nname = \"free\"\n[[route_classes]]\nid = 0\nname = \"read\"\n[[limits]]\ntier = \"free\"\nroute_class = \"*\"\ncapacity = 10\nrefill_per_s = 1.0\nhourly_quota = 100\n";
 
@@ -326,7 +326,7 @@ mod tests {
     #[tokio::test]
     async fn a_hung_source_is_given_up_on_and_the_age_keeps_growing() {
         let snapshot = versioned(parse_toml(DOC).unwrap()).unwrap();
-        let clock = crate::clock::FakeClock::at(1_000_000);
+        let clock = verdict_schemas::clock::FakeClock::at(1_000_000);
         let handle = PolicyHandle::new(snapshot, clock.now_ms());
         let metrics = Arc::new(LimiterMetrics::new());
         let every = Duration::from_millis(50);

@@ -1,5 +1,5 @@
 //! Headless Chromium driven over the DevTools protocol: the analysts' page's test loads it
-//! with it, and `verdict bench page` times it.
+//! with it, and `verdict-bench page` times it.
 //!
 //! The browser is Debian's `chromium` (`scripts/services.sh up chromium` installs it),
 //! started with `--remote-debugging-pipe`: it reads the protocol's JSON messages, each

@@ -3,7 +3,7 @@
 //! answer's status and latency, and whether the rate-limit fields were there: a 429 without
 //! `Retry-After`, an answer of the limiter without `RateLimit`.
 //!
-//! `verdict demo` drives its traffic with it, `verdict bench gateway` measures with it, and
+//! `verdict demo` drives its traffic with it, `verdict-bench gateway` measures with it, and
 //! the end-to-end test drives the gateways with it. It is not part of the gateway a
 //! platform team deploys.
 //!

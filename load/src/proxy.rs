@@ -1,6 +1,6 @@
 //! A TCP proxy on loopback for fault injection: it delays what the client sends, or cuts
 //! the line. The fault tests put it between a client and Redis, Kafka or S3, and
-//! `verdict bench soak` between the gateways and PostgreSQL.
+//! `verdict-bench soak` between the gateways and PostgreSQL.
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
 //! The regional shares in the policy store (`migrations/0002_regions.sql`), as the gateways
-//! of one region read them; the reconcile job writes them (`verdict_jobs::share_rounds`).
+//! of one region read them; the reconcile job writes them (`verdict_reconcile::share_rounds`).
 
 use std::collections::HashMap;
 use std::sync::Arc;

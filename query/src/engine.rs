@@ -82,7 +82,7 @@ impl Engine {
             .with_collect_statistics(false);
         // The page index is not read unless asked for: the reports scan whole days, and
         // loading every file's page index took about a quarter of wrong-limits' and
-        // policy-changes' time in `verdict bench query`, while pruning nothing. Ad-hoc key
+        // policy-changes' time in `verdict-bench query`, while pruning nothing. Ad-hoc key
         // lookups in large files (up to a million rows a flush) would skip pages with it:
         // DATAFUSION_EXECUTION_PARQUET_ENABLE_PAGE_INDEX=true turns it back on.
         if std::env::var_os("DATAFUSION_EXECUTION_PARQUET_ENABLE_PAGE_INDEX").is_none() {
@@ -91,7 +91,7 @@ impl Engine {
         // A partial aggregation that keeps more than half of its input rows as groups is
         // skipped (rows go straight to the final one): the review's per-key levels group
         // millions of key-hours that few rows share, where hashing twice cost more than it
-        // saved. DataFusion's default skips only past 0.8. In `verdict bench query` (four
+        // saved. DataFusion's default skips only past 0.8. In `verdict-bench query` (four
         // runs of each, alternating): wrong-limits 0.79x its time (median 2,575 -> 2,024 ms),
         // limit-outliers 0.91x, the other reports unchanged.
         if std::env::var_os("DATAFUSION_EXECUTION_SKIP_PARTIAL_AGGREGATION_PROBE_RATIO_THRESHOLD")

@@ -17,7 +17,7 @@
 //!
 //! The cost is 8 bytes a block (more for blocks aligned past 8) and, for the blocks of a
 //! query, an addition to what the thread holds back for it, with two atomic additions to
-//! the shared counts once every 256 KiB; `verdict bench query` measures it against
+//! the shared counts once every 256 KiB; `verdict-bench query` measures it against
 //! `VERDICT_COUNT_MEMORY=off`, which the allocator reads once, at the process's first
 //! allocation, and which then leaves every block as the inner allocator made it.
 

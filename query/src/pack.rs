@@ -18,7 +18,7 @@
 //!
 //! So `GROUP BY tier, route_class, key_id` groups by a `UInt64` and a 128-bit integer rather
 //! than two `UInt8` and 16 bytes, and `GROUP BY date, hour, region` by one 128-bit integer.
-//! (One 256-bit column for all three keys was slower in `verdict bench query`.) Keys of other
+//! (One 256-bit column for all three keys was slower in `verdict-bench query`.) Keys of other
 //! types, nullable keys and grouping sets stay as they are; a column
 //! with one narrow key alone is not made. The same idea is DuckDB's "compressed
 //! materialization" of group keys.

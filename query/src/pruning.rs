@@ -11,7 +11,7 @@
 //! versions are in force in an hour), and `date`/`hour` are its folder. Every other column —
 //! tier, route class, region, verdict, source, the remaining counts — takes nearly all its
 //! values in every file, so testing a condition on it against statistics rules out nothing
-//! and costs the same per file: in `verdict bench query`, wrong-limits spent about 7 % of its
+//! and costs the same per file: in `verdict-bench query`, wrong-limits spent about 7 % of its
 //! time pruning 672 files with `source IN (0, 1)` and keeping every one.
 //!
 //! The conjuncts dropped are only ever used for pruning: the rule leaves a scan alone when

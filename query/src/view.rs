@@ -12,7 +12,7 @@
 //!
 //! When the lake is a local folder, the byte ranges a scan asks for are read on the calling
 //! thread. `LocalFileSystem` hands every read to tokio's blocking pool, and a query opens
-//! each of its files (672 for a week of raw data in `verdict bench query`): on a 2-core VM,
+//! each of its files (672 for a week of raw data in `verdict-bench query`): on a 2-core VM,
 //! waking a pool thread and switching to it and back cost more than copying a column chunk
 //! out of the page cache (degraded 0.15 s against 0.12 s, wrong-limits 0.35 s against 0.30 s).
 //! The price is that a read from a slow disk holds up the runtime thread, as the decoding

@@ -8,7 +8,7 @@
 //! has output, and so never yields: a cross join answered 408 and ran on, growing, until the
 //! process was killed. This rule wraps every inner operator in a [`CooperativeExec`], which
 //! spends the task's cooperative budget per batch and yields when it is spent (128 batches):
-//! one check per batch (`verdict bench query` keeps every report against DuckDB with it).
+//! one check per batch (`verdict-bench query` keeps every report against DuckDB with it).
 
 use std::sync::Arc;
 

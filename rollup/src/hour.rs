@@ -26,7 +26,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use verdict_lake::log::data_path;
 use verdict_lake::stats::file_stats;
 use verdict_lake::tables::{DEMAND_HOURLY, DENIED_HOURLY, date_partition};
-use verdict_lake::{Action, Add, Commit, PartitionValues, Snapshot, TableDef};
+use verdict_lake::{Action, Add, Clock, Commit, PartitionValues, Snapshot, TableDef};
 use verdict_schemas::layout::HourPartition;
 use verdict_schemas::tables::{denied_hourly_schema, raw_schema};
 
@@ -165,6 +165,7 @@ pub struct Rollup {
     ctx: SessionContext,
     store: Arc<dyn ObjectStore>,
     threads: usize,
+    clock: Clock,
 }
 
 impl Rollup {
@@ -181,12 +182,26 @@ impl Rollup {
             ctx,
             store,
             threads: threads.max(1),
+            clock: Arc::new(verdict_schemas::SystemClock),
         }
+    }
+
+    /// The same rollup reading the time from `clock`: its files and commits are stamped
+    /// with it.
+    #[must_use]
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The store it reads and writes.
     pub fn store(&self) -> &Arc<dyn ObjectStore> {
         &self.store
+    }
+
+    /// The clock it stamps its files and commits with.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     /// Rolls `hour` up from the raw table's latest snapshot and replaces it in both
@@ -213,7 +228,7 @@ impl Rollup {
             demand,
             events,
         } = self.compute(hour, files).await?;
-        let now = chrono::Utc::now().timestamp_millis();
+        let now = self.clock.now_ms();
         let tags = [
             (TAG_RAW_VERSION, files.version.to_string()),
             (TAG_SOURCE_FILES, files.files.len().to_string()),
@@ -300,7 +315,6 @@ impl Rollup {
         if hours.is_empty() && progress.is_none() {
             return Ok(Vec::new());
         }
-        let now = chrono::Utc::now().timestamp_millis();
         let txn = |expected| progress.map(|p| (expected, p.raw_version));
         let demand: Vec<(String, Add)> = hours
             .iter()
@@ -308,11 +322,11 @@ impl Rollup {
             .collect();
         replace(
             &self.store,
+            &self.clock,
             &DEMAND_HOURLY,
             ROLLUP_APP_ID,
             demand,
             txn(progress.and_then(|p| p.demand_expected)),
-            now,
         )
         .await?;
         let denied: Vec<(String, Add)> = hours
@@ -321,11 +335,11 @@ impl Rollup {
             .collect();
         let version = replace(
             &self.store,
+            &self.clock,
             &DENIED_HOURLY,
             ROLLUP_APP_ID,
             denied,
             txn(progress.and_then(|p| p.denied_expected)),
-            now,
         )
         .await?;
         Ok(hours
@@ -451,16 +465,20 @@ pub fn state_in(snapshot: &Snapshot, hour: &HourPartition) -> Option<RollupState
 /// One commit to `table` replacing, for each `(dir, add)`, the files under `dir` (one
 /// hour's or one day's folder) by `add`; with `txn` (`expected`, `version`), carrying
 /// `app_id`'s progress. The days it writes are what it read, so a concurrent writer
-/// adding to one of them makes it fail rather than leave an hour with two files.
+/// adding to one of them makes it fail rather than leave an hour with two files. The
+/// removes, the progress and the commit are stamped by `clock`.
 pub async fn replace(
     store: &Arc<dyn ObjectStore>,
+    clock: &Clock,
     table: &TableDef,
     app_id: &str,
     files: Vec<(String, Add)>,
     txn: Option<(Option<i64>, i64)>,
-    now_ms: i64,
 ) -> Result<i64, RollupError> {
-    let (handle, mut snapshot) = table.open(Arc::clone(store)).await?;
+    let (handle, mut snapshot) = table
+        .open_table(table.table_at(Arc::clone(store), Arc::clone(clock)))
+        .await?;
+    let now_ms = handle.now_ms();
     let mut actions = Vec::new();
     let mut days = Vec::new();
     let replaced = files.len();

@@ -1,7 +1,9 @@
 //! The contracts between verdict's crates, with no I/O: the decision event and its v1 wire
 //! format ([`wire`]), the Arrow schemas of the tables and the event → `RecordBatch`
-//! conversion ([`tables`]), and where every object lives in the store ([`layout`]).
+//! conversion ([`tables`]), where every object lives in the store ([`layout`]), and the
+//! time every part reads ([`clock`]).
 
+pub mod clock;
 pub mod event;
 pub mod layout;
 #[cfg(feature = "synth")]
@@ -9,6 +11,7 @@ pub mod synth;
 pub mod tables;
 pub mod wire;
 
+pub use clock::{Clock, FakeClock, ScaledClock, SystemClock};
 pub use event::{
     DecisionEvent, DecisionSource, DeniedBy, KeyId, RegionId, RouteClassId, TierId, Verdict,
 };

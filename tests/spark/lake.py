@@ -20,6 +20,7 @@ import glob
 import json
 import os
 import sys
+import tempfile
 import threading
 
 
@@ -46,6 +47,9 @@ def spark_session():
         .config("spark.databricks.delta.snapshotPartitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.driver.memory", "1g")
+        # Spark makes its (unused) warehouse folder where it runs unless told: a temporary
+        # one, so no run leaves a `spark-warehouse/` in the caller's folder.
+        .config("spark.sql.warehouse.dir", tempfile.mkdtemp(prefix="verdict-spark-warehouse-"))
         .getOrCreate()
     )
 

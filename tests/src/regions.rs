@@ -15,15 +15,15 @@ use std::time::{Duration, Instant};
 use fred::interfaces::ClientLike as _;
 use rdkafka::message::Message;
 use verdict_counters_redis::{RedisStore, RedisStoreConfig};
-use verdict_jobs::reconcile::{ReconcileConfig, Reconciler, RegionEndpoint, RoundOutcome};
-use verdict_jobs::region_counters::RegionCounters;
-use verdict_jobs::share_rounds::ShareRounds;
 use verdict_limiter::regions::{Share, ShareHandle};
 use verdict_limiter::{
     Decision, Limiter, LimiterConfig, LimiterMetrics, PolicyHandle, PolicySource, RegionalTimings,
     Request, SystemClock, event_queue,
 };
 use verdict_policy_store::{PgShares, PgSource};
+use verdict_reconcile::region_counters::RegionCounters;
+use verdict_reconcile::share_rounds::ShareRounds;
+use verdict_reconcile::{ReconcileConfig, Reconciler, RegionEndpoint, RoundOutcome};
 use verdict_schemas::{DecisionEvent, KeyId, RegionId, RouteClassId, TierId};
 
 use crate::{

@@ -35,12 +35,12 @@ use object_store::ObjectStore;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use verdict_jobs::reconcile::{ReconcileConfig, RoundOutcome};
-use verdict_jobs::round_log::{RoundLog, RoundRecord};
 use verdict_limiter::{
     FakeClock, Limiter, LimiterConfig, LimiterMetrics, MemoryStore, PolicyHandle, PolicySnapshot,
     Regional, Request, event_queue, round_in_process,
 };
+use verdict_reconcile::round_log::{RoundLog, RoundRecord};
+use verdict_reconcile::{ReconcileConfig, RoundOutcome};
 use verdict_schemas::layout::HourPartition;
 use verdict_schemas::{DecisionEvent, KeyId, RegionId, RouteClassId, TierId};
 
@@ -702,8 +702,8 @@ fn truth(
 
 /// Records `rounds` in the lake's `reconcile_rounds`, as the reconcile job does.
 pub async fn write_rounds(store: &Arc<dyn ObjectStore>, rounds: &[RoundRecord]) {
-    let mut log = RoundLog::new(Arc::clone(store), verdict_jobs::round_log::MAX_PENDING);
-    for chunk in rounds.chunks(verdict_jobs::round_log::MAX_PENDING) {
+    let mut log = RoundLog::new(Arc::clone(store), verdict_reconcile::round_log::MAX_PENDING);
+    for chunk in rounds.chunks(verdict_reconcile::round_log::MAX_PENDING) {
         for r in chunk {
             log.push(*r);
         }

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use verdict_ingest::flush::{StoreCalls, flush_after_progress};
 use verdict_ingest::{ConsumedEvent, KafkaSource, RawTable};
 use verdict_schemas::layout::HourPartition;
 use verdict_schemas::{DecisionEvent, DecisionSource, Verdict};
@@ -196,7 +197,8 @@ pub async fn overage_file(store: &Arc<dyn ObjectStore>, date: chrono::NaiveDate)
 }
 
 /// Writes each partition's events as raw files of `hour` of `per_file` consecutive
-/// records, each file one commit to the raw table (as one flush per file would).
+/// records, each file one flush of the partition (its files and one commit with its
+/// progress, [`flush_after_progress`]), continuing after what earlier calls wrote.
 pub async fn write_raw_files(
     store: &Arc<dyn ObjectStore>,
     topic: &str,
@@ -211,12 +213,17 @@ pub async fn write_raw_files(
     for (partition, list) in by_partition {
         let source = KafkaSource::new("local", topic, partition);
         for chunk in list.chunks(per_file) {
-            let file = raw
-                .append(&source, hour, chunk.to_vec())
-                .await
-                .expect("writing a raw file")
-                .expect("a non-empty chunk");
-            written.push(file.path);
+            assert!(
+                chunk
+                    .iter()
+                    .all(|c| HourPartition::from_event_time_ms(c.event.event_time_ms) == Ok(hour)),
+                "an event outside {hour}"
+            );
+            let report =
+                flush_after_progress(&mut raw, &source, chunk.to_vec(), &StoreCalls::default())
+                    .await
+                    .expect("writing a raw file");
+            written.extend(report.paths);
         }
     }
     written

@@ -258,7 +258,7 @@ fn review_part(range: &Range) -> String {
 pub(super) fn shadow_keys(range: &str, filters: &str) -> String {
     // Only the decisions of shadow limits are grouped by key: the semi-join drops the
     // others before the per-key aggregation, the report's main cost (about a fifth
-    // less time in `verdict bench query`; the final join alone gives the same rows).
+    // less time in `verdict-bench query`; the final join alone gives the same rows).
     format!(
         "SELECT tier, route_class, key_id, COUNT(*) AS requests,
     SUM(CASE WHEN verdict = 2 THEN 1 ELSE 0 END) AS would_deny,

@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use verdict_counters_redis::{RedisStore, RedisStoreConfig};
-use verdict_jobs::region_counters::RegionCounters;
 use verdict_limiter::moving::{MovingStore, Phase};
 use verdict_limiter::{CounterStore, LimitKey, Limits};
+use verdict_reconcile::region_counters::RegionCounters;
 use verdict_schemas::{KeyId, RouteClassId, TierId};
 use verdict_tests::private::PrivateRedis;
 

@@ -1,4 +1,4 @@
-//! `verdict bench ingest`: the raw table's write path. Prints one JSON object per mode:
+//! `verdict-bench ingest`: the raw table's write path. Prints one JSON object per mode:
 //!
 //! - `write_path`: N realistic events (Zipf keys, a few percent denied) in their 64-byte wire
 //!   form from an in-process source are decoded, split by partition and hour, sorted,
@@ -25,7 +25,7 @@ use verdict_schemas::DecisionEvent;
 use verdict_demo::partition_of;
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
 
-/// Options of `verdict bench ingest`.
+/// Options of `verdict-bench ingest`.
 #[derive(Debug, Clone, Args)]
 pub struct IngestBenchArgs {
     /// Events to write.

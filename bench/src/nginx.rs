@@ -1,4 +1,4 @@
-//! The peer `verdict bench gateway --nginx` measures the gateway against: Debian's nginx with
+//! The peer `verdict-bench gateway --nginx` measures the gateway against: Debian's nginx with
 //! its own limiter, `limit_req`, keyed by the same API-key header, proxying to the same
 //! upstream over kept-alive connections. Its limit, like the bench's policy, is one nobody
 //! reaches, so both sides look a key up, count it and forward. Started in a folder of its

@@ -1,4 +1,4 @@
-//! `verdict bench page`: the analysts' page loaded in headless Chromium (Debian's
+//! `verdict-bench page`: the analysts' page loaded in headless Chromium (Debian's
 //! `chromium`; `scripts/services.sh up chromium` installs it) from a running query service,
 //! a fresh tab per run: the time from asking for the page to every view drawn, and the
 //! views' own time (their queries and drawing). Prints one JSON object.
@@ -14,7 +14,7 @@ use verdict_load::browser::Browser;
 
 use super::shared::median;
 
-/// Options of `verdict bench page`.
+/// Options of `verdict-bench page`.
 #[derive(Debug, Args)]
 pub struct PageBenchArgs {
     /// The page's address, with the choice in its fragment, for example

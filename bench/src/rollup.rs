@@ -1,4 +1,4 @@
-//! `verdict bench rollup`: one peak hour of raw data rolled up (the denied rollup and the
+//! `verdict-bench rollup`: one peak hour of raw data rolled up (the denied rollup and the
 //! demand histogram), and in the same run the two tables' SQL over the same files in
 //! DataFusion and in DuckDB.
 
@@ -11,12 +11,13 @@ use clap::Args;
 use object_store::local::LocalFileSystem;
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde::Serialize;
+use verdict_ingest::flush::{StoreCalls, flush_after_progress};
 use verdict_ingest::{ConsumedEvent, KafkaSource, RawTable};
 use verdict_rollup::{DEMAND_SQL, ROLLUP_SQL, Rollup, hour_files};
 use verdict_schemas::HourPartition;
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
 
-/// Options of `verdict bench rollup`.
+/// Options of `verdict-bench rollup`.
 #[derive(Debug, Clone, Args)]
 pub struct RollupBenchArgs {
     /// Events in the hour (the design's peak hour: 62,500,000).
@@ -235,25 +236,25 @@ pub async fn write_synth_hour(
         *next += 1;
         if buf.len() >= per_file {
             let chunk = std::mem::take(buf);
-            raw.append(
-                &KafkaSource::new("bench", "decisions", partition),
-                hour,
-                chunk,
-            )
-            .await?;
-            files += 1;
+            files += flush(&mut raw, partition, chunk).await?;
         }
     }
     for (partition, (_, buf)) in open {
         if !buf.is_empty() {
-            raw.append(
-                &KafkaSource::new("bench", "decisions", partition),
-                hour,
-                buf,
-            )
-            .await?;
-            files += 1;
+            files += flush(&mut raw, partition, buf).await?;
         }
     }
     Ok(files)
+}
+
+/// One flush of `events` of the bench's `partition` (the ingest worker's write path, after
+/// what the partition holds already): the raw files it wrote.
+async fn flush(
+    raw: &mut RawTable,
+    partition: i32,
+    events: Vec<ConsumedEvent>,
+) -> anyhow::Result<usize> {
+    let source = KafkaSource::new("bench", "decisions", partition);
+    let report = flush_after_progress(raw, &source, events, &StoreCalls::default()).await?;
+    Ok(report.files)
 }

@@ -1,14 +1,54 @@
-//! Fault injection for the crash tests of `verdict ingest` (hidden options): a store that
-//! holds the worker for a while right after a commit to a table's log has landed, before
-//! the worker does anything else (the offset commit to Kafka is next), so that a test can
-//! kill the process in that window deterministically.
+//! `verdict-bench ingest-with-faults`: `verdict ingest` with fault injection for its crash
+//! tests (`bench/tests/ingest_crash.rs`). A store whose every put waits a while, so that a
+//! flush spends seconds between its first file and its commit; and a store that holds the
+//! worker for a while right after a commit to a table's log has landed, before the worker
+//! does anything else (the offset commit to Kafka is next), so that a test can kill the
+//! process in that window deterministically.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use clap::Args;
 use object_store::path::Path;
+use object_store::throttle::{ThrottleConfig, ThrottledStore};
 use object_store::{ObjectStore, PutMode};
+use verdict::ingest::IngestArgs;
 use verdict_lake::{Observed, Observer};
+
+/// Options of `verdict-bench ingest-with-faults`: those of `verdict ingest`, and the faults.
+#[derive(Debug, Clone, Args)]
+pub struct IngestWithFaultsArgs {
+    /// The worker's options, as `verdict ingest` takes them.
+    #[command(flatten)]
+    pub ingest: IngestArgs,
+    /// Wait this long before every put to the store.
+    #[arg(long, default_value_t = 0)]
+    pub put_delay_ms: u64,
+    /// Wait this long after each commit to the raw table's log, before the offsets go to
+    /// Kafka.
+    #[arg(long, default_value_t = 0)]
+    pub commit_pause_ms: u64,
+}
+
+/// Runs `verdict ingest` through the faulty store until a signal asks it to stop.
+pub async fn run(args: IngestWithFaultsArgs) -> anyhow::Result<()> {
+    let (put_delay, commit_pause) = (args.put_delay_ms, args.commit_pause_ms);
+    verdict::ingest::run_through(args.ingest, move |mut store| {
+        if put_delay > 0 {
+            let slow = ThrottleConfig {
+                wait_put_per_call: Duration::from_millis(put_delay),
+                ..ThrottleConfig::default()
+            };
+            store = Arc::new(ThrottledStore::new(store, slow)) as Arc<dyn ObjectStore>;
+        }
+        if commit_pause > 0 {
+            let pause = Duration::from_millis(commit_pause);
+            store = Arc::new(PauseAfterCommit::new(store, pause)) as Arc<dyn ObjectStore>;
+        }
+        store
+    })
+    .await
+}
 
 /// `inner`, except that a put creating a log entry (`…/_delta_log/<version>.json`, written
 /// with `PutMode::Create`) returns only after `pause` once it has succeeded:

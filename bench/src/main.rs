@@ -1,24 +1,42 @@
-//! `verdict bench …`: measurements that print JSON, against the real services where the
-//! measured path uses them. Speed is measured here, never in tests.
+//! `verdict-bench`: the harness beside the product, a binary of its own so that the one
+//! operators install (`verdict`) carries none of it. The measurements print JSON, against
+//! the real services where the measured path uses them (speed is measured here, never in
+//! tests); the peers they start (nginx, DuckDB, headless Chromium) are launched from here;
+//! and `ingest-with-faults` is `verdict ingest` with the crash tests' fault injection.
 
-pub mod gateway;
-pub mod ingest;
-pub mod limiter;
-pub mod log;
-pub mod nginx;
-pub mod page;
-pub mod query;
-pub mod rollup;
-pub mod shared;
-pub mod soak;
+mod gateway;
+mod ingest;
+mod ingest_faults;
+mod limiter;
+mod log;
+mod nginx;
+mod page;
+mod query;
+mod rollup;
+mod shared;
+mod soak;
 
-pub use shared::{DuckDbArgs, median};
+use clap::{Parser, Subcommand};
 
-use clap::Subcommand;
+/// As in `verdict`: mimalloc, each block counted against the query it was made for
+/// (`verdict_query::memory`), so that `query` measures what the service would.
+#[global_allocator]
+static ALLOCATOR: verdict_query::memory::Counted<mimalloc::MiMalloc> =
+    verdict_query::memory::Counted::new(mimalloc::MiMalloc);
+
+/// verdict-bench: the benchmarks of verdict, and the crash tests' fault injection. Not the
+/// product: `verdict` is.
+#[derive(Debug, Parser)]
+#[command(name = "verdict-bench", version, about, long_about = None)]
+struct Cli {
+    /// What to run.
+    #[command(subcommand)]
+    command: BenchCommand,
+}
 
 /// What to measure.
 #[derive(Debug, Subcommand)]
-pub enum BenchCommand {
+enum BenchCommand {
     /// Decisions per second and their latency against the real Redis, from simulated
     /// gateway instances; accuracy (worst key's allowed ÷ limit) and Redis memory per limit
     /// key; redis-benchmark's EVALSHA ceiling from the same run.
@@ -66,11 +84,35 @@ pub enum BenchCommand {
     /// running service, a fresh tab per run: prints one JSON object with the time from
     /// asking for the page to every view drawn (ready_ms) and the views' own (views_ms).
     Page(page::PageBenchArgs),
+    /// `verdict ingest` with fault injection, for the crash tests: every put to the store
+    /// held a while, or the worker held right after each commit to the raw table's log
+    /// (before its offsets go to Kafka), so a test can kill or stop it in that window.
+    IngestWithFaults(ingest_faults::IngestWithFaultsArgs),
 }
 
-/// Runs one bench.
-pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    verdict::init_logging();
+    let cli = Cli::parse();
+    // 8 MiB stacks for the workers, as `verdict` has them.
+    let ran = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(8 << 20)
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|runtime| runtime.block_on(run(cli.command)));
+    match ran {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("verdict-bench: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs one command.
+async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
+        BenchCommand::IngestWithFaults(args) => ingest_faults::run(args).await,
         BenchCommand::Limiter(args) => limiter::run(args).await,
         BenchCommand::Ingest(args) => ingest::run(args).await,
         BenchCommand::Log(args) => log::run(args).await,

@@ -158,7 +158,10 @@ impl RoundLog {
         }
         let last = self.pending.iter().map(|r| r.time_ms).max().unwrap_or(0);
         let (table, mut snapshot) = RECONCILE_ROUNDS
-            .open(Arc::clone(self.rollup.store()))
+            .open_table(RECONCILE_ROUNDS.table_at(
+                Arc::clone(self.rollup.store()),
+                Arc::clone(self.rollup.clock()),
+            ))
             .await?;
         let expected = snapshot.txn_version(RECONCILE_ROUNDS_APP_ID);
         if expected.is_some_and(|v| v >= last) {

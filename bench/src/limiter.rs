@@ -1,4 +1,4 @@
-//! `verdict bench limiter`: decisions against the real Redis from N simulated gateway
+//! `verdict-bench limiter`: decisions against the real Redis from N simulated gateway
 //! instances in this process (each a `Limiter` with its own connection pool), open loop at a
 //! target rate (latency is measured from when a request was due, so a stall is not hidden),
 //! keys uniform or Zipf with one tenant at 8 % of traffic. Prints one JSON object, with
@@ -37,7 +37,7 @@ pub enum KeyDistribution {
     Zipf,
 }
 
-/// Options of `verdict bench limiter`.
+/// Options of `verdict-bench limiter`.
 #[derive(Debug, Clone, Args)]
 pub struct LimiterBenchArgs {
     /// Redis to decide against [default: database 15 of the server $VERDICT_REDIS_URL
@@ -52,7 +52,7 @@ pub struct LimiterBenchArgs {
     /// How each instance talks to Redis, as `verdict gateway` does (the same flags and
     /// defaults).
     #[command(flatten)]
-    pub redis_store: crate::redis_args::RedisStoreArgs,
+    pub redis_store: verdict::redis_args::RedisStoreArgs,
     /// Requests in flight per instance.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub concurrency: u32,

@@ -39,7 +39,7 @@ use verdict_limiter::{LimitLookup, PolicySnapshot, PolicySource};
 use verdict_policy_store::PolicyStoreError;
 use verdict_schemas::RegionId;
 
-use crate::metrics::JobMetrics;
+use crate::metrics::ReconcileMetrics;
 use crate::region_counters::RegionCounters;
 use crate::round_log::{RoundLog, RoundRecord};
 use crate::share_rounds::ShareRounds;
@@ -153,8 +153,10 @@ pub struct Reconciler {
     shares: ShareRounds,
     cfg: ReconcileConfig,
     last_policy: Option<PolicySnapshot>,
-    metrics: JobMetrics,
+    metrics: ReconcileMetrics,
     log: Option<RoundLog>,
+    /// The time the rounds run at, when the job runs them on its schedule.
+    clock: verdict_lake::Clock,
 }
 
 impl Reconciler {
@@ -172,9 +174,17 @@ impl Reconciler {
             shares,
             cfg,
             last_policy: None,
-            metrics: JobMetrics::new(),
+            metrics: ReconcileMetrics::new(),
             log: None,
+            clock: Arc::new(verdict_schemas::SystemClock),
         }
+    }
+
+    /// The same job running its scheduled rounds at `clock`'s time.
+    #[must_use]
+    pub fn with_clock(mut self, clock: verdict_lake::Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The same job recording its rounds in the lake (`reconcile_rounds`, see
@@ -200,7 +210,7 @@ impl Reconciler {
     }
 
     /// The job's metrics (`verdict_job_*{job="reconcile"}`, `verdict_reconcile_*`).
-    pub fn metrics(&self) -> &JobMetrics {
+    pub fn metrics(&self) -> &ReconcileMetrics {
         &self.metrics
     }
 
@@ -391,16 +401,18 @@ impl Reconciler {
                 _ = ticker.tick() => {}
             }
             let started = Instant::now();
-            let now = chrono::Utc::now().timestamp_millis();
+            let now = self.clock.now_ms();
             let result = self.run_once(now).await;
-            self.metrics
-                .record_run("reconcile", started.elapsed(), result.is_ok());
+            self.metrics.run.record_run(
+                "reconcile",
+                started.elapsed(),
+                result.is_ok(),
+                self.clock.now_ms(),
+            );
             match result {
                 Ok(o) => {
-                    self.metrics.reconcile_keys.set(o.keys as i64);
-                    self.metrics
-                        .reconcile_unreachable
-                        .set(o.unreachable.len() as i64);
+                    self.metrics.keys.set(o.keys as i64);
+                    self.metrics.unreachable.set(o.unreachable.len() as i64);
                     tracing::info!(
                         keys = o.keys,
                         rows = o.rows,
@@ -420,7 +432,7 @@ impl Reconciler {
     }
 
     async fn append_logged(&mut self) {
-        let now = chrono::Utc::now().timestamp_millis();
+        let now = self.clock.now_ms();
         match self.append_rounds(now).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(rounds = n, "reconcile_rounds appended to the lake"),

@@ -1,4 +1,4 @@
-//! `verdict bench query`: a realistic lake (days of raw decisions at a scaled-down rate,
+//! `verdict-bench query`: a realistic lake (days of raw decisions at a scaled-down rate,
 //! a month of hourly rollups and the daily overage), then every named report and a few
 //! ad-hoc queries timed in DataFusion and, on the same files with the same SQL, in DuckDB,
 //! and in a process of ours that does not count memory per query (what the counting in
@@ -27,7 +27,7 @@ use super::rollup::write_synth_hour;
 use super::shared::median;
 use verdict_demo::policy::policy_toml;
 
-/// Options of `verdict bench query`.
+/// Options of `verdict-bench query`.
 #[derive(Debug, Args)]
 pub struct QueryBenchArgs {
     /// Days of raw decisions (the raw table keeps 7).
@@ -60,7 +60,7 @@ pub struct QueryBenchArgs {
     pub compare: super::shared::DuckDbArgs,
 }
 
-/// Options of `verdict bench query-peer`.
+/// Options of `verdict-bench query-peer`.
 #[derive(Debug, Args)]
 pub struct QueryPeerArgs {
     /// The lake `bench query` wrote (its policy in `policy.toml`).
@@ -598,7 +598,7 @@ fn lake_engine(root: &std::path::Path, threads: usize) -> anyhow::Result<Engine>
     )?)
 }
 
-/// `verdict bench query-peer`: runs the spec's query named on each line of standard input
+/// `verdict-bench query-peer`: runs the spec's query named on each line of standard input
 /// and prints `{"seconds", "rows"}` (or `{"error"}`) on a line of its own.
 pub async fn peer(args: QueryPeerArgs) -> anyhow::Result<()> {
     use std::io::{BufRead, Write};
@@ -674,7 +674,7 @@ impl DuckDb {
         std::fs::write(&spec_path, serde_json::to_vec_pretty(&spec)?)?;
         let exe = std::env::current_exe().context("finding this program to start its peer")?;
         let child = std::process::Command::new(exe)
-            .args(["bench", "query-peer", "--lake"])
+            .args(["query-peer", "--lake"])
             .arg(root)
             .arg("--spec")
             .arg(&spec_path)
@@ -683,7 +683,7 @@ impl DuckDb {
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .spawn()
-            .context("starting the uncounted process (verdict bench query-peer)")?;
+            .context("starting the uncounted process (verdict-bench query-peer)")?;
         Self::attach("the uncounted process", child)
     }
 

@@ -1,4 +1,4 @@
-//! `verdict bench gateway`: HTTP load through the gateway to a trivial upstream, and the same
+//! `verdict-bench gateway`: HTTP load through the gateway to a trivial upstream, and the same
 //! load sent straight to the upstream, in the same run and the same process; with `--nginx`
 //! also through nginx's own limiter (`limit_req`) in front of the same upstream, the peer a
 //! platform team would otherwise deploy. Two phases, each alternating the targets round by
@@ -31,7 +31,7 @@ use verdict_demo::{LocalGateway, spawn_upstream};
 
 use super::nginx::Nginx;
 
-/// Options of `verdict bench gateway`.
+/// Options of `verdict-bench gateway`.
 #[derive(Debug, Clone, Args)]
 pub struct GatewayBenchArgs {
     /// Seconds of load per round and target.
@@ -54,7 +54,7 @@ pub struct GatewayBenchArgs {
     pub redis: Option<String>,
     /// How the gateway talks to Redis, as for `verdict gateway`.
     #[command(flatten)]
-    pub redis_store: crate::redis_args::RedisStoreArgs,
+    pub redis_store: verdict::redis_args::RedisStoreArgs,
     /// Send the gateway's decision events to these Kafka brokers (host:port,…), as in
     /// production; without, they are drained and discarded in the process.
     #[arg(long)]
@@ -205,7 +205,7 @@ async fn bench(args: &GatewayBenchArgs) -> anyhow::Result<GatewayBenchReport> {
         keys,
     );
     let drain = match &args.kafka_brokers {
-        Some(brokers) => crate::gateway::drain_to_kafka(
+        Some(brokers) => verdict::gateway::drain_to_kafka(
             events,
             brokers,
             &args.kafka_topic,

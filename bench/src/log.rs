@@ -1,4 +1,4 @@
-//! `verdict bench log`: the raw table's Delta log after days of ingest, simulated in minutes.
+//! `verdict-bench log`: the raw table's Delta log after days of ingest, simulated in minutes.
 //!
 //! Every flush interval of simulated time each Kafka partition commits one flush, as the
 //! ingest does: an `add` for the hour's file (and, for a share of flushes, one for late
@@ -32,7 +32,7 @@ use verdict_lake::{Action, Commit, Observed, Observer, Snapshot, Table};
 use verdict_schemas::HourPartition;
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
 
-/// Options of `verdict bench log`.
+/// Options of `verdict-bench log`.
 #[derive(Debug, Clone, Args)]
 pub struct LogBenchArgs {
     /// Simulated days of ingest (a week, and a day past the raw table's 7-day log retention).
@@ -93,13 +93,11 @@ pub async fn run(args: LogBenchArgs) -> anyhow::Result<()> {
         .context("the simulation's start")?;
     let now = Arc::new(std::sync::atomic::AtomicI64::new(start_ms));
     let store = Arc::new(SimulatedTimes::new(&dir, Arc::clone(&now))?);
-    let clock_now = Arc::clone(&now);
-    let table = RAW
-        .table(Arc::clone(&store) as Arc<dyn ObjectStore>)
-        .with_clock(Arc::new(move || {
-            clock_now.load(std::sync::atomic::Ordering::Relaxed)
-        }));
-    let snapshot = table.open_or_create(RAW.metadata()).await?;
+    let table = RAW.table_at(
+        Arc::clone(&store) as Arc<dyn ObjectStore>,
+        Arc::new(Simulated(Arc::clone(&now))),
+    );
+    let snapshot = table.open_or_create(RAW.metadata(start_ms)).await?;
     let mut log = Timed {
         table,
         snapshot,
@@ -391,5 +389,15 @@ impl Observer for SimulatedTimes {
 
     fn listed(&self, meta: &mut ObjectMeta) {
         self.dated(meta);
+    }
+}
+
+/// The simulation's time, which the bench moves: the raw table's clock.
+#[derive(Debug)]
+struct Simulated(Arc<std::sync::atomic::AtomicI64>);
+
+impl verdict_schemas::Clock for Simulated {
+    fn now_ms(&self) -> i64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
     }
 }

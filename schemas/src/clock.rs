@@ -1,6 +1,10 @@
-//! Time, as the limiter sees it: a `Clock` gives Unix milliseconds. The Redis store ignores
-//! it (Redis's own `TIME` decides, so gateways with skewed clocks agree); the memory store,
-//! the breaker and the policy age use it, and tests move a [`FakeClock`] instead of sleeping.
+//! Time: a `Clock` gives Unix milliseconds, and every part of verdict that reads the time
+//! reads it from the one it was given. The limiter's memory store, breaker and policy age
+//! use it (its Redis store ignores it: Redis's own `TIME` decides, so gateways with skewed
+//! clocks agree); the ingest worker stamps its commits and judges event times with it; the
+//! rollup and the jobs date their files and commits with it; the lake's tables stamp their
+//! commits with it. Tests move a [`FakeClock`] instead of sleeping, and the demo runs a
+//! [`ScaledClock`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};

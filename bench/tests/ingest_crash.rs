@@ -1,7 +1,8 @@
 //! `verdict ingest` killed with SIGKILL five times, against the real Kafka broker and S3
-//! server: once the moment a flush has written files it has not committed (the store
-//! slowed by the hidden `--put-delay-ms`), once right after a commit to the raw table's
-//! log and before its offsets reach Kafka (held there by the hidden `--commit-pause-ms`),
+//! server (run as `verdict-bench ingest-with-faults`, the same worker with fault injection):
+//! once the moment a flush has written files it has not committed (the store slowed by
+//! `--put-delay-ms`), once right after a commit to the raw table's log and before its
+//! offsets reach Kafka (held there by `--commit-pause-ms`),
 //! the other times at random moments while more events are produced, commits included. A last worker runs until every partition is
 //! flushed and stops on SIGTERM with exit status 0. Every produced (partition, offset) is
 //! then in the raw table once, and the interrupted flushes' files are in no commit.
@@ -44,9 +45,9 @@ fn worker_command(
     instance: &str,
     put_delay_ms: u64,
 ) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_verdict"));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_verdict-bench"));
     cmd.args([
-        "ingest",
+        "ingest-with-faults",
         "--store",
         store_url,
         "--s3-endpoint",

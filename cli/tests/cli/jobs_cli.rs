@@ -235,3 +235,22 @@ fn rollup_of_an_hour_without_events_writes_an_empty_rollup() {
     let commit = std::fs::read_to_string(log.join("00000000000000000001.json")).unwrap();
     assert!(commit.contains(&files[0]), "{commit}");
 }
+
+#[test]
+fn every_job_refuses_a_lake_without_a_raw_table_naming_it() {
+    let lake = tempfile::tempdir().unwrap();
+    let store = lake.path().to_str().unwrap();
+    for job in ["rollup", "compact", "overage", "retention"] {
+        let o = verdict(&["jobs", "once", job, "--store", store]);
+        assert!(!o.status.success(), "{job}: {o:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains(&format!("the {job} job on the lake {store}"))
+                && err.contains("raw: not a Delta table (no raw/_delta_log/)")
+                && err.contains("is this the lake the ingest workers write?"),
+            "{job}: {err}"
+        );
+    }
+    // Nothing was written into the folder.
+    assert_eq!(std::fs::read_dir(lake.path()).unwrap().count(), 0);
+}

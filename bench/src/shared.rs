@@ -83,3 +83,15 @@ impl DuckDbArgs {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 }
+
+/// The program `name` (`verdict`) beside this one, as `cargo build` leaves them.
+pub fn sibling(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("finding this program")?;
+    let path = exe.with_file_name(name);
+    anyhow::ensure!(
+        path.is_file(),
+        "{} is missing: build it beside verdict-bench (cargo build --release -p verdict)",
+        path.display()
+    );
+    Ok(path)
+}

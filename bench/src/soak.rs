@@ -1,4 +1,4 @@
-//! `verdict bench soak`: the decision path for minutes under faults. Three `verdict gateway`
+//! `verdict-bench soak`: the decision path for minutes under faults. Three `verdict gateway`
 //! processes (this binary) on the Redis Cluster of `scripts/services.sh`, their policy in
 //! PostgreSQL (through a TCP proxy of its own), their events on Kafka and one
 //! `verdict ingest` worker writing them into a raw table in a folder, each gateway paced at
@@ -33,7 +33,7 @@ use verdict_load::proxy::TcpProxy;
 use verdict_load::{LoadReport, LoadSpec, MakeRequest};
 use verdict_schemas::KeyId;
 
-/// Options of `verdict bench soak`.
+/// Options of `verdict-bench soak`.
 #[derive(Debug, Clone, Args)]
 pub struct SoakArgs {
     /// Length of the run, seconds (the schedule's faults scale with it).
@@ -504,7 +504,7 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<()> {
 }
 
 async fn soak(args: &SoakArgs) -> anyhow::Result<SoakReport> {
-    let exe = std::env::current_exe().context("finding this binary")?;
+    let exe = super::shared::sibling("verdict")?;
     let dir = tempfile::tempdir().context("a folder for the run")?;
     let salt: u64 = args.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ u64::from(std::process::id());
     let run_name = format!("soak_{}_{}", args.seed, std::process::id());
