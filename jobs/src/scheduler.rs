@@ -213,9 +213,10 @@ impl Jobs {
     }
 
     async fn dispatch(&self, job: Job, now_ms: i64, dry_run: bool) -> Result<JobOutcome, JobError> {
+        // Only whether the log exists: each job reads the snapshot it works on.
         verdict_lake::tables::RAW
             .table(Arc::clone(&self.store))
-            .snapshot()
+            .check_exists()
             .await
             .map_err(JobError::NoRawTable)?;
         let w = &self.cfg.windows;

@@ -671,6 +671,20 @@ impl Table {
         }
     }
 
+    /// Whether the table has a log, without reading it: the first commit or checkpoint its
+    /// log folder lists, else [`LakeError::NotATable`].
+    pub async fn check_exists(&self) -> Result<(), LakeError> {
+        let mut listing = self.store.list(Some(&log_dir(&self.root)));
+        while let Some(meta) = listing.try_next().await.map_err(self.store_err())? {
+            if LogFile::parse(meta.location.as_ref()).is_some() {
+                return Ok(());
+            }
+        }
+        Err(LakeError::NotATable {
+            table: self.name.clone(),
+        })
+    }
+
     /// The latest snapshot, or `None` while the table has no log (nothing was ever
     /// committed to it): what a reader or a job that only reads wants.
     pub async fn snapshot_if_any(&self) -> Result<Option<Snapshot>, LakeError> {
