@@ -136,25 +136,7 @@ const KEY_HEADER: &str = "x-api-key";
 
 /// A policy nobody reaches: every request is decided and allowed, so the bench measures
 /// the proxy path (decision, headers, forwarding), not refusals.
-const POLICY: &str = r#"
-version = 1
-
-[[tiers]]
-id = 0
-name = "bench"
-
-[[route_classes]]
-id = 0
-name = "all"
-prefixes = ["/"]
-
-[[limits]]
-tier = "bench"
-route_class = "*"
-capacity = 1000000000
-refill_per_s = 1000000000
-hourly_quota = 1000000000
-"#;
+const POLICY: &str = include_str!("../fixtures/policies/never_reached.toml");
 
 /// Runs the bench and prints its JSON.
 pub async fn run(args: GatewayBenchArgs) -> anyhow::Result<()> {

@@ -330,8 +330,48 @@ pub fn render(r: &DemoReport, cfg: &DemoConfig) -> String {
         .filter(|(code, _)| **code != 200 && **code != 429)
         .map(|(_, n)| n)
         .sum();
-    let n = r.events;
+    let DemoReport {
+        events: n,
+        requests,
+        target_rate: rate,
+        answered_per_s: answered,
+        p50_ms: p50,
+        p99_ms: p99,
+        limited_without_retry_after: no_retry,
+        failed,
+        allowed,
+        denied,
+        would_deny: would,
+        degraded,
+        events_dropped: dropped,
+        reconcile_rounds: rounds,
+        wire_bytes_per_event: wire,
+        partitions: parts,
+        files,
+        hours: hour_parts,
+        first_hour: first,
+        last_hour: last,
+        parquet_bytes_per_event: pq_per,
+        write_s,
+        rollup_rows,
+        rollup_s,
+        rollup_denied,
+        rollup_would_deny: rollup_would,
+        undecodable,
+        traffic_s: secs,
+        ..
+    } = r;
+    let DemoConfig {
+        speed, keys, seed, ..
+    } = cfg;
     let out = cfg.out.display();
+    let minutes = secs * f64::from(*speed) / 60.0;
+    let (ok, limited) = (status(200), status(429));
+    let (allowed_p, denied_p, would_p) = (pct(*allowed, *n), pct(*denied, *n), pct(*would, *n));
+    let regions = render_regions(r);
+    let wire_mb = mb(*wire as u64 * n);
+    let pq_mb = mb(r.parquet_bytes);
+    let rollup_kb = r.rollup_bytes as f64 / 1000.0;
     let mut t = format!(
         "verdict demo: {minutes:.0} minutes of API traffic through the gateway in {secs:.0} s \
          (the limiter's clock runs {speed}x faster), {keys} keys (seed {seed})\n\
@@ -351,46 +391,6 @@ pub fn render(r: &DemoReport, cfg: &DemoConfig) -> String {
          {rollup_kb:.1} KB, in {rollup_s:.2} s; it counts {rollup_denied} denials (the client \
          saw {limited} 429s) and {rollup_would} would-denies\n\
          undecodable   {undecodable}\n",
-        minutes = r.traffic_s * f64::from(cfg.speed) / 60.0,
-        secs = r.traffic_s,
-        speed = cfg.speed,
-        keys = cfg.keys,
-        seed = cfg.seed,
-        requests = r.requests,
-        rate = r.target_rate,
-        answered = r.answered_per_s,
-        p50 = r.p50_ms,
-        p99 = r.p99_ms,
-        ok = status(200),
-        limited = status(429),
-        no_retry = r.limited_without_retry_after,
-        failed = r.failed,
-        allowed = r.allowed,
-        allowed_p = pct(r.allowed, n),
-        denied = r.denied,
-        denied_p = pct(r.denied, n),
-        would = r.would_deny,
-        would_p = pct(r.would_deny, n),
-        degraded = r.degraded,
-        dropped = r.events_dropped,
-        regions = render_regions(r),
-        rounds = r.reconcile_rounds,
-        wire = r.wire_bytes_per_event,
-        wire_mb = mb(r.wire_bytes_per_event as u64 * n),
-        parts = r.partitions,
-        files = r.files,
-        hour_parts = r.hours,
-        first = r.first_hour,
-        last = r.last_hour,
-        pq_mb = mb(r.parquet_bytes),
-        pq_per = r.parquet_bytes_per_event,
-        write_s = r.write_s,
-        rollup_rows = r.rollup_rows,
-        rollup_kb = r.rollup_bytes as f64 / 1000.0,
-        rollup_s = r.rollup_s,
-        rollup_denied = r.rollup_denied,
-        rollup_would = r.rollup_would_deny,
-        undecodable = r.undecodable,
     );
     t += &format!(
         "\nWhich limits were wrong? wrong-limits over {} to {} ({:.2} s for the reports and the replay):\n",

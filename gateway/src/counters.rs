@@ -20,21 +20,22 @@ pub enum GatewayStore {
     Moving(Arc<MovingStore<RedisStore, RedisStore>>),
 }
 
+/// A decision of the counters, or why there is none.
+type Checked = Result<CounterCheck, StoreError>;
+
 /// A key's place is Redis's (its hash slot); memory and a move have none.
 impl CounterStore for GatewayStore {
     type Place = u16;
 
-    async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<CounterCheck, StoreError> {
-        self.check_located(key, self.locate(key).place, limits)
-            .await
+    async fn check(&self, key: &LimitKey, limits: &Limits) -> Checked {
+        match self {
+            Self::Redis(r) => r.check(key, limits).await,
+            Self::Memory(m) => m.check(key, limits).await,
+            Self::Moving(m) => m.check(key, limits).await,
+        }
     }
 
-    async fn check_located(
-        &self,
-        key: &LimitKey,
-        slot: u16,
-        limits: &Limits,
-    ) -> Result<CounterCheck, StoreError> {
+    async fn check_located(&self, key: &LimitKey, slot: u16, limits: &Limits) -> Checked {
         match self {
             Self::Redis(r) => r.check_located(key, slot, limits).await,
             Self::Memory(m) => m.check(key, limits).await,

@@ -77,33 +77,7 @@ mod tests {
 
     #[test]
     fn the_longest_prefix_wins_on_whole_segments() {
-        let doc = parse_toml(
-            r#"
-version = 2
-[[tiers]]
-id = 0
-name = "free"
-[[route_classes]]
-id = 0
-name = "read"
-prefixes = ["/v1/items", "/v1/search/"]
-[[route_classes]]
-id = 1
-name = "write"
-prefixes = ["/v1/items/bulk"]
-[[route_classes]]
-id = 2
-name = "rest"
-prefixes = ["/"]
-[[limits]]
-tier = "free"
-route_class = "*"
-capacity = 1
-refill_per_s = 1.0
-hourly_quota = 1
-"#,
-        )
-        .unwrap();
+        let doc = parse_toml(include_str!("../fixtures/policies/nested_prefixes.toml")).unwrap();
         let t = RouteTable::of(&PolicySnapshot::build(doc).unwrap());
         assert_eq!(t.route("/v1/items"), Some(RouteClassId(0)));
         assert_eq!(t.route("/v1/items/7"), Some(RouteClassId(0)));

@@ -16,42 +16,7 @@ use verdict_limiter::{
     Limiter, LimiterConfig, LimiterMetrics, MemoryStore, PolicyHandle, PolicySnapshot, event_queue,
 };
 
-const POLICY: &str = r#"
-version = 1
-
-[[tiers]]
-id = 0
-name = "free"
-
-[[tiers]]
-id = 1
-name = "trial"
-
-[[route_classes]]
-id = 0
-name = "read"
-prefixes = ["/v1/items"]
-
-[[route_classes]]
-id = 1
-name = "slow"
-prefixes = ["/v1/slow"]
-
-[[limits]]
-tier = "free"
-route_class = "*"
-capacity = 3
-refill_per_s = 0.001
-hourly_quota = 100
-
-[[limits]]
-tier = "trial"
-route_class = "*"
-capacity = 1
-refill_per_s = 0.001
-hourly_quota = 100
-mode = "shadow"
-"#;
+const POLICY: &str = include_str!("../fixtures/policies/proxy.toml");
 
 async fn upstream() -> SocketAddr {
     let app = Router::new()

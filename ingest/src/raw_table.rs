@@ -108,15 +108,14 @@ pub fn split_by_hour(events: impl IntoIterator<Item = ConsumedEvent>) -> HourSpl
 
 /// The `add` of a raw file written at `now_ms`.
 pub fn raw_add(file: &HourFile, now_ms: i64, data_change: bool) -> Add {
-    Add {
-        path: file.table_path(),
-        partition_values: hour_partition(&file.hour),
-        size: file.bytes.len() as i64,
-        modification_time: now_ms,
-        data_change,
-        stats: Some(file.stats.clone()),
-        tags: None,
-    }
+    let add = Add::new(
+        file.table_path(),
+        hour_partition(&file.hour),
+        file.bytes.len() as i64,
+        now_ms,
+    )
+    .with_stats(file.stats.clone());
+    Add { data_change, ..add }
 }
 
 /// The raw table: its log and the snapshot this writer works on.

@@ -27,28 +27,8 @@ use verdict_rollup::{RawFile, hour_files_in, hours_in};
 use verdict_schemas::tables::raw;
 use verdict_schemas::{HourPartition, raw_schema};
 
+use crate::error::MaintenanceError;
 use crate::windows::Windows;
-
-/// Why a compaction failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum CompactError {
-    /// The store failed.
-    #[error("object store: {0}")]
-    Store(#[from] object_store::Error),
-    /// The raw table's log could not be read or committed to.
-    #[error(transparent)]
-    Lake(#[from] LakeError),
-    /// A raw file could not be read, or the merged one written.
-    #[error("parquet: {0}")]
-    Parquet(#[from] parquet::errors::ParquetError),
-    /// Merging the rows failed.
-    #[error("arrow: {0}")]
-    Arrow(#[from] arrow::error::ArrowError),
-    /// Encoding the merged file failed.
-    #[error(transparent)]
-    Encode(#[from] verdict_lake::files::EncodeError),
-}
 
 /// One compaction done.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,7 +67,7 @@ pub async fn run(
     now_ms: i64,
     windows: &Windows,
     min_files: usize,
-) -> Result<CompactReport, CompactError> {
+) -> Result<CompactReport, MaintenanceError> {
     let mut report = CompactReport::default();
     let table = RAW.table_at(Arc::clone(store), Arc::clone(clock));
     let Some(mut snapshot) = table.snapshot_if_any().await? else {
@@ -112,14 +92,14 @@ pub async fn compact_hour(
     hour: HourPartition,
     min_files: usize,
     report: &mut CompactReport,
-) -> Result<(), CompactError> {
+) -> Result<(), MaintenanceError> {
     let files = hour_files_in(snapshot, &hour).files;
     if files.len() < min_files.max(2) {
         return Ok(());
     }
     match merge(table, snapshot, hour, &files).await {
         Ok(c) => report.compacted.push(c),
-        Err(CompactError::Lake(LakeError::Conflict {
+        Err(MaintenanceError::Lake(LakeError::Conflict {
             conflict: Conflict::FileGone { path },
             ..
         })) => {
@@ -137,7 +117,7 @@ async fn merge(
     snapshot: &mut Snapshot,
     hour: HourPartition,
     group: &[RawFile],
-) -> Result<Compacted, CompactError> {
+) -> Result<Compacted, MaintenanceError> {
     let store = table.store();
     let mut batches = Vec::new();
     for f in group {
@@ -155,18 +135,10 @@ async fn merge(
     let body = encode_raw_parquet(std::slice::from_ref(&merged))?;
     let bytes_out = body.len();
     let now = table.now_ms();
-    let add = Add {
-        path: relative,
-        partition_values: hour_partition(&hour),
-        size: bytes_out as i64,
-        modification_time: now,
-        data_change: false,
-        stats: Some(verdict_lake::stats::file_stats(
-            std::slice::from_ref(&merged),
-            &[],
-        )),
-        tags: None,
-    };
+    let stats = verdict_lake::stats::file_stats(std::slice::from_ref(&merged), &[]);
+    let add = Add::new(relative, hour_partition(&hour), bytes_out as i64, now)
+        .with_stats(stats)
+        .rearranging();
     store.put(&output, PutPayload::from(body)).await?;
     let mut actions: Vec<Action> = group
         .iter()
@@ -198,7 +170,7 @@ async fn merge(
 }
 
 /// The raw table's row order: key id, event time, Kafka partition, offset.
-fn sorted(batch: &RecordBatch) -> Result<RecordBatch, CompactError> {
+fn sorted(batch: &RecordBatch) -> Result<RecordBatch, MaintenanceError> {
     let columns = [
         raw::KEY_ID,
         raw::EVENT_TIME,

@@ -14,6 +14,7 @@
 //! `verdict-reconcile`.
 
 pub mod compact;
+pub mod error;
 pub mod late;
 pub mod metrics;
 pub mod overage;
@@ -22,5 +23,6 @@ pub mod retention;
 pub mod scheduler;
 pub mod windows;
 
+pub use error::MaintenanceError;
 pub use scheduler::{Job, JobError, JobOutcome, Jobs, JobsConfig};
 pub use windows::Windows;

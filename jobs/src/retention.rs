@@ -27,20 +27,9 @@ use verdict_rollup::{hour_files_in, hours_in};
 use verdict_schemas::HourPartition;
 use verdict_schemas::layout::{parse_date_segment, parse_hour_segment};
 
+use crate::error::MaintenanceError;
 use crate::partitions::{day_folders, delete_under, objects_under};
 use crate::windows::{DAY, Windows, day_start_ms, ms};
-
-/// Why retention failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum RetentionError {
-    /// The store failed.
-    #[error("object store: {0}")]
-    Store(#[from] object_store::Error),
-    /// The raw table's log could not be read or committed to.
-    #[error(transparent)]
-    Lake(#[from] LakeError),
-}
 
 /// A partition past its window.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,7 +67,7 @@ pub async fn plan(
     store: &Arc<dyn ObjectStore>,
     now_ms: i64,
     windows: &Windows,
-) -> Result<Vec<Expired>, RetentionError> {
+) -> Result<Vec<Expired>, MaintenanceError> {
     let mut out = Vec::new();
     // An append-only table's partitions are refused here, where the dry run and the run
     // both begin: removing them would remove data, which `delta.appendOnly` forbids.
@@ -192,7 +181,7 @@ async fn expire_derived(
     keep: std::time::Duration,
     now_ms: i64,
     dry_run: bool,
-) -> Result<(usize, u64), RetentionError> {
+) -> Result<(usize, u64), MaintenanceError> {
     let Some(mut snapshot) = table.snapshot_if_any().await? else {
         return Ok((0, 0));
     };
@@ -249,7 +238,7 @@ async fn vacuum_table(
     snapshot: &Snapshot,
     now_ms: i64,
     dry_run: bool,
-) -> Result<(usize, u64), RetentionError> {
+) -> Result<(usize, u64), MaintenanceError> {
     let doomed = vacuum::plan(table, snapshot, None, now_ms).await?;
     let counts = (doomed.files.len(), doomed.bytes());
     if dry_run {
@@ -295,7 +284,7 @@ pub async fn run(
     now_ms: i64,
     windows: &Windows,
     dry_run: bool,
-) -> Result<RetentionReport, RetentionError> {
+) -> Result<RetentionReport, MaintenanceError> {
     let expired = plan(store, now_ms, windows).await?;
     let mut report = RetentionReport::default();
     for e in &expired {

@@ -84,6 +84,17 @@ pub struct JobOutcome {
     pub bytes_vacuumed: u64,
 }
 
+impl JobOutcome {
+    /// A job that wrote `written` partitions, `bytes_written` bytes in all.
+    fn wrote(written: usize, bytes_written: u64) -> Self {
+        Self {
+            written,
+            bytes_written,
+            ..Self::default()
+        }
+    }
+}
+
 /// Why a job failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -91,12 +102,9 @@ pub enum JobError {
     /// The rollup or overage query, or the store under it.
     #[error(transparent)]
     Rollup(#[from] verdict_rollup::RollupError),
-    /// Compaction.
+    /// Compaction or retention.
     #[error(transparent)]
-    Compact(#[from] compact::CompactError),
-    /// Retention.
-    #[error(transparent)]
-    Retention(#[from] retention::RetentionError),
+    Maintenance(#[from] crate::error::MaintenanceError),
     /// The store.
     #[error("object store: {0}")]
     Store(#[from] object_store::Error),
@@ -192,18 +200,8 @@ impl Jobs {
                         counter.with_label_values(&[name]).inc_by(by);
                     }
                 }
-                tracing::info!(
-                    job = name,
-                    dry_run,
-                    written = o.written,
-                    bytes_written = o.bytes_written,
-                    removed = o.removed,
-                    bytes_removed = o.bytes_removed,
-                    vacuumed = o.vacuumed,
-                    bytes_vacuumed = o.bytes_vacuumed,
-                    seconds = took.as_secs_f64(),
-                    "job finished"
-                );
+                let seconds = took.as_secs_f64();
+                tracing::info!(job = name, dry_run, outcome = ?o, seconds, "job finished");
             }
             Err(e) => {
                 tracing::error!(job = name, error = %e, seconds = took.as_secs_f64(), "job failed");
@@ -223,11 +221,7 @@ impl Jobs {
         Ok(match job {
             Job::Rollup => {
                 let reports = late::run(&self.rollup, now_ms, w).await?;
-                JobOutcome {
-                    written: reports.len(),
-                    bytes_written: reports.iter().map(|r| r.bytes as u64).sum(),
-                    ..JobOutcome::default()
-                }
+                JobOutcome::wrote(reports.len(), reports.iter().map(|r| r.bytes as u64).sum())
             }
             Job::Compact => {
                 let r = compact::run(
@@ -248,11 +242,7 @@ impl Jobs {
             }
             Job::Overage => {
                 let reports = overage::run(&self.rollup, now_ms, w).await?;
-                JobOutcome {
-                    written: reports.len(),
-                    bytes_written: reports.iter().map(|r| r.bytes as u64).sum(),
-                    ..JobOutcome::default()
-                }
+                JobOutcome::wrote(reports.len(), reports.iter().map(|r| r.bytes as u64).sum())
             }
             Job::Retention => {
                 let r = retention::run(&self.store, &self.cfg.clock, now_ms, w, dry_run).await?;
@@ -346,15 +336,8 @@ mod tests {
             )
             .await
             .unwrap();
-        let add = Add {
-            path,
-            partition_values: hour_partition(&hour),
-            size: bytes.len() as i64,
-            modification_time: now,
-            data_change: true,
-            stats: Some(verdict_lake::stats::file_stats(&[batch], &["date", "hour"])),
-            tags: None,
-        };
+        let stats = verdict_lake::stats::file_stats(&[batch], &["date", "hour"]);
+        let add = Add::new(path, hour_partition(&hour), bytes.len() as i64, now).with_stats(stats);
         let (table, mut snapshot) = RAW.open(Arc::clone(&store)).await.unwrap();
         table
             .commit(&mut snapshot, Commit::new("WRITE", vec![Action::Add(add)]))

@@ -190,6 +190,40 @@ pub struct Add {
 }
 
 impl Add {
+    /// A new file's `add`: a data change, without statistics or tags.
+    pub fn new(
+        path: impl Into<String>,
+        partition_values: PartitionValues,
+        size: i64,
+        modification_time: i64,
+    ) -> Self {
+        Self {
+            path: path.into(),
+            partition_values,
+            size,
+            modification_time,
+            data_change: true,
+            stats: None,
+            tags: None,
+        }
+    }
+
+    /// The same, with its column statistics (JSON).
+    pub fn with_stats(self, stats: impl Into<String>) -> Self {
+        Self {
+            stats: Some(stats.into()),
+            ..self
+        }
+    }
+
+    /// The same, marked as rows already in the table rearranged (compaction), not new data.
+    pub fn rearranging(self) -> Self {
+        Self {
+            data_change: false,
+            ..self
+        }
+    }
+
     /// The number of rows its statistics give.
     pub fn num_records(&self) -> Option<u64> {
         let stats: serde_json::Value = serde_json::from_str(self.stats.as_deref()?).ok()?;
@@ -300,19 +334,10 @@ mod tests {
 
     #[test]
     fn actions_are_spelled_as_the_protocol_spells_them() {
-        let add = Add {
-            path: "date=2026-11-30/hour=14/a.parquet".into(),
-            partition_values: [
-                ("date".to_string(), Some("2026-11-30".to_string())),
-                ("hour".to_string(), Some("14".to_string())),
-            ]
-            .into(),
-            size: 10,
-            modification_time: 1,
-            data_change: true,
-            stats: Some(r#"{"numRecords":3}"#.into()),
-            tags: None,
-        };
+        let hour = [("date", "2026-11-30"), ("hour", "14")]
+            .map(|(k, v)| (k.to_string(), Some(v.to_string())));
+        let add = Add::new("date=2026-11-30/hour=14/a.parquet", hour.into(), 10, 1)
+            .with_stats(r#"{"numRecords":3}"#);
         let txn = Txn {
             app_id: "c/t/3".into(),
             version: 99,

@@ -256,19 +256,11 @@ mod tests {
 
     #[test]
     fn a_checkpoint_holds_every_action_as_the_commits_spell_it() {
-        let add = Add {
-            path: "date=2026-11-30/hour=14/a.parquet".into(),
-            partition_values: [
-                ("date".to_string(), Some("2026-11-30".to_string())),
-                ("hour".to_string(), Some("14".to_string())),
-            ]
-            .into(),
-            size: 1234,
-            modification_time: 5,
-            data_change: true,
-            stats: Some(r#"{"numRecords":3,"minValues":{"tier":1}}"#.into()),
-            tags: None,
-        };
+        let day = chrono::NaiveDate::from_ymd_opt(2026, 11, 30).unwrap();
+        let hour = verdict_schemas::HourPartition::new(day, 14).unwrap();
+        let partition = crate::tables::hour_partition(&hour);
+        let add = Add::new("date=2026-11-30/hour=14/a.parquet", partition, 1234, 5)
+            .with_stats(r#"{"numRecords":3,"minValues":{"tier":1}}"#);
         let actions = vec![
             Action::Protocol(Protocol::default()),
             Action::MetaData(Metadata {
@@ -314,17 +306,8 @@ mod tests {
 
     #[test]
     fn many_actions_go_through_in_batches() {
-        let adds = (0..20_000).map(|i| {
-            Action::Add(Add {
-                path: format!("f{i}.parquet"),
-                partition_values: Default::default(),
-                size: i,
-                modification_time: 0,
-                data_change: true,
-                stats: None,
-                tags: None,
-            })
-        });
+        let adds = (0..20_000)
+            .map(|i| Action::Add(Add::new(format!("f{i}.parquet"), Default::default(), i, 0)));
         let (bytes, counts) = encode_checkpoint(adds).unwrap();
         assert_eq!(counts.adds, 20_000);
         let back = decode_checkpoint(Bytes::from(bytes)).unwrap();

@@ -295,15 +295,8 @@ mod tests {
     use crate::action::CommitInfo;
 
     pub(crate) fn add(path: &str) -> Add {
-        Add {
-            path: path.into(),
-            partition_values: [("date".to_string(), Some("2026-11-30".to_string()))].into(),
-            size: 100,
-            modification_time: 1,
-            data_change: true,
-            stats: Some(r#"{"numRecords":10}"#.into()),
-            tags: None,
-        }
+        let partition = [("date".to_string(), Some("2026-11-30".to_string()))].into();
+        Add::new(path, partition, 100, 1).with_stats(r#"{"numRecords":10}"#)
     }
 
     fn base() -> Vec<Action> {

@@ -42,15 +42,8 @@ fn metadata(checkpoint_interval: u32) -> Metadata {
 }
 
 fn add(path: &str, date: &str) -> Add {
-    Add {
-        path: path.into(),
-        partition_values: [("date".to_string(), Some(date.to_string()))].into(),
-        size: 1,
-        modification_time: 0,
-        data_change: true,
-        stats: Some(r#"{"numRecords":10}"#.into()),
-        tags: None,
-    }
+    let partition = [("date".to_string(), Some(date.to_string()))].into();
+    Add::new(path, partition, 1, 0).with_stats(r#"{"numRecords":10}"#)
 }
 
 fn append(path: &str) -> Commit {

@@ -13,38 +13,7 @@ use verdict_schemas::{
     DecisionEvent, DecisionSource, DeniedBy, KeyId, RegionId, RouteClassId, TierId, Verdict,
 };
 
-const POLICY: &str = r#"
-version = 1
-[[tiers]]
-id = 0
-name = "free"
-[[tiers]]
-id = 1
-name = "pro"
-[[route_classes]]
-id = 0
-name = "read"
-[[route_classes]]
-id = 1
-name = "write"
-[[limits]]
-tier = "free"
-route_class = "*"
-capacity = 100
-refill_per_s = 10.0
-hourly_quota = 5000
-[[limits]]
-tier = "pro"
-route_class = "*"
-capacity = 1000
-refill_per_s = 100.0
-hourly_quota = 50000
-[[overrides]]
-key_id = "000000000000000000000000000000aa"
-capacity = 50
-refill_per_s = 5.0
-hourly_quota = 500
-"#;
+const POLICY: &str = include_str!("../fixtures/policies/decision.toml");
 
 fn pure_path(c: &mut Criterion) {
     let policy = PolicySnapshot::build(parse_toml(POLICY).unwrap()).unwrap();

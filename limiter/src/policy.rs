@@ -671,59 +671,7 @@ impl PolicyHandle {
 pub(crate) mod tests {
     use super::*;
 
-    pub(crate) const EXAMPLE: &str = r#"
-version = 7
-
-[[tiers]]
-id = 0
-name = "free"
-
-[[tiers]]
-id = 1
-name = "pro"
-
-[[route_classes]]
-id = 0
-name = "read"
-prefixes = ["/v1/items"]
-
-[[route_classes]]
-id = 1
-name = "write"
-
-[[limits]]
-tier = "free"
-route_class = "*"
-capacity = 10
-refill_per_s = 1.0
-hourly_quota = 100
-
-[[limits]]
-tier = "free"
-route_class = "write"
-capacity = 2
-refill_per_s = 0.1
-hourly_quota = 10
-mode = "shadow"
-
-[[limits]]
-tier = "pro"
-route_class = "*"
-capacity = 100
-refill_per_s = 10.0
-hourly_quota = 10000
-mode = "off"
-
-[[overrides]]
-key_id = "0000000000000000000000000000000a"
-capacity = 50
-refill_per_s = 5.0
-hourly_quota = 500
-
-[[hot_keys]]
-key_id = "0000000000000000000000000000000b"
-sub_keys = 4
-"#;
+    pub(crate) const EXAMPLE: &str = include_str!("../fixtures/policies/two_tiers.toml");
 
     fn snapshot() -> PolicySnapshot {
         PolicySnapshot::build(parse_toml(EXAMPLE).unwrap()).unwrap()

@@ -18,52 +18,7 @@ use verdict_schemas::{DecisionSource, KeyId, RegionId, RouteClassId, TierId, Ver
 
 const T0: i64 = 1_796_047_200_000;
 
-const POLICY: &str = r#"
-version = 3
-
-[[tiers]]
-id = 0
-name = "free"
-
-[[tiers]]
-id = 1
-name = "starter"
-
-[[tiers]]
-id = 2
-name = "pro"
-
-[[route_classes]]
-id = 0
-name = "read"
-
-[[limits]]
-tier = "free"
-route_class = "*"
-capacity = 3
-refill_per_s = 1.0
-hourly_quota = 100
-
-[[limits]]
-tier = "starter"
-route_class = "*"
-capacity = 2
-refill_per_s = 1.0
-hourly_quota = 100
-mode = "shadow"
-
-[[limits]]
-tier = "pro"
-route_class = "*"
-capacity = 100
-refill_per_s = 100.0
-hourly_quota = 1000
-mode = "off"
-
-[[hot_keys]]
-key_id = "0000000000000000000000000000000b"
-sub_keys = 4
-"#;
+const POLICY: &str = include_str!("../fixtures/policies/limiter.toml");
 
 fn policy(edit: impl FnOnce(&mut verdict_limiter::PolicyDocument)) -> PolicySnapshot {
     let mut doc = parse_toml(POLICY).unwrap();
@@ -129,6 +84,16 @@ fn req(k: u8, tier: u8) -> Request<'static> {
         route_class: RouteClassId(0),
         tier: TierId(tier),
         caller: b"client",
+    }
+}
+
+/// A breaker that opens on the second failure in a row and stays open a second (the fake
+/// clock stands still: the failures need not span any time).
+fn breaker_after_two_failures() -> BreakerConfig {
+    BreakerConfig {
+        failure_threshold: 2,
+        failing_for: Duration::ZERO,
+        open_for: Duration::from_secs(1),
     }
 }
 
@@ -401,12 +366,7 @@ async fn a_failing_store_opens_the_breaker_and_the_fallback_enforces_its_share()
     let store = Flaky::new(&failing, &clock);
     let cfg = LimiterConfig {
         instance_count: 3,
-        breaker: BreakerConfig {
-            failure_threshold: 2,
-            // The fake clock stands still: the failures need not span any time.
-            failing_for: Duration::ZERO,
-            open_for: Duration::from_secs(1),
-        },
+        breaker: breaker_after_two_failures(),
         ..LimiterConfig::default()
     };
     let r = rig_with(
@@ -459,11 +419,7 @@ async fn fallback_allowance_after_nine_of_ten(fallback_from_store: bool) -> u32 
             let cfg = LimiterConfig {
                 instance: i,
                 instance_count: 2,
-                breaker: BreakerConfig {
-                    failure_threshold: 2,
-                    failing_for: Duration::ZERO,
-                    open_for: Duration::from_secs(1),
-                },
+                breaker: breaker_after_two_failures(),
                 fallback_from_store,
                 ..LimiterConfig::default()
             };
@@ -552,11 +508,7 @@ async fn one_failing_shard_opens_its_own_breaker_and_the_other_keeps_deciding() 
         inner: MemoryStore::with_clock(100, Arc::new(clock.clone())),
     };
     let cfg = LimiterConfig {
-        breaker: BreakerConfig {
-            failure_threshold: 2,
-            failing_for: Duration::ZERO,
-            open_for: Duration::from_secs(1),
-        },
+        breaker: breaker_after_two_failures(),
         ..LimiterConfig::default()
     };
     let r = rig_with(store, policy(|_| {}), 100, cfg, clock.clone());
@@ -709,11 +661,7 @@ async fn overload_opens_no_breaker_and_what_the_fallback_admits_is_charged_back(
     let store = Flaky::new(&failing, &clock);
     let cfg = LimiterConfig {
         instance_count: 2,
-        breaker: BreakerConfig {
-            failure_threshold: 2,
-            failing_for: Duration::ZERO,
-            open_for: Duration::from_secs(1),
-        },
+        breaker: breaker_after_two_failures(),
         ..LimiterConfig::default()
     };
     let r = rig_with(

@@ -421,39 +421,7 @@ mod tests {
     use super::*;
     use verdict_limiter::policy::parse_toml;
 
-    const DOC: &str = r#"
-version = 4
-[[tiers]]
-id = 0
-name = "free"
-[[tiers]]
-id = 1
-name = "pro"
-[[route_classes]]
-id = 0
-name = "read"
-[[route_classes]]
-id = 1
-name = "write"
-[[limits]]
-tier = "free"
-route_class = "*"
-capacity = 10
-refill_per_s = 1.0
-hourly_quota = 100
-[[limits]]
-tier = "pro"
-route_class = "*"
-capacity = 100
-refill_per_s = 10.0
-hourly_quota = 10000
-[[limits]]
-tier = "pro"
-route_class = "write"
-capacity = 20
-refill_per_s = 2.0
-hourly_quota = 1000
-"#;
+    const DOC: &str = include_str!("../fixtures/policies/two_tiers.toml");
 
     fn doc() -> PolicyDocument {
         parse_toml(DOC).unwrap()

@@ -27,7 +27,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use async_trait::async_trait;
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -63,14 +63,19 @@ use crate::tables::{LAKE_URL, PoliciesTable};
 pub struct Level {
     /// Its table function's name in SQL (`review_parts`).
     pub function: &'static str,
-    /// The columns of its rows.
-    pub schema: fn() -> SchemaRef,
+    /// The columns of its rows, as [`columns`] reads them (`tier u8, key_id key, …`).
+    pub columns: &'static str,
     /// The SQL of its part over the decisions within a piece (never crossing a midnight),
     /// unfiltered, so that one part serves every filter.
     pub sql: fn(&Range) -> String,
 }
 
 impl Level {
+    /// The schema of its rows.
+    pub fn schema(&self) -> SchemaRef {
+        columns(self.columns)
+    }
+
     /// The call of its table function over `range`, as a report's SQL reads it.
     pub fn call(&self, range: &Range) -> String {
         format!(
@@ -82,14 +87,27 @@ impl Level {
     }
 }
 
-/// A schema of nullable columns, as a level's rows have them.
-pub fn columns(columns: &[(&str, DataType)]) -> SchemaRef {
-    Arc::new(Schema::new(
-        columns
-            .iter()
-            .map(|(name, t)| Field::new(*name, t.clone(), true))
-            .collect::<Vec<_>>(),
-    ))
+/// A schema of nullable columns, as a level's rows have them, from `name type` pairs
+/// separated by commas; the types: `u8`, `u16`, `u32`, `i32`, `i64`, `f64`, `date`, `time`
+/// (UTC milliseconds), `key` (16 bytes).
+pub fn columns(spec: &str) -> SchemaRef {
+    let field = |column: &str| {
+        let (name, kind) = column.trim().split_once(' ').unwrap_or((column, ""));
+        let t = match kind {
+            "u8" => DataType::UInt8,
+            "u16" => DataType::UInt16,
+            "u32" => DataType::UInt32,
+            "i32" => DataType::Int32,
+            "i64" => DataType::Int64,
+            "f64" => DataType::Float64,
+            "date" => DataType::Date32,
+            "time" => DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
+            "key" => DataType::FixedSizeBinary(16),
+            other => panic!("level column {column:?}: no type {other:?}"),
+        };
+        Field::new(name, t, true)
+    };
+    Arc::new(Schema::new(spec.split(',').map(field).collect::<Vec<_>>()))
 }
 
 /// The kept parts.
@@ -218,7 +236,7 @@ impl Parts {
         pieces: &[Range],
         listing: &Listing,
     ) -> DfResult<(Vec<RecordBatch>, Vec<String>, usize)> {
-        let schema = (level.schema)();
+        let schema = level.schema();
         let (mut batches, mut files, mut computed) = (Vec::new(), Vec::new(), 0);
         for piece in pieces {
             let piece_files = listing.files(piece);
@@ -382,7 +400,7 @@ struct PartsTable {
 #[async_trait]
 impl TableProvider for PartsTable {
     fn schema(&self) -> SchemaRef {
-        (self.level.schema)()
+        self.level.schema()
     }
 
     fn table_type(&self) -> TableType {
@@ -416,7 +434,7 @@ impl TableProvider for PartsTable {
         }
         let inner: Arc<dyn ExecutionPlan> = MemorySourceConfig::try_new_exec(
             &partitions,
-            (self.level.schema)(),
+            self.level.schema(),
             projection.cloned(),
         )?;
         Ok(Arc::new(PartsExec { inner, files }))

@@ -496,21 +496,7 @@ pub async fn prove(
 mod tests {
     use super::*;
 
-    const POLICY: &str = r#"
-version = 1
-[[tiers]]
-id = 0
-name = "free"
-[[route_classes]]
-id = 0
-name = "api"
-[[limits]]
-tier = "free"
-route_class = "*"
-capacity = 1000
-refill_per_s = 100.0
-hourly_quota = 100
-"#;
+    const POLICY: &str = include_str!("../fixtures/policies/prove.toml");
 
     const T0: i64 = 1_796_047_200_000;
 

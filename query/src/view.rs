@@ -475,15 +475,8 @@ mod tests {
                 .await
                 .unwrap();
             if committed.contains(p) {
-                adds.push(verdict_lake::Action::Add(verdict_lake::Add {
-                    path: (*p).to_string(),
-                    partition_values: Default::default(),
-                    size: 1,
-                    modification_time: 0,
-                    data_change: true,
-                    stats: None,
-                    tags: None,
-                }));
+                let add = verdict_lake::Add::new(*p, Default::default(), 1, 0);
+                adds.push(verdict_lake::Action::Add(add));
             }
         }
         table
@@ -539,17 +532,13 @@ mod tests {
             .open(Arc::clone(&inner))
             .await
             .unwrap();
-        let add = verdict_lake::Add {
-            path: "date=2026-11-30/hour=14/denied_hourly-1.parquet".into(),
-            partition_values: verdict_lake::tables::date_partition(
-                chrono::NaiveDate::from_ymd_opt(2026, 11, 30).unwrap(),
-            ),
-            size: 1,
-            modification_time: 0,
-            data_change: true,
-            stats: None,
-            tags: None,
-        };
+        let day = chrono::NaiveDate::from_ymd_opt(2026, 11, 30).unwrap();
+        let add = verdict_lake::Add::new(
+            "date=2026-11-30/hour=14/denied_hourly-1.parquet",
+            verdict_lake::tables::date_partition(day),
+            1,
+            0,
+        );
         table
             .commit(
                 &mut snapshot,

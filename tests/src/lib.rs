@@ -175,6 +175,20 @@ pub fn drain_to_kafka(
     verdict_limiter::spawn_drain(events, sink, Arc::clone(metrics))
 }
 
+/// A limiter's metrics and an event queue of `capacity` whose events are read and dropped
+/// (for tests of decisions, not of events). Call it inside a Tokio runtime.
+pub fn discarded_events(
+    capacity: usize,
+) -> (
+    verdict_limiter::EventQueue,
+    Arc<verdict_limiter::LimiterMetrics>,
+) {
+    let metrics = Arc::new(verdict_limiter::LimiterMetrics::new());
+    let (queue, mut rx) = verdict_limiter::event_queue(capacity, Arc::clone(&metrics));
+    tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    (queue, metrics)
+}
+
 /// A consumer of `topic` from its beginning, in a group of its own, committing nothing.
 ///
 /// # Panics

@@ -42,68 +42,7 @@ pub const TRIAL: u8 = 2;
 pub const STEADY: u8 = 3;
 
 /// The policy the lake was decided under (version 2; `tight`'s first key has an override).
-pub const POLICY_TOML: &str = r#"
-version = 2
-kill_switch = false
-
-[[tiers]]
-id = 0
-name = "tight"
-[[tiers]]
-id = 1
-name = "roomy"
-[[tiers]]
-id = 2
-name = "trial"
-[[tiers]]
-id = 3
-name = "steady"
-
-[[route_classes]]
-id = 0
-name = "read"
-prefixes = ["/v1/items"]
-[[route_classes]]
-id = 1
-name = "write"
-prefixes = ["/v1/orders"]
-
-[[limits]]
-tier = "tight"
-route_class = "*"
-capacity = 10
-refill_per_s = 0.01
-hourly_quota = 1000
-
-[[limits]]
-tier = "roomy"
-route_class = "*"
-capacity = 100
-refill_per_s = 10.0
-hourly_quota = 1000
-
-[[limits]]
-tier = "trial"
-route_class = "*"
-capacity = 15
-refill_per_s = 0.01
-hourly_quota = 20
-mode = "shadow"
-
-[[limits]]
-tier = "steady"
-route_class = "*"
-capacity = 200
-refill_per_s = 1.0
-hourly_quota = 100
-
-[[overrides]]
-key_id = "a0000000000000000000000000000000"
-route_class = "read"
-capacity = 12
-refill_per_s = 0.02
-hourly_quota = 1200
-"#;
+pub const POLICY_TOML: &str = include_str!("../fixtures/policies/query_lake.toml");
 
 /// The key id of key `n` of tier `tier`: `a0`, 13 zero bytes, the tier, then `n`.
 pub fn key(tier: u8, n: u8) -> KeyId {

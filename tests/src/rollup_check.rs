@@ -19,7 +19,7 @@ use verdict_schemas::{DecisionEvent, DecisionSource, Verdict};
 pub type Group = ([u8; 16], u8, u8, u16);
 
 /// One rollup row's values, in the column order of `denied_hourly` after the group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Agg {
     pub hour_ms: i64,
     pub allowed: u64,
@@ -45,19 +45,11 @@ pub fn fold_rollup(hour: HourPartition, events: &[DecisionEvent]) -> BTreeMap<Gr
         let group = (e.key_id.0, e.tier.0, e.route_class.0, e.region.0);
         let a = all.entry(group).or_insert(Agg {
             hour_ms: hour.start_ms(),
-            allowed: 0,
-            denied: 0,
-            would_deny: 0,
-            denied_by_bucket: 0,
-            denied_by_window: 0,
-            would_deny_by_window: 0,
-            degraded: 0,
             min_remaining_tokens: u32::MAX,
             min_remaining_window: u32::MAX,
             first_denial: i64::MAX,
             last_denial: i64::MIN,
-            policy_version: 0,
-            window_quota: 0,
+            ..Agg::default()
         });
         let refused = e.verdict != Verdict::Allowed;
         match e.verdict {
@@ -135,15 +127,8 @@ pub async fn commit_add(
     partition: verdict_lake::PartitionValues,
     size: usize,
 ) {
-    let add = verdict_lake::Add {
-        path,
-        partition_values: partition,
-        size: size as i64,
-        modification_time: chrono::Utc::now().timestamp_millis(),
-        data_change: true,
-        stats: None,
-        tags: None,
-    };
+    let now = chrono::Utc::now().timestamp_millis();
+    let add = verdict_lake::Add::new(path, partition, size as i64, now);
     let (table, mut snapshot) = def.open(Arc::clone(store)).await.expect("opening a table");
     table
         .commit(

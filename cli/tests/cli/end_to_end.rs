@@ -507,21 +507,7 @@ async fn the_whole_flow_on_the_real_services() {
 }
 
 /// The policy of the SIGTERM test: one tier far from its limits, one route class.
-const ROOMY_POLICY: &str = r#"
-[[tiers]]
-id = 0
-name = "pro"
-[[route_classes]]
-id = 0
-name = "api"
-prefixes = ["/v1"]
-[[limits]]
-tier = "pro"
-route_class = "*"
-capacity = 1000000
-refill_per_s = 100000.0
-hourly_quota = 1000000000
-"#;
+const ROOMY_POLICY: &str = include_str!("../../fixtures/policies/roomy.toml");
 
 /// The value of `field=` in a log line.
 fn log_field(line: &str, field: &str) -> u64 {

@@ -48,16 +48,16 @@ fn retention_once_lists_on_a_dry_run_and_deletes_otherwise() {
     let store = root.to_str().unwrap();
     let now = "2026-11-30T12:00:00Z";
 
-    let dry = verdict(&[
-        "jobs",
-        "once",
-        "retention",
-        "--store",
-        store,
-        "--now",
-        now,
-        "--dry-run",
-    ]);
+    let retention = |now: &str, more: &[&str]| {
+        verdict(
+            &[
+                &["jobs", "once", "retention", "--store", store, "--now", now],
+                more,
+            ]
+            .concat(),
+        )
+    };
+    let dry = retention(now, &["--dry-run"]);
     assert!(dry.status.success(), "{dry:?}");
     assert_eq!(
         stdout(&dry).trim(),
@@ -65,7 +65,7 @@ fn retention_once_lists_on_a_dry_run_and_deletes_otherwise() {
     );
     assert!(root.join("raw/date=2026-11-22/hour=11").exists());
 
-    let real = verdict(&["jobs", "once", "retention", "--store", store, "--now", now]);
+    let real = retention(now, &[]);
     assert!(real.status.success(), "{real:?}");
     assert_eq!(
         stdout(&real).trim(),
@@ -75,15 +75,7 @@ fn retention_once_lists_on_a_dry_run_and_deletes_otherwise() {
     // next run past that hour vacuums them.
     let old = root.join("raw/date=2026-11-22/hour=11/f.parquet");
     assert!(old.exists());
-    let later = verdict(&[
-        "jobs",
-        "once",
-        "retention",
-        "--store",
-        store,
-        "--now",
-        "2026-11-30T13:30:00Z",
-    ]);
+    let later = retention("2026-11-30T13:30:00Z", &[]);
     assert!(later.status.success(), "{later:?}");
     assert_eq!(
         stdout(&later).trim(),

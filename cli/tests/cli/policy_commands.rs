@@ -88,6 +88,10 @@ fn rand_byte() -> u8 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_level_of_rollback_is_in_force_on_every_gateway_within_the_poll() {
     let url = fresh_database("policy_cmds").await;
+    // `verdict policy <command> --policy-postgres <url> <more>`.
+    let policy = |command: &str, more: &[&str]| {
+        verdict(&[&["policy", command, "--policy-postgres", &url], more].concat())
+    };
     let pg = PgSource::new(&url);
     pg.migrate().await.unwrap();
     let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
@@ -101,30 +105,13 @@ async fn every_level_of_rollback_is_in_force_on_every_gateway_within_the_poll() 
     }
 
     // Bad input: exit status non-zero, the field named, nothing written.
-    let (ok, _, err) = verdict(&[
-        "policy",
-        "set-limit",
-        "--policy-postgres",
-        &url,
-        "--tier",
-        "free",
-        "--refill-per-s=-1",
-    ]);
+    let (ok, _, err) = policy("set-limit", &["--tier", "free", "--refill-per-s=-1"]);
     assert!(!ok);
     assert!(err.contains("refill_per_s: must be 0.001"), "{err}");
-    let (ok, _, err) = verdict(&[
-        "policy",
-        "set-mode",
-        "--policy-postgres",
-        &url,
-        "--tier",
-        "gold",
-        "--mode",
-        "shadow",
-    ]);
+    let (ok, _, err) = policy("set-mode", &["--tier", "gold", "--mode", "shadow"]);
     assert!(!ok);
     assert!(err.contains("no such tier"), "{err}");
-    let (ok, out, _) = verdict(&["policy", "show", "--policy-postgres", &url]);
+    let (ok, out, _) = policy("show", &[]);
     assert!(ok);
     assert!(
         out.contains("free           *                       5"),
@@ -132,16 +119,7 @@ async fn every_level_of_rollback_is_in_force_on_every_gateway_within_the_poll() 
     );
 
     // Level two: free's capacity lowered to 2.
-    let (ok, out, err) = verdict(&[
-        "policy",
-        "set-limit",
-        "--policy-postgres",
-        &url,
-        "--tier",
-        "free",
-        "--capacity",
-        "2",
-    ]);
+    let (ok, out, err) = policy("set-limit", &["--tier", "free", "--capacity", "2"]);
     assert!(ok, "{err}");
     assert!(
         out.contains("tier free, route class *: capacity 2"),
@@ -162,16 +140,7 @@ async fn every_level_of_rollback_is_in_force_on_every_gateway_within_the_poll() 
     );
 
     // Level one: free back to shadow: nothing refused, would-deny recorded.
-    let (ok, out, err) = verdict(&[
-        "policy",
-        "set-mode",
-        "--policy-postgres",
-        &url,
-        "--tier",
-        "free",
-        "--mode",
-        "shadow",
-    ]);
+    let (ok, out, err) = policy("set-mode", &["--tier", "free", "--mode", "shadow"]);
     assert!(ok, "{err}");
     assert!(out.contains("is now shadow"), "{out}");
     for g in &gateways {

@@ -22,7 +22,7 @@ pub(super) fn report() -> Report {
         tables: &["demand_hourly", "policies"],
         params: vec![
             ParamSpec {
-                doc: "start of the time range, inclusive (default: `to` minus 30 days)",
+                doc: "start, inclusive (default: `to` minus 30 days)",
                 ..FROM
             },
             TO,

@@ -12,7 +12,7 @@
 use chrono::{DateTime, Duration, Utc};
 
 use super::levels::{RATES, hourly_counts};
-use super::params::{Args, FROM, KEY, ParamKind, ParamSpec, ROUTE, Report, TIER, TO, limit_join};
+use super::params::{Args, ParamKind, ParamSpec, Report, keyed, limit_join};
 use crate::error::{QueryError, shown};
 
 /// The report.
@@ -30,20 +30,13 @@ pub(super) fn report() -> Report {
             `key`, one key's hourly history (from the rollup: only the hours it was \
             refused in). Hours without decisions are left out.",
         tables: &["decisions", "denied_hourly", "demand_hourly", "policies"],
-        params: vec![
-            FROM,
-            TO,
-            TIER,
-            ROUTE,
-            KEY,
-            ParamSpec {
-                name: "source",
-                kind: ParamKind::Choice,
-                default: Some("auto"),
-                doc: "`raw` (the decisions), `rollup` (the hourly rollup) or `auto`: raw \
-                      when the range starts within the raw table's 7 days, else the rollup",
-            },
-        ],
+        params: keyed([ParamSpec {
+            name: "source",
+            kind: ParamKind::Choice,
+            default: Some("auto"),
+            doc: "`raw` (the decisions), `rollup` (the hourly rollup) or `auto`: raw when the \
+                  range starts within the raw table's 7 days, else the rollup",
+        }]),
     }
 }
 

@@ -12,9 +12,7 @@
 //! the bench's 8.4 M rows past its 1 GiB per query. How a key's need and peak span are taken
 //! against its region's share is described in [`super::wrong_limits`].
 
-use arrow::datatypes::{DataType, TimeUnit};
-
-use crate::parts::{Level, columns};
+use crate::parts::Level;
 use crate::range::Range;
 
 /// Every first level the reports keep in parts.
@@ -24,44 +22,18 @@ pub const LEVELS: &[Level] = &[REVIEW, SHADOW, VERSIONS, DEGRADED, RATES];
 /// peaks, quotas and refusals.
 pub const REVIEW: Level = Level {
     function: "review_parts",
-    schema: || {
-        columns(&[
-            ("tier", DataType::UInt8),
-            ("route_class", DataType::UInt8),
-            ("key_id", DataType::FixedSizeBinary(16)),
-            ("requests", DataType::Int64),
-            ("demand", DataType::Float64),
-            ("peak_hour", DataType::Int64),
-            ("need", DataType::Float64),
-            ("peak_span", DataType::Float64),
-            ("quota_low", DataType::Float64),
-            ("quota_high", DataType::Float64),
-            ("quota_ceiling", DataType::Float64),
-            ("enforced", DataType::UInt32),
-            ("denied", DataType::Int64),
-            ("would_deny", DataType::Int64),
-            ("by_bucket", DataType::Int64),
-            ("by_window", DataType::Int64),
-            ("home", DataType::Int64),
-        ])
-    },
+    columns: "tier u8, route_class u8, key_id key, requests i64, demand f64, peak_hour i64, \
+              need f64, peak_span f64, quota_low f64, quota_high f64, quota_ceiling f64, \
+              enforced u32, denied i64, would_deny i64, by_bucket i64, by_window i64, \
+              home i64",
     sql: review_part,
 };
 
 /// `shadow-impact`'s: each key of a shadow limit, its requests and would-deny.
 pub const SHADOW: Level = Level {
     function: "shadow_parts",
-    schema: || {
-        columns(&[
-            ("tier", DataType::UInt8),
-            ("route_class", DataType::UInt8),
-            ("key_id", DataType::FixedSizeBinary(16)),
-            ("requests", DataType::Int64),
-            ("would_deny", DataType::Int64),
-            ("would_deny_by_bucket", DataType::Int64),
-            ("would_deny_by_window", DataType::Int64),
-        ])
-    },
+    columns: "tier u8, route_class u8, key_id key, requests i64, would_deny i64, \
+              would_deny_by_bucket i64, would_deny_by_window i64",
     sql: |piece| shadow_keys(&piece.sql("event_time", true), ""),
 };
 
@@ -69,57 +41,26 @@ pub const SHADOW: Level = Level {
 /// first decision and largest regional quota per policy version.
 pub const VERSIONS: Level = Level {
     function: "version_parts",
-    schema: || {
-        columns(&[
-            ("tier", DataType::UInt8),
-            ("route_class", DataType::UInt8),
-            ("policy_version", DataType::Int64),
-            ("requests", DataType::Int64),
-            ("refused", DataType::Int64),
-            ("first_seen", timestamp()),
-            ("enforced", DataType::UInt32),
-        ])
-    },
+    columns: "tier u8, route_class u8, policy_version i64, requests i64, refused i64, \
+              first_seen time, enforced u32",
     sql: |piece| version_counts(&piece.sql("event_time", true), ""),
 };
 
 /// `degraded`'s: each hour and region's decisions, of the fallback and the kill switch.
 pub const DEGRADED: Level = Level {
     function: "degraded_parts",
-    schema: || {
-        columns(&[
-            ("date", DataType::Date32),
-            ("hour", DataType::Int32),
-            ("region", DataType::UInt16),
-            ("decisions", DataType::Int64),
-            ("local_fallback", DataType::Int64),
-            ("kill_switch", DataType::Int64),
-        ])
-    },
+    columns: "date date, hour i32, region u16, decisions i64, local_fallback i64, \
+              kill_switch i64",
     sql: |piece| degraded_counts(&piece.sql("event_time", true), "", ""),
 };
 
 /// `denial-rate`'s (over raw decisions, without a key): each limit's hourly counts.
 pub const RATES: Level = Level {
     function: "rate_parts",
-    schema: || {
-        columns(&[
-            ("hour", timestamp()),
-            ("tier", DataType::UInt8),
-            ("route_class", DataType::UInt8),
-            ("requests", DataType::Int64),
-            ("denied", DataType::Int64),
-            ("would_deny", DataType::Int64),
-            ("policy_version", DataType::Int64),
-        ])
-    },
+    columns: "hour time, tier u8, route_class u8, requests i64, denied i64, would_deny i64, \
+              policy_version i64",
     sql: |piece| hourly_counts(&piece.sql("event_time", true), "", ""),
 };
-
-/// A UTC time in milliseconds, as the levels carry one.
-fn timestamp() -> DataType {
-    DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into()))
-}
 
 /// `level`'s kept parts of `range` merged: `aggregates` over them (`k`, with `AND k.…`
 /// `filters`) grouped by `group`, a report's first level as its portable statement has it.
@@ -312,4 +253,32 @@ pub(super) fn hourly_counts(range: &str, filters: &str, columns: &str) -> String
   WHERE {range} AND source IN (0, 1){filters}
   GROUP BY date_trunc('hour', event_time), tier, route_class"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::datatypes::{DataType, TimeUnit};
+
+    use super::*;
+
+    #[test]
+    fn every_level_spells_its_columns_and_their_types() {
+        let types = |level: &Level| -> Vec<(String, DataType)> {
+            let schema = level.schema();
+            let fields = schema.fields().iter();
+            fields
+                .map(|f| (f.name().clone(), f.data_type().clone()))
+                .collect()
+        };
+        let review = types(&REVIEW);
+        assert_eq!(review.len(), 17);
+        assert_eq!(review[2], ("key_id".into(), DataType::FixedSizeBinary(16)));
+        assert_eq!(review[16], ("home".into(), DataType::Int64));
+        let utc_ms = DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into()));
+        assert_eq!(types(&VERSIONS)[5], ("first_seen".into(), utc_ms));
+        assert_eq!(types(&DEGRADED)[0], ("date".into(), DataType::Date32));
+        for level in LEVELS {
+            assert!(types(level).iter().all(|(name, _)| !name.contains(' ')));
+        }
+    }
 }

@@ -32,7 +32,7 @@ pub enum ParamKind {
 }
 
 /// One parameter of a report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize)]
 pub struct ParamSpec {
     /// Its name in the query string.
     pub name: &'static str,
@@ -44,9 +44,12 @@ pub struct ParamSpec {
     pub doc: &'static str,
 }
 
+/// A parameter's name, default or documentation: text in the program.
+type Text = &'static str;
+
 impl ParamSpec {
     /// A filter or range bound with no default (`null`: no filter).
-    pub(super) const fn filter(name: &'static str, kind: ParamKind, doc: &'static str) -> Self {
+    pub(super) const fn filter(name: Text, kind: ParamKind, doc: Text) -> Self {
         Self {
             name,
             kind,
@@ -56,30 +59,20 @@ impl ParamSpec {
     }
 
     /// A number with its default.
-    pub(super) const fn number(
-        name: &'static str,
-        default: &'static str,
-        doc: &'static str,
-    ) -> Self {
-        Self {
-            name,
-            kind: ParamKind::Number,
-            default: Some(default),
-            doc,
-        }
+    pub(super) const fn number(name: Text, default: Text, doc: Text) -> Self {
+        Self::with_default(name, ParamKind::Number, default, doc)
     }
 
     /// A whole number with its default.
-    pub(super) const fn integer(
-        name: &'static str,
-        default: &'static str,
-        doc: &'static str,
-    ) -> Self {
+    pub(super) const fn integer(name: Text, default: Text, doc: Text) -> Self {
+        Self::with_default(name, ParamKind::Integer, default, doc)
+    }
+
+    /// A parameter of `kind` with its default.
+    const fn with_default(name: Text, kind: ParamKind, default: Text, doc: Text) -> Self {
         Self {
-            name,
-            kind: ParamKind::Integer,
             default: Some(default),
-            doc,
+            ..Self::filter(name, kind, doc)
         }
     }
 }
@@ -153,33 +146,28 @@ impl Report {
     }
 }
 
-/// `from`: the start of a report's range.
-pub(super) const FROM: ParamSpec = ParamSpec::filter(
-    "from",
-    ParamKind::Time,
-    "start of the time range, inclusive (default: `to` minus 7 days)",
-);
-/// `to`: the end of a report's range.
-pub(super) const TO: ParamSpec = ParamSpec::filter(
-    "to",
-    ParamKind::Time,
-    "end of the time range, exclusive (default: now, rounded up to the hour)",
-);
-/// `tier`: a filter on a tier.
-pub(super) const TIER: ParamSpec = ParamSpec::filter(
-    "tier",
-    ParamKind::Tier,
-    "only this tier (a name from the policy)",
-);
-/// `route_class`: a filter on a route class.
-pub(super) const ROUTE: ParamSpec = ParamSpec::filter(
-    "route_class",
-    ParamKind::RouteClass,
-    "only this route class (a name from the policy)",
-);
-/// `key`: a filter on one key.
-pub(super) const KEY: ParamSpec =
-    ParamSpec::filter("key", ParamKind::Key, "only this key id (32 hex digits)");
+/// The range, tier, route class and key filters, then a report's own parameters.
+pub(super) fn keyed(own: impl IntoIterator<Item = ParamSpec>) -> Vec<ParamSpec> {
+    FILTERS.into_iter().chain(own).collect()
+}
+
+/// The filters of a report's rows, in the order the reports list them.
+#[rustfmt::skip]
+const FILTERS: [ParamSpec; 5] = {
+    use ParamKind::{Key, RouteClass, Tier, Time};
+    [
+        ParamSpec::filter("from", Time, "start, inclusive (default: `to` minus 7 days)"),
+        ParamSpec::filter("to", Time, "end, exclusive (default: now, rounded up to the hour)"),
+        ParamSpec::filter("tier", Tier, "only this tier (a name from the policy)"),
+        ParamSpec::filter("route_class", RouteClass, "only this route class (by its name)"),
+        ParamSpec::filter("key", Key, "only this key id (32 hex digits)"),
+    ]
+};
+pub(super) const FROM: ParamSpec = FILTERS[0];
+pub(super) const TO: ParamSpec = FILTERS[1];
+pub(super) const TIER: ParamSpec = FILTERS[2];
+pub(super) const ROUTE: ParamSpec = FILTERS[3];
+pub(super) const KEY: ParamSpec = FILTERS[4];
 
 /// Tier and route class names of the policy in force, with their ids.
 #[derive(Debug, Clone, Default)]

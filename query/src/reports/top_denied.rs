@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::params::{Args, FROM, KEY, ParamSpec, ROUTE, Report, TIER, TO, limit_join};
+use super::params::{Args, ParamSpec, Report, keyed, limit_join};
 use crate::error::QueryError;
 
 /// The report.
@@ -13,14 +13,7 @@ pub(super) fn report() -> Report {
         description: "The keys with the most refusals (denied plus would-deny) from the hourly \
             rollup, with tier, route class, the tier's quota and the key's override if it has one.",
         tables: &["denied_hourly", "policies"],
-        params: vec![
-            FROM,
-            TO,
-            TIER,
-            ROUTE,
-            KEY,
-            ParamSpec::integer("limit", "20", "how many keys"),
-        ],
+        params: keyed([ParamSpec::integer("limit", "20", "how many keys")]),
     }
 }
 

@@ -10,31 +10,20 @@ use std::time::{Duration, Instant};
 
 use verdict_counters_redis::{RedisStore, RedisStoreConfig};
 use verdict_limiter::policy::parse_toml;
-use verdict_limiter::{
-    Limiter, LimiterConfig, LimiterMetrics, PolicyHandle, PolicySnapshot, Request, event_queue,
-};
+use verdict_limiter::{Limiter, LimiterConfig, PolicyHandle, PolicySnapshot, Request};
 use verdict_schemas::{DecisionSource, KeyId, RouteClassId, TierId};
+use verdict_tests::discarded_events;
 use verdict_tests::{Service, redis_cluster_url, redis_url, require, unique_name};
 
 const INSTANCES: u32 = 8;
 const TASKS_PER_INSTANCE: u32 = 4;
 const RUN: Duration = Duration::from_secs(2);
 
+/// One tier and route class (a bucket of 50 refilling 20 a second), and a hot key with
+/// more, split 8 ways.
 fn policy(hot: KeyId) -> PolicySnapshot {
-    let text = format!(
+    let hot_key = format!(
         r#"
-[[tiers]]
-id = 0
-name = "t"
-[[route_classes]]
-id = 0
-name = "r"
-[[limits]]
-tier = "t"
-route_class = "*"
-capacity = 50
-refill_per_s = 20.0
-hourly_quota = 100000
 [[overrides]]
 key_id = "{hot}"
 capacity = 80
@@ -45,6 +34,7 @@ key_id = "{hot}"
 sub_keys = 8
 "#
     );
+    let text = include_str!("../../fixtures/policies/one_limit.toml").to_owned() + &hot_key;
     PolicySnapshot::build(parse_toml(&text).unwrap()).unwrap()
 }
 
@@ -86,9 +76,7 @@ async fn eight_instances(url: &str) {
         })
         .await
         .expect("connect");
-        let metrics = Arc::new(LimiterMetrics::new());
-        let (queue, mut rx) = event_queue(1 << 16, Arc::clone(&metrics));
-        tokio::spawn(async move { while rx.recv().await.is_some() {} });
+        let (queue, metrics) = discarded_events(1 << 16);
         let cfg = LimiterConfig {
             instance: i,
             instance_count: INSTANCES,

@@ -15,10 +15,10 @@ use verdict_counters_redis::{RedisStore, RedisStoreConfig};
 use verdict_limiter::breaker::{BreakerConfig, BreakerState};
 use verdict_limiter::policy::parse_toml;
 use verdict_limiter::{
-    CounterStore, LimitKey, Limiter, LimiterConfig, LimiterMetrics, PolicyHandle, PolicySnapshot,
-    Request, event_queue,
+    CounterStore, LimitKey, Limiter, LimiterConfig, PolicyHandle, PolicySnapshot, Request,
 };
 use verdict_schemas::{DecisionSource, KeyId, RouteClassId, TierId};
+use verdict_tests::discarded_events;
 use verdict_tests::private::{PrivateCluster, redis_cli};
 
 /// The decision deadline of production.
@@ -48,23 +48,10 @@ const NODE_TIMEOUT_MS: u32 = 2_000;
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn snapshot() -> PolicySnapshot {
-    let doc = parse_toml(&format!(
-        r#"
-[[tiers]]
-id = 0
-name = "t"
-[[route_classes]]
-id = 0
-name = "r"
-[[limits]]
-tier = "t"
-route_class = "*"
-capacity = {C}
-refill_per_s = {RHO}
-hourly_quota = 1000000
-"#
-    ))
-    .unwrap();
+    let mut doc = parse_toml(include_str!("../../fixtures/policies/one_limit.toml")).unwrap();
+    doc.limits[0].capacity = C as i64;
+    doc.limits[0].refill_per_s = RHO;
+    doc.limits[0].hourly_quota = 1_000_000;
     PolicySnapshot::build(doc).unwrap()
 }
 
@@ -87,9 +74,7 @@ async fn limiters(url: &str) -> Vec<Arc<Limiter<RedisStore>>> {
         .await
         .expect("connect to the private cluster");
         assert_eq!(store.shards(), 3);
-        let metrics = Arc::new(LimiterMetrics::new());
-        let (queue, mut rx) = event_queue(1 << 16, Arc::clone(&metrics));
-        tokio::spawn(async move { while rx.recv().await.is_some() {} });
+        let (queue, metrics) = discarded_events(1 << 16);
         let cfg = LimiterConfig {
             instance: i,
             instance_count: INSTANCES,

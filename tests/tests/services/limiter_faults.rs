@@ -16,30 +16,7 @@ use verdict_schemas::{DecisionSource, KeyId, RouteClassId, TierId, Verdict};
 use verdict_tests::eventually;
 use verdict_tests::private::{PrivateRedis, TcpProxy};
 
-const POLICY: &str = r#"
-[[tiers]]
-id = 0
-name = "free"
-[[tiers]]
-id = 1
-name = "starter"
-[[route_classes]]
-id = 0
-name = "read"
-[[limits]]
-tier = "free"
-route_class = "*"
-capacity = 30
-refill_per_s = 0.001
-hourly_quota = 100000
-[[limits]]
-tier = "starter"
-route_class = "*"
-capacity = 2
-refill_per_s = 0.001
-hourly_quota = 100000
-mode = "shadow"
-"#;
+const POLICY: &str = include_str!("../../fixtures/policies/limiter_faults.toml");
 
 /// The decision deadline of production.
 const DEADLINE: Duration = Duration::from_millis(5);

@@ -27,21 +27,7 @@ use verdict_tests::{
 
 /// One route class for every path, a burst of 5 and next to no refill: each key's first
 /// five requests pass and the rest are refused, however the requests are timed.
-const POLICY: &str = r#"
-[[tiers]]
-id = 0
-name = "free"
-[[route_classes]]
-id = 0
-name = "all"
-prefixes = ["/"]
-[[limits]]
-tier = "free"
-route_class = "*"
-capacity = 5
-refill_per_s = 0.001
-hourly_quota = 1000
-"#;
+const POLICY: &str = include_str!("../../fixtures/policies/limiter_kafka.toml");
 
 fn policy() -> PolicyHandle {
     PolicyHandle::new(

@@ -11,28 +11,14 @@ use std::time::{Duration, Instant};
 use verdict_counters_redis::{RedisStore, RedisStoreConfig};
 use verdict_limiter::breaker::{BreakerConfig, BreakerState};
 use verdict_limiter::policy::parse_toml;
-use verdict_limiter::{
-    Limiter, LimiterConfig, LimiterMetrics, PolicyHandle, PolicySnapshot, Request, event_queue,
-};
+use verdict_limiter::{Limiter, LimiterConfig, PolicyHandle, PolicySnapshot, Request};
 use verdict_schemas::{DecisionSource, KeyId, RouteClassId, TierId, Verdict};
+use verdict_tests::discarded_events;
 use verdict_tests::private::{PrivateRedis, TcpProxy};
 
 /// A bucket of 40 refilling 20 a second, and an hourly quota of 100,000 (far away, so the
 /// window's count can be read back from what it says is left).
-const POLICY: &str = r#"
-[[tiers]]
-id = 0
-name = "free"
-[[route_classes]]
-id = 0
-name = "read"
-[[limits]]
-tier = "free"
-route_class = "*"
-capacity = 40
-refill_per_s = 20.0
-hourly_quota = 100000
-"#;
+const POLICY: &str = include_str!("../../fixtures/policies/limiter_overload.toml");
 const CAPACITY: f64 = 40.0;
 const REFILL_PER_S: f64 = 20.0;
 const QUOTA: u32 = 100_000;
@@ -60,20 +46,27 @@ fn request(key: u8) -> Request<'static> {
     }
 }
 
-async fn limiter(url: &str, max_batch: usize, breaker: BreakerConfig) -> Arc<Limiter<RedisStore>> {
+/// A private Redis, a loopback proxy in front of it (to slow or cut), and a limiter whose
+/// store reaches Redis through the proxy.
+async fn behind_a_proxy(
+    max_batch: usize,
+    breaker: BreakerConfig,
+) -> (PrivateRedis, TcpProxy, Arc<Limiter<RedisStore>>) {
+    let redis = PrivateRedis::start();
+    let proxy = TcpProxy::start(redis.port())
+        .await
+        .expect("a loopback proxy");
     let store = RedisStore::connect(&RedisStoreConfig {
-        url: url.to_owned(),
+        url: format!("redis://127.0.0.1:{}", proxy.port()),
         timeout: DEADLINE,
         max_batch,
         ..RedisStoreConfig::default()
     })
     .await
     .expect("connect");
-    let metrics = Arc::new(LimiterMetrics::new());
-    let (q, mut rx) = event_queue(1 << 20, Arc::clone(&metrics));
-    tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    let (q, metrics) = discarded_events(1 << 20);
     let doc = parse_toml(POLICY).unwrap();
-    Arc::new(Limiter::new(
+    let limiter = Limiter::new(
         store,
         PolicyHandle::new(PolicySnapshot::build(doc).unwrap(), 0),
         q,
@@ -82,7 +75,8 @@ async fn limiter(url: &str, max_batch: usize, breaker: BreakerConfig) -> Arc<Lim
             breaker,
             ..LimiterConfig::default()
         },
-    ))
+    );
+    (redis, proxy, Arc::new(limiter))
 }
 
 /// A metric's value; a labelled series not exported yet (never counted) is 0.
@@ -125,15 +119,10 @@ async fn counted_by_redis(l: &Limiter<RedisStore>, req: &Request<'_>) -> (u32, u
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overload_is_decided_locally_without_a_breaker_opening_and_charged_back() {
-    let redis = PrivateRedis::start();
-    let proxy = TcpProxy::start(redis.port())
-        .await
-        .expect("a loopback proxy");
     // One request per call, each call at least 1 ms: the lane decides under 1,000 a
     // second, and 64 callers in a closed loop keep its queue far past the deadline. Redis
     // itself answers every call it gets well within the deadline.
-    let l = limiter(
-        &format!("redis://127.0.0.1:{}", proxy.port()),
+    let (_redis, proxy, l) = behind_a_proxy(
         1,
         BreakerConfig {
             failure_threshold: 3,
@@ -245,12 +234,7 @@ async fn overload_is_decided_locally_without_a_breaker_opening_and_charged_back(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_an_outage_the_hourly_window_counts_the_fallbacks_admissions_once() {
-    let redis = PrivateRedis::start();
-    let proxy = TcpProxy::start(redis.port())
-        .await
-        .expect("a loopback proxy");
-    let l = limiter(
-        &format!("redis://127.0.0.1:{}", proxy.port()),
+    let (_redis, proxy, l) = behind_a_proxy(
         64,
         BreakerConfig {
             failure_threshold: 3,

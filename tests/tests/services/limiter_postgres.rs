@@ -35,6 +35,11 @@ async fn seeded(url: &str) -> (PgSource, tokio_postgres::Client) {
     (source, client)
 }
 
+/// Runs one statement without parameters.
+async fn run(c: &tokio_postgres::Client, sql: &str) {
+    c.execute(sql, &[]).await.unwrap();
+}
+
 async fn version(c: &tokio_postgres::Client) -> i64 {
     c.query_one("select version from verdict_policy.meta", &[])
         .await
@@ -47,23 +52,15 @@ async fn every_change_raises_the_version_and_the_rows_load_as_a_policy() {
     let url = fresh_database("policy_rows").await;
     let (source, client) = seeded(&url).await;
     let v0 = version(&client).await;
-    client
-        .execute(
-            "update verdict_policy.limits set capacity = 20 where tier = 'free'",
-            &[],
-        )
-        .await
-        .unwrap();
+    run(
+        &client,
+        "update verdict_policy.limits set capacity = 20 where tier = 'free'",
+    )
+    .await;
     let v1 = version(&client).await;
-    client
-        .execute("update verdict_policy.meta set kill_switch = true", &[])
-        .await
-        .unwrap();
+    run(&client, "update verdict_policy.meta set kill_switch = true").await;
     let v2 = version(&client).await;
-    client
-        .execute("delete from verdict_policy.hot_keys", &[])
-        .await
-        .unwrap();
+    run(&client, "delete from verdict_policy.hot_keys").await;
     let v3 = version(&client).await;
     assert!(v0 < v1 && v1 < v2 && v2 < v3, "{v0} {v1} {v2} {v3}");
 
@@ -94,17 +91,12 @@ async fn every_change_raises_the_version_and_the_rows_load_as_a_policy() {
 #[tokio::test]
 async fn a_change_is_in_force_within_30_s_and_a_bad_row_keeps_the_last_policy() {
     let url = fresh_database("policy_refresh").await;
-    let (source, client) = seeded(&url).await;
-    let source: Arc<dyn PolicySource> = Arc::new(source);
-    let handle = PolicyHandle::new(source.load().await.unwrap(), 0);
-    let metrics = Arc::new(LimiterMetrics::new());
-    let task = spawn_refresher(
-        source,
-        handle.clone(),
-        Arc::clone(&metrics),
-        Arc::new(SystemClock),
-        Duration::from_secs(1),
-    );
+    let Polling {
+        client,
+        handle,
+        metrics,
+        task,
+    } = polling(&url, Duration::from_secs(1)).await;
 
     let before = handle.load().version();
     let changed = Instant::now();
@@ -113,13 +105,11 @@ async fn a_change_is_in_force_within_30_s_and_a_bad_row_keeps_the_last_policy() 
     println!("policy change in force after {:?}", changed.elapsed());
 
     // A row that does not validate: refused, counted, the last policy stays.
-    client
-        .execute(
-            "update verdict_policy.limits set mode = 'enforced' where tier = 'pro'",
-            &[],
-        )
-        .await
-        .unwrap();
+    run(
+        &client,
+        "update verdict_policy.limits set mode = 'enforced' where tier = 'pro'",
+    )
+    .await;
     eventually(Duration::from_secs(30), "the bad row reported", || async {
         metrics
             .render()
@@ -134,25 +124,21 @@ async fn a_change_is_in_force_within_30_s_and_a_bad_row_keeps_the_last_policy() 
 async fn invalid_rows_are_named_with_their_field() {
     let url = fresh_database("policy_invalid").await;
     let (source, client) = seeded(&url).await;
-    client
-        .execute(
-            "update verdict_policy.limits set mode = 'enforced' where tier = 'pro'",
-            &[],
-        )
-        .await
-        .unwrap();
+    run(
+        &client,
+        "update verdict_policy.limits set mode = 'enforced' where tier = 'pro'",
+    )
+    .await;
     let e = source.load().await.unwrap_err().to_string();
     assert_eq!(
         e,
         "policy limits row (tier=pro, route_class=*): mode: unknown mode \"enforced\" (expected enforce, shadow or off)"
     );
-    client
-        .execute(
-            "update verdict_policy.limits set mode = 'shadow', refill_per_s = 0 where tier = 'pro'",
-            &[],
-        )
-        .await
-        .unwrap();
+    run(
+        &client,
+        "update verdict_policy.limits set mode = 'shadow', refill_per_s = 0 where tier = 'pro'",
+    )
+    .await;
     let e = source.load().await.unwrap_err().to_string();
     assert!(
         e.starts_with("policy limits[1] (tier=pro, route_class=*): refill_per_s:"),
@@ -196,7 +182,8 @@ struct Polling {
     task: tokio::task::JoinHandle<()>,
 }
 
-async fn polling(url: &str) -> Polling {
+/// A seeded database and a gateway's policy polling it `every` interval.
+async fn polling(url: &str, every: Duration) -> Polling {
     let (source, client) = seeded(url).await;
     let source: Arc<dyn PolicySource> = Arc::new(source);
     let handle = PolicyHandle::new(source.load().await.unwrap(), SystemClock.now_ms());
@@ -206,7 +193,7 @@ async fn polling(url: &str) -> Polling {
         handle.clone(),
         Arc::clone(&metrics),
         Arc::new(SystemClock),
-        Duration::from_millis(200),
+        every,
     );
     Polling {
         client,
@@ -224,7 +211,7 @@ async fn a_stopped_database_leaves_the_last_policy_in_force_and_ages_it() {
         handle,
         metrics,
         task,
-    } = polling(&pg.url()).await;
+    } = polling(&pg.url(), Duration::from_millis(200)).await;
     let version = handle.load().version();
     pg.stop();
     eventually(
@@ -257,7 +244,7 @@ async fn a_hung_database_is_timed_out_and_a_change_after_it_resumes_is_taken() {
         handle,
         metrics,
         task,
-    } = polling(&pg.url()).await;
+    } = polling(&pg.url(), Duration::from_millis(200)).await;
     let before = handle.load().version();
     pg.hang();
     let metric = |name: &str| -> i64 {

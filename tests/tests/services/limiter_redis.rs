@@ -12,6 +12,26 @@ use verdict_limiter::conformance::{self, fresh_key};
 use verdict_limiter::{CounterState, Limits, charge, decide};
 use verdict_tests::{Service, redis_store, require};
 
+/// One request of `key` at `now`, decided by the script in Redis and by the Rust core from
+/// `state` (which it advances): (Redis's answer, the core's).
+fn both_decide(
+    rt: &tokio::runtime::Runtime,
+    store: &RedisStore,
+    key: &verdict_limiter::LimitKey,
+    limits: &Limits,
+    state: &mut Option<CounterState>,
+    now: i64,
+) -> (verdict_limiter::CounterCheck, verdict_limiter::CounterCheck) {
+    let (want, next) = decide(*state, now, limits);
+    if next.is_some() {
+        *state = next;
+    }
+    let got = rt
+        .block_on(store.check_at(key, limits, now))
+        .expect("EVALSHA");
+    (got, want)
+}
+
 async fn store() -> RedisStore {
     redis_store(Service::Redis).await
 }
@@ -189,13 +209,7 @@ fn lua_script_and_rust_core_agree_on_every_answer() {
             let mut now = 1_796_047_200_000i64 + 1_234;
             for (i, gap) in gaps.iter().enumerate() {
                 now += gap;
-                let (want, next) = decide(state, now, &limits);
-                if next.is_some() {
-                    state = next;
-                }
-                let got = rt
-                    .block_on(store.check_at(&key, &limits, now))
-                    .expect("EVALSHA");
+                let (got, want) = both_decide(&rt, &store, &key, &limits, &mut state, now);
                 prop_assert_eq!(
                     got,
                     want,
@@ -238,13 +252,7 @@ fn lua_script_and_rust_core_agree_on_charges_between_requests() {
                     state = Some(charge(state, now, &limits, *count));
                     continue;
                 }
-                let (want, next) = decide(state, now, &limits);
-                if next.is_some() {
-                    state = next;
-                }
-                let got = rt
-                    .block_on(store.check_at(&key, &limits, now))
-                    .expect("EVALSHA");
+                let (got, want) = both_decide(&rt, &store, &key, &limits, &mut state, now);
                 prop_assert_eq!(
                     got,
                     want,

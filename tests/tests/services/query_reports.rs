@@ -273,15 +273,15 @@ async fn the_tables_read_the_lake_as_written_and_see_new_files_without_a_restart
                 vec![
                     verdict_lake::Action::Remove(a.add.remove(now, false)),
                     verdict_lake::Action::Remove(b.add.remove(now, false)),
-                    verdict_lake::Action::Add(verdict_lake::Add {
-                        path: relative,
-                        partition_values: a.add.partition_values.clone(),
-                        size: size as i64,
-                        modification_time: now,
-                        data_change: false,
-                        stats: None,
-                        tags: None,
-                    }),
+                    verdict_lake::Action::Add(
+                        verdict_lake::Add::new(
+                            relative,
+                            a.add.partition_values.clone(),
+                            size as i64,
+                            now,
+                        )
+                        .rearranging(),
+                    ),
                 ],
             ),
         )

@@ -79,6 +79,12 @@ async fn kafka_smoke_produce_and_consume_a_decision_event() {
     assert_eq!(got, event);
 }
 
+/// The object at `path`, whole.
+async fn read(store: &dyn ObjectStore, path: &Path) -> Bytes {
+    let got = store.get(path).await.expect("get");
+    got.bytes().await.expect("body")
+}
+
 #[tokio::test]
 async fn s3_smoke_put_list_get_delete() {
     let store = s3_store("verdict-smoke").await;
@@ -94,13 +100,7 @@ async fn s3_smoke_put_list_get_delete() {
     assert_eq!(listed[0].location, path);
     assert_eq!(listed[0].size, 13);
 
-    let got = store
-        .get(&path)
-        .await
-        .expect("get")
-        .bytes()
-        .await
-        .expect("body");
+    let got = read(store.as_ref(), &path).await;
     assert_eq!(got, Bytes::from_static(b"hello verdict"));
 
     store.delete(&path).await.expect("delete");
@@ -124,13 +124,7 @@ async fn s3_fidelity_multipart_upload() {
     writer.write(&data);
     writer.finish().await.expect("complete multipart");
 
-    let got = store
-        .get(&path)
-        .await
-        .expect("get")
-        .bytes()
-        .await
-        .expect("body");
+    let got = read(store.as_ref(), &path).await;
     assert_eq!(got.len(), data.len());
     assert!(
         got.as_ref() == data.as_slice(),
@@ -154,13 +148,7 @@ async fn s3_fidelity_conditional_create_refuses_an_existing_key() {
         matches!(second, Err(object_store::Error::AlreadyExists { .. })),
         "a create of an existing key must be refused (412), got {second:?}"
     );
-    let got = store
-        .get(&path)
-        .await
-        .expect("get")
-        .bytes()
-        .await
-        .expect("body");
+    let got = read(store.as_ref(), &path).await;
     assert_eq!(
         got,
         Bytes::from_static(b"first"),
