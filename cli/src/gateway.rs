@@ -29,9 +29,28 @@ pub struct GatewayArgs {
     /// Where to listen.
     #[arg(long, default_value = "127.0.0.1:8088")]
     pub listen: SocketAddr,
-    /// The upstream's base URL (http://host:port[/prefix]).
+    /// The upstream's base URL (http://host:port[/prefix]). Without one the gateway only
+    /// decides: `/v1/check` for Caddy, Traefik and nginx, and Envoy's rate limit service
+    /// with --rls-listen; every other path is 404.
     #[arg(long)]
-    pub upstream: String,
+    pub upstream: Option<String>,
+    /// Also serve Envoy's rate limit service (gRPC, `envoy.service.ratelimit.v3`) here,
+    /// deciding with this gateway's limiter, keys and policy, with the gRPC health service.
+    #[arg(long)]
+    pub rls_listen: Option<SocketAddr>,
+    /// How the rate limit service maps descriptors (TOML: the entries carrying the API key,
+    /// key id, tier, route class and path, and imported rules; see `verdict policy
+    /// import-envoy`). Default: entries `api_key`, `key_id`, `tier`, `route_class`, `path`.
+    #[arg(long, requires = "rls_listen")]
+    pub rls_descriptors: Option<PathBuf>,
+    /// What the rate limit service answers a descriptor that does not map: allow (and count
+    /// it) or deny. Overrides the descriptors file.
+    #[arg(long, requires = "rls_listen")]
+    pub rls_unmapped: Option<verdict_rls::Unmapped>,
+    /// Rate limit service requests deciding at once; one that waits past 5 ms for its turn
+    /// is answered UNAVAILABLE (Envoy's failure_mode_deny decides then).
+    #[arg(long, default_value_t = 1024, requires = "rls_listen")]
+    pub rls_max_in_flight: usize,
     /// The key directory: CSV `api_key,key_id,tier` with that header (re-read when it
     /// changes).
     #[arg(long)]
@@ -151,13 +170,21 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
 
     let upstream = args
         .upstream
-        .parse()
-        .with_context(|| format!("--upstream {}: not a URL", args.upstream))?;
+        .as_deref()
+        .map(|u| {
+            u.parse::<axum::http::Uri>()
+                .with_context(|| format!("--upstream {u}: not a URL"))
+        })
+        .transpose()?;
+    if upstream.is_none() && args.rls_listen.is_none() {
+        tracing::info!("no --upstream: this gateway only decides (/v1/check, /v1/check/nginx)");
+    }
+    let rls = args.rls_listen.map(|_| rls_config(&args)).transpose()?;
     let key_header = args
         .key_header
         .parse()
         .with_context(|| format!("--key-header {}: not a header name", args.key_header))?;
-    let mut builder = GatewayBuilder::new(upstream)
+    let mut builder = GatewayBuilder::deciding_for(upstream)
         .key_header(key_header)
         .upstream_timeout(Duration::from_millis(args.upstream_timeout_ms.max(1)))
         .event_queue(args.event_queue)
@@ -238,22 +265,49 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
-    tracing::info!(listen = %listener.local_addr()?, upstream = %args.upstream, "gateway listening");
+    let upstream = args.upstream.as_deref().unwrap_or("none");
+    tracing::info!(listen = %listener.local_addr()?, upstream, "gateway listening");
+    // One signal stops both listeners.
     let shutdown = crate::signals::shutdown_signal()?;
-    let (signalled, on_signal) = tokio::sync::oneshot::channel::<()>();
-    let server = verdict_gateway::serve(listener, Arc::clone(&gateway), async move {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
         shutdown.await;
-        let _ = signalled.send(());
+        let _ = stop_tx.send(true);
     });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let rls_server = match (args.rls_listen, rls) {
+        (Some(addr), Some(cfg)) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding --rls-listen {addr}"))?;
+            tracing::info!(listen = %listener.local_addr()?, "rate limit service listening (gRPC, envoy.service.ratelimit.v3)");
+            let rls = Arc::new(verdict_rls::Rls::new(Arc::clone(&gateway), cfg));
+            Some(tokio::spawn(verdict_rls::serve(
+                listener,
+                rls,
+                stopped(stop_rx.clone()),
+            )))
+        }
+        _ => None,
+    };
+    let server = verdict_gateway::serve(listener, Arc::clone(&gateway), stopped(stop_rx.clone()));
     let grace = Duration::from_secs(args.shutdown_grace_secs);
+    let served = async {
+        server.await?;
+        if let Some(rls) = rls_server {
+            rls.await
+                .context("the rate limit service's task")?
+                .context("the rate limit service")?;
+        }
+        anyhow::Ok(())
+    };
     tokio::select! {
-        served = server => served?,
+        served = served => served?,
         () = async {
-            if on_signal.await.is_ok() {
-                tokio::time::sleep(grace).await;
-            } else {
-                std::future::pending::<()>().await;
-            }
+            stopped(stop_rx.clone()).await;
+            tokio::time::sleep(grace).await;
         } => tracing::warn!(?grace, "requests still in flight after the grace period; stopping without them"),
     }
     // Dropping the gateway closes the event queue; the drain hands what is queued to Kafka
@@ -315,4 +369,26 @@ pub fn drain_to_kafka(
     )
     .with_context(|| format!("a Kafka producer for {brokers}"))?;
     Ok(spawn_drain(events, sink, Arc::clone(metrics)))
+}
+
+/// The rate limit service's settings from the options: the descriptors file (or the
+/// defaults), the unmapped rule, the concurrency.
+fn rls_config(args: &GatewayArgs) -> anyhow::Result<verdict_rls::RlsConfig> {
+    let mut descriptors = match &args.rls_descriptors {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading --rls-descriptors {}", path.display()))?;
+            verdict_rls::DescriptorMap::from_toml(&path.display().to_string(), &text)
+                .map_err(anyhow::Error::msg)?
+        }
+        None => verdict_rls::DescriptorMap::default(),
+    };
+    if let Some(unmapped) = args.rls_unmapped {
+        descriptors.unmapped = unmapped;
+    }
+    Ok(verdict_rls::RlsConfig {
+        descriptors,
+        max_in_flight: args.rls_max_in_flight,
+        ..verdict_rls::RlsConfig::default()
+    })
 }

@@ -50,8 +50,14 @@ impl GatewayBuilder {
     /// A gateway in front of `upstream`: header `x-api-key`, the upstream's 30 s for its
     /// response head, one instance, a queue of 65,536 events, the system clock.
     pub fn new(upstream: Uri) -> Self {
+        Self::deciding_for(Some(upstream))
+    }
+
+    /// The same in front of `upstream`, or of none: a gateway that only decides
+    /// (`/v1/check`, Envoy's rate limit service) and answers 404 on every other path.
+    pub fn deciding_for(upstream: Option<Uri>) -> Self {
         Self {
-            config: GatewayConfig::new(upstream),
+            config: GatewayConfig::deciding_for(upstream),
             limiter: LimiterConfig::default(),
             event_queue: 65_536,
             clock: Arc::new(SystemClock),

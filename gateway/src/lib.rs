@@ -4,11 +4,13 @@
 //! - [`routes`]: path → route class, by the policy's prefixes.
 //! - [`proxy`]: the request path (decision, 429 or proxy with the rate-limit fields, 502/504
 //!   for the upstream's failures), `/metrics` and `/healthz`.
+//! - [`check`]: `/v1/check`, forward authentication for Caddy, Traefik and nginx.
 //! - [`builder`]: one way to put a gateway together, with typed settings.
 //! - [`counters`]: Redis or memory counters, chosen at start.
 //! - [`regional`]: a region's shares and near-limit reports under a multi-region policy.
 
 pub mod builder;
+pub mod check;
 pub mod counters;
 pub mod keys;
 pub mod proxy;

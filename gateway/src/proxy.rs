@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, State};
-use axum::http::{HeaderName, HeaderValue, Request, Response, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, header};
 use axum::routing::any;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -31,9 +31,10 @@ use hyper_util::rt::TokioExecutor;
 use prometheus::{
     Encoder as _, Histogram, HistogramOpts, IntCounterVec, Opts, Registry, TextEncoder,
 };
-use verdict_limiter::{CounterStore, Identity, Limiter, RateLimitLayer, Refusal};
-use verdict_schemas::TierId;
+use verdict_limiter::{CounterStore, Identity, Limiter, PolicySnapshot, RateLimitLayer, Refusal};
+use verdict_schemas::{RouteClassId, TierId};
 
+use crate::check;
 use crate::keys::KeyDirectory;
 use crate::routes::Routes;
 
@@ -41,11 +42,16 @@ use crate::routes::Routes;
 const UPSTREAM_FAILED: &str =
     "the upstream failed to answer; the request was allowed and counted, retry later";
 
+/// What a gateway without an upstream answers a path of its own it does not serve.
+const NO_UPSTREAM: &str = "this gateway has no upstream: it answers /v1/check, \
+     /v1/check/nginx and Envoy's rate limit service";
+
 /// How the gateway runs.
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
-    /// The upstream's base URL, e.g. `http://127.0.0.1:8080` (a path prefix is kept).
-    pub upstream: Uri,
+    /// The upstream's base URL, e.g. `http://127.0.0.1:8080` (a path prefix is kept); none
+    /// for a gateway that only decides (`/v1/check`, the rate limit service).
+    pub upstream: Option<Uri>,
     /// The header carrying the API key.
     pub key_header: HeaderName,
     /// How long the upstream has to send its response head.
@@ -55,6 +61,11 @@ pub struct GatewayConfig {
 impl GatewayConfig {
     /// The defaults for `upstream`: header `x-api-key`, 30 s timeout.
     pub fn new(upstream: Uri) -> Self {
+        Self::deciding_for(Some(upstream))
+    }
+
+    /// The defaults, with `upstream` or none (a gateway that only decides).
+    pub fn deciding_for(upstream: Option<Uri>) -> Self {
         Self {
             upstream,
             key_header: HeaderName::from_static("x-api-key"),
@@ -67,8 +78,8 @@ impl GatewayConfig {
 #[derive(Debug, Clone)]
 pub struct GatewayMetrics {
     registry: Registry,
-    /// `verdict_gateway_requests_total{outcome}`: proxied, limited, unauthorized, no_route,
-    /// upstream_error, upstream_timeout.
+    /// `verdict_gateway_requests_total{outcome}`: proxied, checked (allowed by `/v1/check`),
+    /// limited, unauthorized, no_route, upstream_error, upstream_timeout.
     pub requests: IntCounterVec,
     /// `verdict_gateway_upstream_seconds`: from sending upstream to its response head.
     pub upstream_seconds: Histogram,
@@ -89,7 +100,7 @@ impl GatewayMetrics {
         let requests = IntCounterVec::new(
             Opts::new(
                 "verdict_gateway_requests_total",
-                "Requests by outcome: proxied, limited, unauthorized, no_route, upstream_error, upstream_timeout.",
+                "Requests by outcome: proxied, checked, limited, unauthorized, no_route, upstream_error, upstream_timeout.",
             ),
             &["outcome"],
         )
@@ -173,6 +184,21 @@ impl<S: CounterStore> Gateway<S> {
         &self.limiter
     }
 
+    /// The limiter, shared (the rate limit service decides with the gateway's).
+    pub fn shared_limiter(&self) -> Arc<Limiter<S>> {
+        Arc::clone(&self.limiter)
+    }
+
+    /// The key directory.
+    pub fn keys(&self) -> &KeyDirectory {
+        &self.keys
+    }
+
+    /// The route class of `path` under `policy`, by its prefixes.
+    pub fn route(&self, policy: &PolicySnapshot, path: &str) -> Option<RouteClassId> {
+        self.routes.route(policy, path)
+    }
+
     /// The gateway's metrics.
     pub fn metrics(&self) -> &GatewayMetrics {
         &self.metrics
@@ -186,7 +212,7 @@ impl<S: CounterStore> Gateway<S> {
             gw.identify(req)
         })
         .on_decision(move |decision, took| {
-            hooked.metrics.decision_seconds.observe(took.as_secs_f64());
+            hooked.observe_decision(took);
             if !decision.is_allowed() {
                 hooked.count("limited");
             }
@@ -196,17 +222,54 @@ impl<S: CounterStore> Gateway<S> {
             let gw = Arc::clone(&gw);
             async move { Ok::<_, Infallible>(gw.forward(req).await) }
         });
-        Router::new()
+        // `/v1/check` (`nginx`: `/v1/check/nginx`), on this gateway's limiter, keys, routes.
+        let check = |nginx: bool| {
+            let (gw, hooked) = (Arc::clone(&self), Arc::clone(&self));
+            let identify = move |req: &Request<Body>| gw.identify_forwarded(req);
+            let hook = move |decision: &verdict_limiter::Decision, took: Duration| {
+                hooked.observe_decision(took);
+                let allowed = decision.is_allowed();
+                hooked.count(if allowed { "checked" } else { "limited" });
+            };
+            check::service(Arc::clone(&self.limiter), identify, hook, nginx)
+        };
+        let router = Router::new()
             .route("/metrics", any(metrics::<S>))
             .route(
                 "/healthz",
                 any(|| async { plain(StatusCode::OK, "text/plain", "ok\n".into()) }),
             )
-            .fallback_service(tower::Layer::layer(&layer, forward))
-            .with_state(self)
+            .route_service("/v1/check", check(false))
+            .route_service("/v1/check/nginx", check(true));
+        let router = if self.cfg.upstream.is_some() {
+            router.fallback_service(tower::Layer::layer(&layer, forward))
+        } else {
+            router.fallback(|| async { problem(StatusCode::NOT_FOUND, NO_UPSTREAM) })
+        };
+        router.with_state(self)
     }
 
-    fn count(&self, outcome: &str) {
+    /// Who a checked request is, from the headers the proxy forwards (see [`check`]).
+    fn identify_forwarded(&self, req: &Request<Body>) -> Result<Identity, Refusal> {
+        let Some(path) = check::forwarded_path(req.headers()) else {
+            return Err(Refusal::new(
+                StatusCode::BAD_REQUEST,
+                "no X-Forwarded-Uri or X-Original-URI header: the proxy must send the path \
+                 of the request it asks about",
+            ));
+        };
+        let caller = check::forwarded_caller(req.headers())
+            .or_else(|| peer(req).map(|p| p.ip().to_string()));
+        self.identify_as(req.headers(), path, caller)
+    }
+
+    /// Records the limiter's part of a request.
+    pub(crate) fn observe_decision(&self, took: Duration) {
+        self.metrics.decision_seconds.observe(took.as_secs_f64());
+    }
+
+    /// Counts a request's outcome.
+    pub(crate) fn count(&self, outcome: &str) {
         self.metrics.requests.with_label_values(&[outcome]).inc();
     }
 
@@ -215,8 +278,18 @@ impl<S: CounterStore> Gateway<S> {
     /// key or an unknown one is 401, a path no route class covers 404: the limiter never
     /// runs for them.
     fn identify(&self, req: &Request<Body>) -> Result<Identity, Refusal> {
-        let Some(api_key) = req
-            .headers()
+        let caller = peer(req).map(|p| p.ip().to_string());
+        self.identify_as(req.headers(), req.uri().path(), caller)
+    }
+
+    /// The same for a request known by its headers, its path and its caller's address.
+    pub(crate) fn identify_as(
+        &self,
+        headers: &HeaderMap,
+        path: &str,
+        caller: Option<String>,
+    ) -> Result<Identity, Refusal> {
+        let Some(api_key) = headers
             .get(&self.cfg.key_header)
             .and_then(|v| v.to_str().ok())
         else {
@@ -231,19 +304,16 @@ impl<S: CounterStore> Gateway<S> {
             return Err(Refusal::unauthorized("unknown API key"));
         };
         let policy = self.limiter.policy().load();
-        let Some(route_class) = self.routes.route(&policy, req.uri().path()) else {
+        let Some(route_class) = self.routes.route(&policy, path) else {
             self.count("no_route");
-            return Err(Refusal::not_found(format!(
-                "no route class covers {}",
-                req.uri().path()
-            )));
+            return Err(Refusal::not_found(format!("no route class covers {path}")));
         };
         // A tier the policy does not know is the limiter's to report (allowed, counted as
         // unconfigured), not a reason to refuse a known key.
         let tier = policy.tier_id(&entry.tier).unwrap_or(TierId(u8::MAX));
         let identity = Identity::new(entry.key_id, route_class, tier).under(policy);
-        Ok(match peer(req) {
-            Some(peer) => identity.with_caller(peer.ip().to_string()),
+        Ok(match caller {
+            Some(caller) => identity.with_caller(caller),
             None => identity,
         })
     }
@@ -251,7 +321,10 @@ impl<S: CounterStore> Gateway<S> {
     async fn forward(&self, req: Request<Body>) -> Response<Body> {
         let peer = peer(&req);
         let (mut parts, body) = req.into_parts();
-        let uri = match upstream_uri(&self.cfg.upstream, &parts.uri) {
+        let Some(upstream) = &self.cfg.upstream else {
+            return problem(StatusCode::NOT_FOUND, NO_UPSTREAM);
+        };
+        let uri = match upstream_uri(upstream, &parts.uri) {
             Ok(u) => u,
             Err(e) => {
                 self.count("upstream_error");

@@ -32,6 +32,11 @@ impl EventReceiver {
     pub fn try_recv(&mut self) -> Option<DecisionEvent> {
         self.0.try_recv().ok()
     }
+
+    /// The events waiting now, in order.
+    pub fn waiting(&mut self) -> Vec<DecisionEvent> {
+        std::iter::from_fn(|| self.try_recv()).collect()
+    }
 }
 
 /// A bounded queue of `capacity` events.
