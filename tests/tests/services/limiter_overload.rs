@@ -14,7 +14,7 @@ use verdict_limiter::policy::parse_toml;
 use verdict_limiter::{Limiter, LimiterConfig, PolicyHandle, PolicySnapshot, Request};
 use verdict_schemas::{DecisionSource, KeyId, RouteClassId, TierId, Verdict};
 use verdict_tests::discarded_events;
-use verdict_tests::private::{PrivateRedis, TcpProxy};
+use verdict_tests::private::{PrivateRedis, TcpProxy, redis_behind_a_proxy};
 
 /// A bucket of 40 refilling 20 a second, and an hourly quota of 100,000 (far away, so the
 /// window's count can be read back from what it says is left).
@@ -52,18 +52,12 @@ async fn behind_a_proxy(
     max_batch: usize,
     breaker: BreakerConfig,
 ) -> (PrivateRedis, TcpProxy, Arc<Limiter<RedisStore>>) {
-    let redis = PrivateRedis::start();
-    let proxy = TcpProxy::start(redis.port())
-        .await
-        .expect("a loopback proxy");
-    let store = RedisStore::connect(&RedisStoreConfig {
-        url: format!("redis://127.0.0.1:{}", proxy.port()),
+    let (redis, proxy, store) = redis_behind_a_proxy(RedisStoreConfig {
         timeout: DEADLINE,
         max_batch,
         ..RedisStoreConfig::default()
     })
-    .await
-    .expect("connect");
+    .await;
     let (q, metrics) = discarded_events(1 << 20);
     let doc = parse_toml(POLICY).unwrap();
     let limiter = Limiter::new(

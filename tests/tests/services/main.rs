@@ -11,6 +11,7 @@
 static ALLOCATOR: verdict_query::memory::Counted<std::alloc::System> =
     verdict_query::memory::Counted::new(std::alloc::System);
 
+mod behind_proxies;
 mod ingest_broker_restart;
 mod ingest_kafka_s3;
 mod jobs_s3;
