@@ -25,6 +25,25 @@ pub enum PolicyCommand {
     /// Turn the kill switch on or off: every request (or one tier's) allowed and nothing
     /// counted. Rollback level three.
     KillSwitch(KillSwitchArgs),
+    /// Read an envoyproxy/ratelimit configuration (YAML) as a verdict policy and the
+    /// descriptor rules of the rate limit service, so Envoy can ask verdict instead:
+    /// per-second and per-minute limits become token buckets, per-hour limits the sliding
+    /// window; what cannot be expressed is refused, naming the field and its line.
+    ImportEnvoy(ImportEnvoyArgs),
+}
+
+/// Options of `verdict policy import-envoy`.
+#[derive(Debug, Args)]
+pub struct ImportEnvoyArgs {
+    /// The envoyproxy/ratelimit configuration file (`domain`, `descriptors`).
+    pub file: std::path::PathBuf,
+    /// Where to write the policy (TOML, for --policy-file; refused if it exists).
+    #[arg(long)]
+    pub policy_out: std::path::PathBuf,
+    /// Where to write the descriptor rules (TOML, for --rls-descriptors; refused if it
+    /// exists).
+    #[arg(long)]
+    pub descriptors_out: std::path::PathBuf,
 }
 
 /// Options of `verdict policy show`.
@@ -139,6 +158,7 @@ pub struct KillSwitchArgs {
 pub async fn run(cmd: PolicyCommand) -> anyhow::Result<()> {
     let (url, edit) = match cmd {
         PolicyCommand::Show(args) => return show(args).await,
+        PolicyCommand::ImportEnvoy(args) => return import_envoy(&args),
         PolicyCommand::SetMode(a) => (
             a.store.policy_postgres,
             Edit::SetMode {
@@ -318,4 +338,59 @@ fn render(doc: &PolicyDocument, version: u64) -> String {
         }
     }
     out
+}
+
+/// `verdict policy import-envoy`: the two files written, and what each limit became.
+fn import_envoy(args: &ImportEnvoyArgs) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let file = args.file.display().to_string();
+    let yaml = std::fs::read_to_string(&args.file).with_context(|| format!("reading {file}"))?;
+    let imported = verdict_rls::import::import(&file, &yaml)?;
+    let policy = toml::to_string(&imported.policy).context("writing the policy as TOML")?;
+    let descriptors =
+        toml::to_string(&imported.descriptors).context("writing the descriptors as TOML")?;
+    let outputs = [
+        (&args.policy_out, policy),
+        (&args.descriptors_out, descriptors),
+    ];
+    if let Some((path, _)) = outputs.iter().find(|(p, _)| p.exists()) {
+        anyhow::bail!(
+            "{} exists: the import writes new files only",
+            path.display()
+        );
+    }
+    for (path, text) in outputs {
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .with_context(|| format!("creating {} (it must not exist yet)", path.display()))?;
+        std::io::Write::write_all(&mut out, text.as_bytes())
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    let domain = &imported.descriptors.domain;
+    println!(
+        "imported {} limit(s) of domain {domain} from {file}",
+        imported.policy.limits.len()
+    );
+    println!(
+        "{:<40} {:<9} {:>10} {:>12} {:>12}",
+        "route class", "mode", "burst", "refill/s", "hourly quota"
+    );
+    for l in &imported.policy.limits {
+        println!(
+            "{:<40} {:<9} {:>10} {:>12.3} {:>12}",
+            l.route_class,
+            l.mode.as_str(),
+            l.capacity,
+            l.refill_per_s,
+            l.hourly_quota
+        );
+    }
+    println!(
+        "policy: {} (--policy-file); descriptors: {} (--rls-descriptors); tier {domain}",
+        args.policy_out.display(),
+        args.descriptors_out.display()
+    );
+    Ok(())
 }

@@ -8,10 +8,13 @@
 //! - [`service`]: the method, each descriptor decided by the limiter (with its decision
 //!   event), the answer with its statuses, the rate-limit fields and `Retry-After`.
 //! - [`server`]: gRPC with the standard health service beside it.
+//! - [`import`]: an envoyproxy/ratelimit configuration read as a policy and the rules
+//!   that map Envoy's descriptors onto it.
 //!
 //! It runs inside `verdict gateway` (`--rls-listen`), sharing its limiter, key directory,
 //! routes, policy and events with the HTTP listener.
 
+pub mod import;
 pub mod mapping;
 pub mod server;
 pub mod service;

@@ -27,13 +27,13 @@
 
 use std::collections::HashMap;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use verdict_gateway::KeyDirectory;
 use verdict_limiter::PolicySnapshot;
 use verdict_schemas::{KeyId, RouteClassId, TierId};
 
 /// What a descriptor that does not map is answered.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Unmapped {
     /// `OK`, and counted as unmapped: a descriptor verdict cannot place is not refused.
@@ -56,18 +56,18 @@ impl std::str::FromStr for Unmapped {
 }
 
 /// One entry a rule matches: its key, and its value or (none) any value.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuleEntry {
     /// The entry's key.
     pub key: String,
     /// The value it must have; any value when absent.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
 }
 
 /// A descriptor pattern and the limit that counts what it matches.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Rule {
     /// The entries, in order; a descriptor matches with exactly these.
@@ -77,11 +77,11 @@ pub struct Rule {
     /// The route class (a name of the policy) whose limit applies.
     pub route_class: String,
     /// Its name, for `replaces`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// The names of rules this one replaces: a request that matches both is counted by
     /// this one only.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replaces: Vec<String>,
 }
 
@@ -96,7 +96,7 @@ impl Rule {
 
 /// How descriptors map (see the module's documentation), as `--rls-descriptors FILE` (TOML)
 /// spells it; every field has its default.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DescriptorMap {
     /// The entry carrying an API key.

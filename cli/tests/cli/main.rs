@@ -4,5 +4,6 @@
 mod cli_output;
 mod end_to_end;
 mod gateway_policy_cache;
+mod import_envoy;
 mod jobs_cli;
 mod policy_commands;
