@@ -35,7 +35,11 @@ impl Proxy {
         let dir = tempfile::tempdir().expect("a temporary folder");
         let d = dir.path().display().to_string();
         for (file, text) in files {
-            std::fs::write(dir.path().join(file), text.replace("{dir}", &d))
+            let path = dir.path().join(file);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).expect("a proxy's configuration folder");
+            }
+            std::fs::write(path, text.replace("{dir}", &d))
                 .expect("writing a proxy's configuration");
         }
         let log = std::fs::File::create(dir.path().join("log")).expect("a log file");
@@ -129,19 +133,28 @@ pub fn envoy(
     domain: &str,
     rate_limits: &str,
 ) -> Proxy {
-    let config = format!(
-        r#"admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
-static_resources:
-  listeners:
-  - name: edge
+    envoy_beside(&[(listen, rls)], admin, upstream, domain, rate_limits)
+}
+
+/// One Envoy with a listener per (port, rate limit service port) pair, each as [`envoy`]
+/// makes its one: the same filter and descriptors in front of different services.
+pub fn envoy_beside(
+    listeners: &[(u16, u16)],
+    admin: u16,
+    upstream: u16,
+    domain: &str,
+    rate_limits: &str,
+) -> Proxy {
+    let listener = |(listen, rls): &(u16, u16)| {
+        format!(
+            r#"  - name: edge_{listen}
     address: {{socket_address: {{address: 127.0.0.1, port_value: {listen}}}}}
     filter_chains:
     - filters:
       - name: envoy.filters.network.http_connection_manager
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: edge
+          stat_prefix: edge_{listen}
           route_config:
             virtual_hosts:
             - name: api
@@ -161,27 +174,43 @@ static_resources:
               rate_limit_service:
                 transport_api_version: V3
                 grpc_service:
-                  envoy_grpc: {{cluster_name: rls}}
+                  envoy_grpc: {{cluster_name: rls_{rls}}}
           - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: upstream
-    type: STATIC
-    load_assignment:
-      cluster_name: upstream
-      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}}}}}]}}]
-  - name: rls
+"#
+        )
+    };
+    let cluster = |(_, rls): &(u16, u16)| {
+        format!(
+            r#"  - name: rls_{rls}
     type: STATIC
     typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
         explicit_http_config: {{http2_protocol_options: {{}}}}
     load_assignment:
-      cluster_name: rls
+      cluster_name: rls_{rls}
       endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {rls}}}}}}}}}]}}]
 "#
+        )
+    };
+    let listeners_yaml: String = listeners.iter().map(listener).collect();
+    let clusters_yaml: String = listeners.iter().map(cluster).collect();
+    let config = format!(
+        r#"admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
+static_resources:
+  listeners:
+{listeners_yaml}  clusters:
+  - name: upstream
+    type: STATIC
+    load_assignment:
+      cluster_name: upstream
+      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}}}}}]}}]
+{clusters_yaml}"#
     );
+    let last = listeners.last().expect("a listener").0;
     Proxy::start(
         "envoy",
         &binary("envoy"),
@@ -193,11 +222,41 @@ static_resources:
             "--log-level",
             "warn",
             "--base-id",
-            &listen.to_string(),
+            &last.to_string(),
         ],
         &[("envoy.yaml", &config)],
         &[],
-        listen,
+        last,
+    )
+}
+
+/// envoyproxy/ratelimit with `config` (its YAML) in a folder of its own, its counters in
+/// the Redis at `redis` (host:port), serving gRPC on `grpc`.
+pub fn envoy_ratelimit(config: &str, redis: &str, grpc: u16) -> Proxy {
+    let (http, debug) = (crate::private::spare_port(), crate::private::spare_port());
+    let (grpc, http, debug) = (grpc.to_string(), http.to_string(), debug.to_string());
+    Proxy::start(
+        "envoyproxy/ratelimit",
+        &binary("ratelimit"),
+        &[],
+        &[("runtime/ratelimit/config/config.yaml", config)],
+        &[
+            ("RUNTIME_ROOT", "{dir}/runtime"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_WATCH_ROOT", "false"),
+            ("RUNTIME_IGNOREDOTFILES", "true"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", redis),
+            ("USE_STATSD", "false"),
+            ("LOG_LEVEL", "warn"),
+            ("HOST", "127.0.0.1"),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("DEBUG_HOST", "127.0.0.1"),
+            ("GRPC_PORT", &grpc),
+            ("PORT", &http),
+            ("DEBUG_PORT", &debug),
+        ],
+        grpc.parse().expect("a port"),
     )
 }
 

@@ -261,3 +261,88 @@ async fn behind_caddy_forward_auth_a_key_over_its_limit_gets_429_with_verdicts_f
     let says = "the burst allowance of 3 requests is spent";
     behind_forward_auth("Caddyfile", ":8000", |port| format!(":{port}"), caddy, says).await;
 }
+
+/// Envoy's descriptor of the window-edge comparison: the API key alone.
+const KEY_ONLY: &str = r#"              - actions:
+                - request_headers: {header_name: x-api-key, descriptor_key: api_key}"#;
+
+/// The same trace through one Envoy to envoyproxy/ratelimit and to verdict, both reading
+/// one configuration of 5 a minute per key: 5 requests in the last second of a minute and 5
+/// in the first of the next. The fixed window starts again at the minute and admits all 10,
+/// twice the limit in about a second; verdict's bucket of 5 refilling 5 a minute admits 5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn across_a_window_edge_fixed_windows_admit_twice_the_limit_and_verdict_does_not() {
+    let config = include_str!("../../fixtures/envoy/per_minute.yaml");
+    // envoyproxy/ratelimit, its counters in a Redis of its own.
+    let peer_redis = PrivateRedis::start();
+    let peer_port = spare_port();
+    let peer = verdict_tests::proxies::envoy_ratelimit(
+        config,
+        &format!("127.0.0.1:{}", peer_redis.port()),
+        peer_port,
+    );
+    // verdict, deciding under the same file imported.
+    let imported = verdict_rls::import::import("per_minute.yaml", config).unwrap();
+    let (_redis, _cut, store) = redis_behind_a_proxy(RedisStoreConfig::default()).await;
+    let built = GatewayBuilder::deciding_for(None).build(
+        GatewayStore::Redis(store),
+        PolicyHandle::new(PolicySnapshot::build(imported.policy).unwrap(), 0),
+        Arc::new(LimiterMetrics::new()),
+        KeyDirectory::default(),
+    );
+    let rls = verdict_rls::Rls::new(
+        Arc::new(built.gateway),
+        RlsConfig {
+            descriptors: imported.descriptors,
+            ..RlsConfig::default()
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let ours = listener.local_addr().unwrap().port();
+    tokio::spawn(verdict_rls::serve(
+        listener,
+        Arc::new(rls),
+        std::future::pending(),
+    ));
+    let (to_peer, to_verdict, admin) = (spare_port(), spare_port(), spare_port());
+    let api = upstream().await;
+    let envoy = verdict_tests::proxies::envoy_beside(
+        &[(to_peer, peer_port), (to_verdict, ours)],
+        admin,
+        api.port(),
+        "edge",
+        KEY_ONLY,
+    );
+
+    // 700 ms before a minute starts (envoyproxy/ratelimit's windows are the clock's minutes).
+    let now = chrono::Utc::now().timestamp_millis();
+    let mut wait = 60_000 - now.rem_euclid(60_000) - 700;
+    if wait < 300 {
+        wait += 60_000;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(wait as u64)).await;
+    let mut admitted = [0u32; 2];
+    let mut trace = Vec::new();
+    for phase in ["last second", "next minute"] {
+        if phase == "next minute" {
+            tokio::time::sleep(std::time::Duration::from_millis(1_000)).await;
+        }
+        let at = chrono::Utc::now();
+        for _ in 0..5 {
+            for (i, port) in [to_peer, to_verdict].into_iter().enumerate() {
+                if get(port, Some("k-edge")).await.status() == 200 {
+                    admitted[i] += 1;
+                }
+            }
+        }
+        trace.push(format!("5 requests at {}", at.format("%H:%M:%S%.3f")));
+    }
+    println!(
+        "window edge, 5 a minute per key, {}: envoyproxy/ratelimit admitted {}, verdict {}",
+        trace.join(" and "),
+        admitted[0],
+        admitted[1]
+    );
+    assert_eq!(admitted, [10, 5], "{}\n{}", peer.log(), envoy.log());
+    assert_eq!(envoy_rls_errors(admin).await, 0, "{}", envoy.log());
+}
