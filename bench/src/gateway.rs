@@ -31,24 +31,73 @@ use verdict_demo::{LocalGateway, spawn_upstream};
 
 use super::nginx::Nginx;
 
-/// Options of `verdict-bench gateway`.
+/// The load of the HTTP benches (`gateway`, `envoy`): rounds alternating the targets,
+/// closed loop then paced.
 #[derive(Debug, Clone, Args)]
-pub struct GatewayBenchArgs {
+pub struct LoadArgs {
     /// Seconds of load per round and target.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=600))]
     pub seconds: u64,
-    /// Rounds per phase; each round loads the upstream, then the gateway.
+    /// Rounds per phase; each round loads every target in turn.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub rounds: u32,
     /// Requests in flight.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,
-    /// Rate of the latency phase, requests/s [default: half the gateway's closed-loop rate].
+    /// Rate of the latency phase, requests/s [default: half the closed-loop rate of the
+    /// slowest measured target].
     #[arg(long)]
     pub rate: Option<u32>,
     /// API keys the load spreads over (round robin).
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
     pub keys: u32,
+}
+
+/// The two phases' medians per target: closed loop, then paced.
+pub(crate) struct Phases {
+    /// Closed loop, per target.
+    pub closed_loop: Vec<Figures>,
+    /// Paced, per target.
+    pub paced: Vec<Figures>,
+    /// The paced rate.
+    pub rate: u32,
+    /// Requests not answered 200.
+    pub errors: u64,
+}
+
+impl LoadArgs {
+    /// Both phases on `targets`, alternating them round by round; the paced rate is
+    /// `--rate`, or half the closed-loop rate of the slowest of the `measured` targets.
+    pub(crate) async fn phases(&self, targets: &[SocketAddr], measured: &[usize]) -> Phases {
+        let duration = Duration::from_secs(self.seconds);
+        let closed = LoadSpec::closed(duration, usize::from(self.concurrency));
+        let mut errors = 0;
+        let closed_loop = alternate(self.rounds, self.keys, &closed, targets, &mut errors).await;
+        let slowest = measured
+            .iter()
+            .map(|&i| closed_loop[i].requests_per_s)
+            .fold(f64::INFINITY, f64::min);
+        let rate = self.rate.unwrap_or((slowest / 2.0).max(1.0) as u32);
+        let paced_spec = LoadSpec {
+            rate_per_s: Some(f64::from(rate)),
+            ..closed
+        };
+        let paced = alternate(self.rounds, self.keys, &paced_spec, targets, &mut errors).await;
+        Phases {
+            closed_loop,
+            paced,
+            rate,
+            errors,
+        }
+    }
+}
+
+/// Options of `verdict-bench gateway`.
+#[derive(Debug, Clone, Args)]
+pub struct GatewayBenchArgs {
+    /// The load.
+    #[command(flatten)]
+    pub load: LoadArgs,
     /// Decide on this Redis (redis://host:port) instead of memory counters.
     #[arg(long)]
     pub redis: Option<String>,
@@ -71,13 +120,13 @@ pub struct GatewayBenchArgs {
 /// One target's figures in one phase, each the median over the rounds. `p50_ms` and
 /// `p99_ms` count from when a request was due (in the paced phase that includes the
 /// timer's lateness, up to a millisecond); `service_*` from when it was sent.
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Clone, Serialize)]
 pub struct Figures {
-    requests_per_s: f64,
+    pub(crate) requests_per_s: f64,
     p50_ms: f64,
     p99_ms: f64,
-    service_p50_ms: f64,
-    service_p99_ms: f64,
+    pub(crate) service_p50_ms: f64,
+    pub(crate) service_p99_ms: f64,
 }
 
 /// nginx's figures beside the gateway's.
@@ -162,7 +211,7 @@ async fn bench(args: &GatewayBenchArgs) -> anyhow::Result<GatewayBenchReport> {
     let policy = PolicySnapshot::build(parse_toml(POLICY)?)?;
     let tier: Arc<str> = Arc::from("bench");
     let keys = KeyDirectory::new(
-        (0..args.keys)
+        (0..args.load.keys)
             .map(|i| {
                 let mut id = [0u8; 16];
                 id[12..].copy_from_slice(&i.to_be_bytes());
@@ -206,18 +255,12 @@ async fn bench(args: &GatewayBenchArgs) -> anyhow::Result<GatewayBenchReport> {
     let mut targets = vec![upstream, gateway.addr];
     targets.extend(nginx.as_ref().map(|n| n.addr));
 
-    let duration = Duration::from_secs(args.seconds);
-    let closed = LoadSpec::closed(duration, usize::from(args.concurrency));
-    let mut errors = 0;
-    let closed_loop = alternate(args, &closed, &targets, &mut errors).await;
-    let rate = args
-        .rate
-        .unwrap_or((closed_loop[1].requests_per_s / 2.0).max(1.0) as u32);
-    let paced_spec = LoadSpec {
-        rate_per_s: Some(f64::from(rate)),
-        ..closed
-    };
-    let paced = alternate(args, &paced_spec, &targets, &mut errors).await;
+    let Phases {
+        closed_loop,
+        paced,
+        rate,
+        errors,
+    } = args.load.phases(&targets, &[1]).await;
     let mut closed_loop = closed_loop.into_iter();
     let (closed_loop_direct, closed_loop_gateway, closed_nginx) = (
         closed_loop.next().unwrap_or_default(),
@@ -271,10 +314,10 @@ async fn bench(args: &GatewayBenchArgs) -> anyhow::Result<GatewayBenchReport> {
         bench: "gateway",
         store: store_name,
         cores: std::thread::available_parallelism().map_or(1, usize::from),
-        concurrency: args.concurrency,
-        seconds_per_round: args.seconds,
-        rounds: args.rounds,
-        keys: args.keys,
+        concurrency: args.load.concurrency,
+        seconds_per_round: args.load.seconds,
+        rounds: args.load.rounds,
+        keys: args.load.keys,
         gateway_vs_direct_rps: closed_loop_gateway.requests_per_s
             / closed_loop_direct.requests_per_s.max(1e-9),
         closed_loop_direct,
@@ -293,15 +336,16 @@ async fn bench(args: &GatewayBenchArgs) -> anyhow::Result<GatewayBenchReport> {
 /// `rounds` rounds of `spec`, each on every target in turn (the upstream first); counts in
 /// `errors` the requests not answered 200. Returns each target's medians, in order.
 async fn alternate(
-    args: &GatewayBenchArgs,
+    rounds: u32,
+    keys: u32,
     spec: &LoadSpec,
     targets: &[SocketAddr],
     errors: &mut u64,
 ) -> Vec<Figures> {
     let mut reports: Vec<Vec<LoadReport>> = vec![Vec::new(); targets.len()];
-    for round in 0..args.rounds {
+    for round in 0..rounds {
         for (target, into) in targets.iter().zip(&mut reports) {
-            let r = load::run(spec, requests(*target, args.keys), Arc::default()).await;
+            let r = load::run(spec, requests(*target, keys), Arc::default()).await;
             *errors += r.sent - r.count(StatusCode::OK);
             tracing::info!(
                 round,

@@ -1,9 +1,10 @@
 //! `verdict-bench`: the harness beside the product, a binary of its own so that the one
 //! operators install (`verdict`) carries none of it. The measurements print JSON, against
 //! the real services where the measured path uses them (speed is measured here, never in
-//! tests); the peers they start (nginx, DuckDB, headless Chromium) are launched from here;
+//! tests); the peers they start (nginx, Envoy, envoyproxy/ratelimit, DuckDB, headless Chromium) are launched from here;
 //! and `ingest-with-faults` is `verdict ingest` with the crash tests' fault injection.
 
+mod envoy;
 mod gateway;
 mod ingest;
 mod ingest_faults;
@@ -73,6 +74,12 @@ enum BenchCommand {
     /// round: requests/s closed loop, then the p50/p99 the gateway adds at a paced rate;
     /// prints one JSON object.
     Gateway(gateway::GatewayBenchArgs),
+    /// HTTP load through one Envoy 1.40 on three listeners: without a rate limit filter,
+    /// asking envoyproxy/ratelimit, and asking verdict's rate limit service (both counting
+    /// in one Redis under one configuration), alternating round by round: requests/s closed
+    /// loop, then the p50/p99 each service adds to Envoy alone at a paced rate; prints one
+    /// JSON object.
+    Envoy(envoy::EnvoyBenchArgs),
     /// The decision path for minutes under faults: three `verdict gateway` processes on
     /// the Redis Cluster, Kafka, PostgreSQL and an ingest worker, paced at 2,000 requests/s
     /// each, while a seeded schedule kills and pauses Redis masters, slows and hangs
@@ -120,6 +127,7 @@ async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Query(args) => query::run(args).await,
         BenchCommand::QueryPeer(args) => query::peer(args).await,
         BenchCommand::Gateway(args) => gateway::run(args).await,
+        BenchCommand::Envoy(args) => envoy::run(args).await,
         BenchCommand::Page(args) => page::run(args).await,
         BenchCommand::Soak(args) => soak::run(args).await,
     }

@@ -16,6 +16,7 @@
 //! TCP proxy that delays or cuts a connection, for fault tests and the soak.
 
 pub mod browser;
+pub mod proxies;
 pub mod proxy;
 
 use std::collections::BTreeMap;

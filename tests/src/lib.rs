@@ -6,7 +6,6 @@ pub mod engines;
 pub mod ingest_check;
 pub mod layout;
 pub mod private;
-pub mod proxies;
 pub mod query_fixture;
 pub mod regions;
 pub mod review_world;

@@ -18,10 +18,10 @@ use verdict_counters_redis::RedisStoreConfig;
 use verdict_gateway::{Gateway, GatewayBuilder, GatewayStore, KeyDirectory};
 use verdict_limiter::policy::parse_toml;
 use verdict_limiter::{EventReceiver, LimiterMetrics, PolicyHandle, PolicySnapshot};
+use verdict_load::proxies::{Proxy, caddy, envoy, example, nginx};
 use verdict_rls::RlsConfig;
 use verdict_schemas::{DecisionSource, Verdict};
 use verdict_tests::private::{PrivateRedis, TcpProxy, redis_behind_a_proxy, spare_port};
-use verdict_tests::proxies::{Proxy, caddy, envoy, example, nginx};
 
 /// Three requests of burst per key, next to no refill.
 const POLICY: &str = include_str!("../../fixtures/policies/behind_proxies.toml");
@@ -267,16 +267,16 @@ const KEY_ONLY: &str = r#"              - actions:
                 - request_headers: {header_name: x-api-key, descriptor_key: api_key}"#;
 
 /// The same trace through one Envoy to envoyproxy/ratelimit and to verdict, both reading
-/// one configuration of 5 a minute per key: 5 requests in the last second of a minute and 5
-/// in the first of the next. The fixed window starts again at the minute and admits all 10,
-/// twice the limit in about a second; verdict's bucket of 5 refilling 5 a minute admits 5.
+/// one configuration of 5 a minute per key: 5 requests in the last 2 seconds of a minute and
+/// 5 just after the next begins. The fixed window starts again at the minute and admits all 10,
+/// twice the limit in about two seconds; verdict's bucket of 5 refilling 5 a minute admits 5.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn across_a_window_edge_fixed_windows_admit_twice_the_limit_and_verdict_does_not() {
     let config = include_str!("../../fixtures/envoy/per_minute.yaml");
     // envoyproxy/ratelimit, its counters in a Redis of its own.
     let peer_redis = PrivateRedis::start();
     let peer_port = spare_port();
-    let peer = verdict_tests::proxies::envoy_ratelimit(
+    let peer = verdict_load::proxies::envoy_ratelimit(
         config,
         &format!("127.0.0.1:{}", peer_redis.port()),
         peer_port,
@@ -306,26 +306,40 @@ async fn across_a_window_edge_fixed_windows_admit_twice_the_limit_and_verdict_do
     ));
     let (to_peer, to_verdict, admin) = (spare_port(), spare_port(), spare_port());
     let api = upstream().await;
-    let envoy = verdict_tests::proxies::envoy_beside(
-        &[(to_peer, peer_port), (to_verdict, ours)],
+    let envoy = verdict_load::proxies::envoy_beside(
+        &[(to_peer, Some(peer_port)), (to_verdict, Some(ours))],
         admin,
         api.port(),
         "edge",
         KEY_ONLY,
     );
 
-    // 700 ms before a minute starts (envoyproxy/ratelimit's windows are the clock's minutes).
+    // Envoy's connections to both services made before the trace (another key), so no
+    // call of the trace waits for one.
+    for port in [to_peer, to_verdict] {
+        assert_eq!(
+            get(port, Some("k-warm")).await.status(),
+            200,
+            "{}",
+            envoy.log()
+        );
+    }
+    // 2 s before a minute starts (envoyproxy/ratelimit's windows are the clock's minutes):
+    // the first 5 requests each, all answered before the minute ends; then 5 each once the
+    // next minute has begun.
     let now = chrono::Utc::now().timestamp_millis();
-    let mut wait = 60_000 - now.rem_euclid(60_000) - 700;
-    if wait < 300 {
+    let mut wait = 60_000 - now.rem_euclid(60_000) - 2_000;
+    if wait < 500 {
         wait += 60_000;
     }
     tokio::time::sleep(std::time::Duration::from_millis(wait as u64)).await;
+    let edge = (chrono::Utc::now().timestamp_millis() / 60_000 + 1) * 60_000;
     let mut admitted = [0u32; 2];
     let mut trace = Vec::new();
-    for phase in ["last second", "next minute"] {
-        if phase == "next minute" {
-            tokio::time::sleep(std::time::Duration::from_millis(1_000)).await;
+    for phase in ["before", "after"] {
+        if phase == "after" {
+            let until = edge + 200 - chrono::Utc::now().timestamp_millis();
+            tokio::time::sleep(std::time::Duration::from_millis(until.max(0) as u64)).await;
         }
         let at = chrono::Utc::now();
         for _ in 0..5 {
@@ -335,7 +349,18 @@ async fn across_a_window_edge_fixed_windows_admit_twice_the_limit_and_verdict_do
                 }
             }
         }
-        trace.push(format!("5 requests at {}", at.format("%H:%M:%S%.3f")));
+        let done = chrono::Utc::now();
+        if phase == "before" {
+            assert!(
+                done.timestamp_millis() < edge,
+                "the first requests ran past the minute"
+            );
+        }
+        trace.push(format!(
+            "5 requests from {} to {}",
+            at.format("%H:%M:%S%.3f"),
+            done.format("%H:%M:%S%.3f")
+        ));
     }
     println!(
         "window edge, 5 a minute per key, {}: envoyproxy/ratelimit admitted {}, verdict {}",

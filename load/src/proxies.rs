@@ -1,8 +1,9 @@
-//! The proxies verdict runs behind, started by the tests: Envoy, nginx, Caddy, and the rate
-//! limit service Envoy users run today (envoyproxy/ratelimit). Each runs in a folder of its
-//! own on loopback ports and is killed when dropped; `scripts/services.sh up` installs them.
+//! The proxies verdict runs behind, started by the tests and `verdict-bench envoy`: Envoy,
+//! nginx, Caddy, and the rate limit service Envoy users run today (envoyproxy/ratelimit).
+//! Each runs in a folder of its own on loopback ports and is killed when dropped;
+//! `scripts/services.sh up` installs them.
 
-use std::net::TcpStream;
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -84,6 +85,17 @@ impl Drop for Proxy {
     }
 }
 
+/// A loopback port free now.
+///
+/// # Panics
+/// When the system has none.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
 fn cache() -> PathBuf {
     std::env::var_os("VERDICT_CACHE").map_or_else(
         || {
@@ -133,19 +145,35 @@ pub fn envoy(
     domain: &str,
     rate_limits: &str,
 ) -> Proxy {
-    envoy_beside(&[(listen, rls)], admin, upstream, domain, rate_limits)
+    envoy_beside(&[(listen, Some(rls))], admin, upstream, domain, rate_limits)
 }
 
 /// One Envoy with a listener per (port, rate limit service port) pair, each as [`envoy`]
-/// makes its one: the same filter and descriptors in front of different services.
+/// makes its one: the same filter and descriptors in front of different services; a
+/// listener without a service has no rate limit filter (Envoy alone).
 pub fn envoy_beside(
-    listeners: &[(u16, u16)],
+    listeners: &[(u16, Option<u16>)],
     admin: u16,
     upstream: u16,
     domain: &str,
     rate_limits: &str,
 ) -> Proxy {
-    let listener = |(listen, rls): &(u16, u16)| {
+    let listener = |(listen, rls): &(u16, Option<u16>)| {
+        let filter = rls.map_or_else(String::new, |rls| {
+            format!(
+                r#"          - name: envoy.filters.http.ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: {domain}
+              failure_mode_deny: false
+              timeout: 0.25s
+              rate_limit_service:
+                transport_api_version: V3
+                grpc_service:
+                  envoy_grpc: {{cluster_name: rls_{rls}}}
+"#
+            )
+        });
         format!(
             r#"  - name: edge_{listen}
     address: {{socket_address: {{address: 127.0.0.1, port_value: {listen}}}}}
@@ -165,23 +193,16 @@ pub fn envoy_beside(
               - match: {{prefix: "/"}}
                 route: {{cluster: upstream}}
           http_filters:
-          - name: envoy.filters.http.ratelimit
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-              domain: {domain}
-              failure_mode_deny: false
-              timeout: 0.25s
-              rate_limit_service:
-                transport_api_version: V3
-                grpc_service:
-                  envoy_grpc: {{cluster_name: rls_{rls}}}
-          - name: envoy.filters.http.router
+{filter}          - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
 "#
         )
     };
-    let cluster = |(_, rls): &(u16, u16)| {
+    let cluster = |(_, rls): &(u16, Option<u16>)| {
+        let Some(rls) = rls else {
+            return String::new();
+        };
         format!(
             r#"  - name: rls_{rls}
     type: STATIC
@@ -233,7 +254,7 @@ static_resources:
 /// envoyproxy/ratelimit with `config` (its YAML) in a folder of its own, its counters in
 /// the Redis at `redis` (host:port), serving gRPC on `grpc`.
 pub fn envoy_ratelimit(config: &str, redis: &str, grpc: u16) -> Proxy {
-    let (http, debug) = (crate::private::spare_port(), crate::private::spare_port());
+    let (http, debug) = (free_port(), free_port());
     let (grpc, http, debug) = (grpc.to_string(), http.to_string(), debug.to_string());
     Proxy::start(
         "envoyproxy/ratelimit",
