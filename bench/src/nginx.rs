@@ -5,7 +5,7 @@
 //! own and stopped when dropped.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -18,18 +18,6 @@ pub struct Nginx {
     pub addr: SocketAddr,
     child: Child,
     dir: tempfile::TempDir,
-}
-
-/// The nginx binary: on the PATH, or where Debian puts it.
-fn binary() -> anyhow::Result<PathBuf> {
-    let on_path = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|d| d.join("nginx"))
-        .find(|p| p.is_file());
-    on_path
-        .or_else(|| Some(PathBuf::from("/usr/sbin/nginx")).filter(|p| p.is_file()))
-        .context("nginx is not installed: scripts/services.sh up nginx installs Debian's")
 }
 
 /// The configuration: `worker_processes auto` (one per core, as the gateway's runtime has a
@@ -75,7 +63,7 @@ impl Nginx {
     /// Starts nginx in front of `upstream`, limiting by the header `key_header`, on a free
     /// loopback port; waits until it accepts connections (10 s at most).
     pub fn start(upstream: SocketAddr, key_header: &str) -> anyhow::Result<Self> {
-        let bin = binary()?;
+        let bin = verdict_load::proxies::binary("nginx").map_err(anyhow::Error::msg)?;
         let dir = tempfile::tempdir().context("a folder for nginx")?;
         let listen = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         let conf = dir.path().join("nginx.conf");

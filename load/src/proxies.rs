@@ -107,11 +107,11 @@ fn cache() -> PathBuf {
 }
 
 /// A binary `scripts/services.sh up <service>` installs: in the cache, on the PATH, or in
-/// Debian's place.
+/// Debian's place; when it is not installed, an error saying how to install it.
 ///
 /// # Panics
-/// When it is not installed, saying how to install it.
-pub fn binary(service: &str) -> PathBuf {
+/// For a service that is not a proxy.
+pub fn binary(service: &str) -> Result<PathBuf, String> {
     let (name, places): (&str, &[PathBuf]) = match service {
         "envoy" => ("envoy", &[cache().join("envoy")]),
         "ratelimit" => ("service_cmd", &[cache().join("ratelimit")]),
@@ -128,9 +128,14 @@ pub fn binary(service: &str) -> PathBuf {
         .cloned()
         .chain(on_path)
         .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!("{service} is not installed: scripts/services.sh up {service} installs it")
+        .ok_or_else(|| {
+            format!("{service} is not installed: scripts/services.sh up {service} installs it")
         })
+}
+
+/// [`binary`], for the launchers below.
+fn installed(service: &str) -> PathBuf {
+    binary(service).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Envoy with a listener on `listen` routing every path to `upstream`, its `ratelimit`
@@ -234,7 +239,7 @@ static_resources:
     let last = listeners.last().expect("a listener").0;
     Proxy::start(
         "envoy",
-        &binary("envoy"),
+        &installed("envoy"),
         &[
             "-c",
             "{dir}/envoy.yaml",
@@ -258,7 +263,7 @@ pub fn envoy_ratelimit(config: &str, redis: &str, grpc: u16) -> Proxy {
     let (grpc, http, debug) = (grpc.to_string(), http.to_string(), debug.to_string());
     Proxy::start(
         "envoyproxy/ratelimit",
-        &binary("ratelimit"),
+        &installed("ratelimit"),
         &[],
         &[("runtime/ratelimit/config/config.yaml", config)],
         &[
@@ -298,7 +303,7 @@ pub fn example(name: &str, replace: &[(&str, String)]) -> String {
 pub fn nginx(config: &str, listen: u16) -> Proxy {
     Proxy::start(
         "nginx",
-        &binary("nginx"),
+        &installed("nginx"),
         &[
             "-p",
             "{dir}",
@@ -317,7 +322,7 @@ pub fn nginx(config: &str, listen: u16) -> Proxy {
 pub fn caddy(config: &str, listen: u16) -> Proxy {
     Proxy::start(
         "caddy",
-        &binary("caddy"),
+        &installed("caddy"),
         &[
             "run",
             "--config",

@@ -213,7 +213,7 @@ pub struct ImportError {
 }
 
 /// Most requests a limit may allow in a window (the policy's bound).
-const MAX_LIMIT: i64 = 1_000_000_000;
+const MAX_LIMIT: i64 = verdict_limiter::algo::MAX_LIMIT as i64;
 
 /// Reads an envoyproxy/ratelimit configuration; `file` names it in errors.
 ///

@@ -214,10 +214,12 @@ impl<S: CounterStore> Rls<S> {
                 Err(miss) => Part::Unmapped(miss),
                 Ok(p) if p.rule.is_some_and(|r| replaced.contains(&r)) => Part::Replaced,
                 Ok(p) => {
+                    // The request's hits_addend of 0 is unset, meaning 1; a descriptor's is
+                    // set when present, 0 included.
                     let hits = d
                         .hits_addend
-                        .map_or(u64::from(req.hits_addend), |h| h.value);
-                    if hits > 1 || d.hits_addend.is_some_and(|h| h.value == 0) {
+                        .map_or(u64::from(req.hits_addend.max(1)), |h| h.value);
+                    if hits != 1 {
                         self.metrics.hits_addend_unsupported.inc();
                     }
                     let caller = d
