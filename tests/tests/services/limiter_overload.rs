@@ -32,8 +32,17 @@ const QUOTA: u32 = 100_000;
 /// value, and the lane's queue still waits far past it.
 const DEADLINE: Duration = Duration::from_millis(20);
 /// What a decision may take beyond the deadline on a loaded 2-core test machine (timer
-/// granularity and scheduling); a decision that waited for Redis would take seconds.
+/// granularity and scheduling).
 const SLACK: Duration = Duration::from_millis(45);
+/// How many of the run's decisions may take longer than the deadline and its slack: one in
+/// ten thousand. A worker thread the OS sets aside in the middle of a decision (a full test
+/// run shares the two cores with Redis, Kafka, PostgreSQL and the S3 server) makes that
+/// decision late while the other thread, and the lateness probe on it, carry on: one
+/// decision of 243,302 took 75 ms in such a run, with the probe's 1 ms sleep at most 6 ms
+/// late. (A stall of the whole process, which the probe sees, is added to the bound.)
+/// Decisions that waited their turn in the lane instead of being answered at the
+/// deadline would all be late: 64 callers queue 64 calls of at least 1 ms each.
+const LATE_AT_MOST: f64 = 1e-4;
 
 fn request(key: u8) -> Request<'static> {
     let mut id = [0x0c; 16];
@@ -152,32 +161,32 @@ async fn overload_is_decided_locally_without_a_breaker_opening_and_charged_back(
         worst
     });
     let allowed = Arc::new(AtomicU32::new(0));
-    let slowest = Arc::new(std::sync::Mutex::new(Duration::ZERO));
     let mut callers = tokio::task::JoinSet::new();
     for _ in 0..64 {
-        let (l, allowed, slowest) = (Arc::clone(&l), Arc::clone(&allowed), Arc::clone(&slowest));
+        let (l, allowed) = (Arc::clone(&l), Arc::clone(&allowed));
         callers.spawn(async move {
+            let mut took = Vec::new();
             while started.elapsed() < run {
                 let t = Instant::now();
                 let d = l.check(&key).await;
-                let took = t.elapsed();
-                {
-                    let mut s = slowest.lock().unwrap();
-                    *s = (*s).max(took);
-                }
+                took.push(t.elapsed());
                 allowed.fetch_add(u32::from(d.is_allowed()), Ordering::Relaxed);
                 // A gateway's request yields to the runtime between decisions (its I/O);
                 // a decision made locally at once does not.
                 tokio::task::yield_now().await;
             }
+            took
         });
     }
-    callers.join_all().await;
+    let took: Vec<Duration> = callers.join_all().await.concat();
     let stall = lateness.await.expect("the lateness probe");
     let elapsed = started.elapsed().as_secs_f64();
     proxy.set_delay_ms(0);
     let allowed = allowed.load(Ordering::Relaxed);
-    let slowest = *slowest.lock().unwrap();
+    // Late: past the deadline, the slack, and the longest the whole process stood still.
+    let bound = DEADLINE + SLACK + stall;
+    let late = took.iter().filter(|t| **t > bound).count();
+    let slowest = took.iter().max().copied().unwrap_or_default();
     let overload = metric(&l, "verdict_overload_decisions_total");
     let openings = metric(&l, "verdict_breaker_openings_total");
     let timeouts = metric(&l, "verdict_store_errors_total{kind=\"timeout\"}");
@@ -186,8 +195,9 @@ async fn overload_is_decided_locally_without_a_breaker_opening_and_charged_back(
     let local_allowed = u64::from(allowed).saturating_sub(store_decided - store_before);
     let limit = CAPACITY + REFILL_PER_S * elapsed;
     println!(
-        "{elapsed:.2} s: {allowed} allowed (limit {limit:.0}, {:.3}x), {overload} decided as overload, {timeouts} timeouts, {openings} breaker openings, slowest decision {slowest:?}, a 1 ms sleep woke up to {stall:?} late, {store_decided} allowed by Redis in all, {local_allowed} by this process",
-        f64::from(allowed) / limit
+        "{elapsed:.2} s: {allowed} allowed (limit {limit:.0}, {:.3}x), {overload} of {} decided as overload, {timeouts} timeouts, {openings} breaker openings, {late} over {bound:?}, slowest {slowest:?}, a 1 ms sleep woke up to {stall:?} late, {store_decided} allowed by Redis in all, {local_allowed} by this process",
+        f64::from(allowed) / limit,
+        took.len(),
     );
     assert!(
         overload > 1_000,
@@ -196,8 +206,9 @@ async fn overload_is_decided_locally_without_a_breaker_opening_and_charged_back(
     assert_eq!(openings, 0, "overload opened a breaker");
     assert_eq!(l.breaker_state(), BreakerState::Closed);
     assert!(
-        slowest <= DEADLINE + SLACK,
-        "a decision waited {slowest:?} under overload"
+        late as f64 <= LATE_AT_MOST * took.len() as f64,
+        "{late} of {} decisions took longer than {bound:?} under overload (slowest {slowest:?})",
+        took.len()
     );
     assert!(
         f64::from(allowed) <= 1.10 * limit,
