@@ -15,10 +15,11 @@
 -- then six per charge j (KEYS[j], j <= C), from ARGV[4 + 6 * (j - 1)]:
 --          field, capacity, refill, quota, window (as for a request), and the count of
 --          requests admitted elsewhere (the local fallback) to count here
--- then five per request i (KEYS[C + i]), from ARGV[4 + 6 * C + 5 * (i - 1)]:
+-- then six per request i (KEYS[C + i]), from ARGV[4 + 6 * C + 6 * (i - 1)]:
 --          field: key id (16 bytes), route class, tier (one limit key's state in the hash),
 --          capacity (tokens), refill (units per ms; 1 token = 1e6 units),
---          quota per window, window (ms)
+--          quota per window, window (ms), hits (what the request counts as; 0 checks
+--          without counting)
 --
 -- Returns six integers per request (none per charge): {allowed (0/1), denied bits (1
 -- bucket, 2 window), remaining tokens, remaining window, retry-after ms, now ms}.
@@ -134,39 +135,42 @@ local function charge(hash, field, cap, rate, w, count)
   store(hash, field, packed, now, tokens, i_last, i_now, p, c, w)
 end
 
--- Decides one request.
-local function decide(hash, field, cap, rate, q, w)
+-- Decides one request of `h` hits.
+local function decide(hash, field, cap, rate, q, w, h)
   local packed, now, tokens, i_last, i_now, p, c, e = load(hash, field, cap, rate, w)
   local used = p * (w - e) + c * w
+  local cost = h * UNITS
 
-  local bucket_ok = tokens >= UNITS
-  local window_ok = used + w <= q * w
+  local bucket_ok = tokens >= cost
+  local window_ok = used + h * w <= q * w
 
   if bucket_ok and window_ok then
-    tokens = tokens - UNITS
-    c = c + 1
-    store(hash, field, packed, now, tokens, i_last, i_now, p, c, w)
-    answer(1, 0, math.floor(tokens / UNITS), math.floor(math.max(q * w - used - w, 0) / w), 0, now)
+    tokens = tokens - cost
+    c = c + h
+    if h > 0 then
+      store(hash, field, packed, now, tokens, i_last, i_now, p, c, w)
+    end
+    answer(1, 0, math.floor(tokens / UNITS), math.floor(math.max(q * w - used - h * w, 0) / w), 0, now)
     return
   end
 
   local bucket_wait = 0
   if not bucket_ok then
-    if rate == 0 then
+    if rate == 0 or cost > cap then
       bucket_wait = w
     else
-      bucket_wait = math.floor((UNITS - tokens + rate - 1) / rate)
+      bucket_wait = math.floor((cost - tokens + rate - 1) / rate)
     end
   end
 
   local window_wait = 0
   if not window_ok then
-    if q == 0 then
+    if q == 0 or h > q then
       window_wait = w
     else
       local found = false
-      if c < q and p > 0 then
-        local span = math.floor(math.min((q - c - 1) * w, p * w) / p)
+      if c + h <= q and p > 0 then
+        local span = math.floor(math.min((q - c - h) * w, p * w) / p)
         local at = w - span
         if at < w then
           window_wait = at - e
@@ -176,7 +180,7 @@ local function decide(hash, field, cap, rate, q, w)
       if not found then
         local at_next = 0
         if c > 0 then
-          at_next = w - math.floor(math.min((q - 1) * w, c * w) / c)
+          at_next = w - math.floor(math.min((q - h) * w, c * w) / c)
         end
         window_wait = (w - e) + at_next
       end
@@ -198,8 +202,8 @@ for j = 1, charges do
     tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]))
 end
 for i = 1, #KEYS - charges do
-  local a = 4 + 6 * charges + 5 * (i - 1)
+  local a = 4 + 6 * charges + 6 * (i - 1)
   decide(KEYS[charges + i], ARGV[a], tonumber(ARGV[a + 1]) * UNITS, tonumber(ARGV[a + 2]),
-    tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]))
+    tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]))
 end
 return out

@@ -21,7 +21,10 @@ use tokio::sync::{mpsc, oneshot};
 use crate::layout::{FIELD_LEN, Layout};
 use crate::shards::{self, NodeSettings, ShardClients, Shards};
 
-use verdict_limiter::{Charge, CounterCheck, CounterStore, LimitKey, Limits, Located, StoreError};
+use verdict_limiter::algo::MAX_LIMIT;
+use verdict_limiter::{
+    Charge, Checked, CounterCheck, CounterStore, LimitKey, Limits, Located, StoreError,
+};
 
 /// The decision script (see the file for its arguments and reply).
 pub const DECISION_SCRIPT: &str = include_str!("redis.lua");
@@ -132,8 +135,9 @@ struct Pending {
 }
 
 enum Op {
-    /// Decide one request and send the answer.
+    /// Decide one request of `hits` and send the answer.
     Decide {
+        hits: u32,
         reply: oneshot::Sender<Result<CounterCheck, StoreError>>,
         /// Who has the request: [`WAITING`] in the lane's queue, then [`SENT`] by the lane
         /// or [`ABANDONED`] by its caller at the deadline, whichever comes first. So a
@@ -154,6 +158,14 @@ const ABANDONED: u8 = 2;
 impl Pending {
     fn is_charge(&self) -> bool {
         matches!(self.op, Op::Charge { .. })
+    }
+
+    /// What a request counts as (a charge decides nothing).
+    fn hits(&self) -> u32 {
+        match self.op {
+            Op::Decide { hits, .. } => hits,
+            Op::Charge { .. } => 0,
+        }
     }
 
     /// For a request: whether the lane may still send it (its caller has not given up),
@@ -298,38 +310,42 @@ impl RedisStore {
         self.inner.pool.next()
     }
 
-    /// Decides at a given time instead of the server's (the script's test hook), without the
-    /// deadline and without a lane: for comparing the script with the Rust core.
+    /// Decides a request of `hits` at a given time instead of the server's (the script's
+    /// test hook), without the deadline and without a lane: for comparing the script with
+    /// the Rust core.
     pub async fn check_at(
         &self,
         key: &LimitKey,
         limits: &Limits,
+        hits: u32,
         now_ms: i64,
     ) -> Result<CounterCheck, StoreError> {
-        let mut answers = self.check_many_at(&[(*key, *limits)], now_ms).await?;
+        let mut answers = self.check_many_at(&[(*key, *limits, hits)], now_ms).await?;
         answers
             .pop()
             .ok_or_else(|| StoreError::bad_reply("no answer"))
     }
 
-    /// Decides several requests in one script call at a given time, in order (the test hook
-    /// of a batch). The keys must share a slot in Redis Cluster.
+    /// Decides several requests (key, limits, hits) in one script call at a given time, in
+    /// order (the test hook of a batch). The keys must share a slot in Redis Cluster.
     pub async fn check_many_at(
         &self,
-        requests: &[(LimitKey, Limits)],
+        requests: &[(LimitKey, Limits, u32)],
         now_ms: i64,
     ) -> Result<Vec<CounterCheck>, StoreError> {
         let layout = &self.inner.layout;
-        let items: Vec<(String, [u8; FIELD_LEN], Limits)> = requests
+        let items: Vec<(String, [u8; FIELD_LEN], Limits, u32)> = requests
             .iter()
-            .map(|(k, l)| (layout.hash(k), layout.field(k), *l))
+            .map(|(k, l, hits)| (layout.hash(k), layout.field(k), *l, *hits))
             .collect();
         self.inner
             .caller
             .call(
                 self.inner.pool.next(),
                 std::iter::empty(),
-                items.iter().map(|(h, f, l)| (h.as_str(), &f[..], l)),
+                items
+                    .iter()
+                    .map(|(h, f, l, hits)| (h.as_str(), &f[..], l, *hits)),
                 Some(now_ms),
             )
             .await
@@ -398,8 +414,8 @@ impl RedisStore {
 
 /// A charge as the script takes it: hash, field, limits, count.
 type ChargeItem<'a> = (&'a str, &'a [u8], &'a Limits, u32);
-/// A request as the script takes it: hash, field, limits.
-type DecideItem<'a> = (&'a str, &'a [u8], &'a Limits);
+/// A request as the script takes it: hash, field, limits, hits.
+type DecideItem<'a> = (&'a str, &'a [u8], &'a Limits, u32);
 
 impl Caller {
     /// One script call counting `charges`, then deciding `decisions` in order.
@@ -437,7 +453,7 @@ impl Caller {
     ) -> (Vec<Key>, Vec<Value>, usize) {
         let (lower, _) = decisions.size_hint();
         let mut keys = Vec::with_capacity(lower);
-        let mut args: Vec<Value> = Vec::with_capacity(3 + 5 * lower);
+        let mut args: Vec<Value> = Vec::with_capacity(3 + 6 * lower);
         args.push(now_ms.map_or_else(|| Value::from(""), Value::from));
         args.push(self.ttl_windows.into());
         args.push(0.into());
@@ -457,9 +473,10 @@ impl Caller {
         }
         args[2] = charged.into();
         let mut wanted = 0;
-        for (hash, field, limits) in decisions {
+        for (hash, field, limits, hits) in decisions {
             keys.push(Key::from(hash));
             limit_args(&mut args, field, limits);
+            args.push(i64::from(hits.min(MAX_LIMIT + 1)).into());
             wanted += 1;
         }
         (keys, args, wanted)
@@ -607,7 +624,7 @@ async fn answer(
             }),
             group[charges..]
                 .iter()
-                .map(|p| (p.hash.as_str(), &p.field[..], &p.limits)),
+                .map(|p| (p.hash.as_str(), &p.field[..], &p.limits, p.hits())),
             None,
         )
         .await;
@@ -662,8 +679,8 @@ fn outcomes_from_reply(r: &[i64], wanted: usize) -> Result<Vec<CounterCheck>, St
 impl CounterStore for RedisStore {
     type Place = u16;
 
-    async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<CounterCheck, StoreError> {
-        self.check_located(key, self.locate(key).place, limits)
+    async fn check(&self, key: &LimitKey, limits: &Limits, hits: u32) -> Checked {
+        self.check_located(key, self.locate(key).place, limits, hits)
             .await
     }
 
@@ -672,7 +689,8 @@ impl CounterStore for RedisStore {
         key: &LimitKey,
         slot: u16,
         limits: &Limits,
-    ) -> Result<CounterCheck, StoreError> {
+        hits: u32,
+    ) -> Checked {
         let inner = &*self.inner;
         let lane = self.lane_of(slot);
         let timeout = inner.caller.timeout;
@@ -690,6 +708,7 @@ impl CounterStore for RedisStore {
             limits: *limits,
             slot,
             op: Op::Decide {
+                hits,
                 reply,
                 claim: Arc::clone(&claim),
                 since: Instant::now(),

@@ -5,9 +5,7 @@ use std::sync::Arc;
 
 use verdict_counters_redis::RedisStore;
 use verdict_limiter::moving::MovingStore;
-use verdict_limiter::{
-    Charge, CounterCheck, CounterStore, LimitKey, Limits, Located, MemoryStore, StoreError,
-};
+use verdict_limiter::{Charge, Checked, CounterStore, LimitKey, Limits, Located, MemoryStore};
 
 /// The store, chosen at start.
 #[derive(Debug, Clone)]
@@ -20,26 +18,29 @@ pub enum GatewayStore {
     Moving(Arc<MovingStore<RedisStore, RedisStore>>),
 }
 
-/// A decision of the counters, or why there is none.
-type Checked = Result<CounterCheck, StoreError>;
-
 /// A key's place is Redis's (its hash slot); memory and a move have none.
 impl CounterStore for GatewayStore {
     type Place = u16;
 
-    async fn check(&self, key: &LimitKey, limits: &Limits) -> Checked {
+    async fn check(&self, key: &LimitKey, limits: &Limits, hits: u32) -> Checked {
         match self {
-            Self::Redis(r) => r.check(key, limits).await,
-            Self::Memory(m) => m.check(key, limits).await,
-            Self::Moving(m) => m.check(key, limits).await,
+            Self::Redis(r) => r.check(key, limits, hits).await,
+            Self::Memory(m) => m.check(key, limits, hits).await,
+            Self::Moving(m) => m.check(key, limits, hits).await,
         }
     }
 
-    async fn check_located(&self, key: &LimitKey, slot: u16, limits: &Limits) -> Checked {
+    async fn check_located(
+        &self,
+        key: &LimitKey,
+        slot: u16,
+        limits: &Limits,
+        hits: u32,
+    ) -> Checked {
         match self {
-            Self::Redis(r) => r.check_located(key, slot, limits).await,
-            Self::Memory(m) => m.check(key, limits).await,
-            Self::Moving(m) => m.check(key, limits).await,
+            Self::Redis(r) => r.check_located(key, slot, limits, hits).await,
+            Self::Memory(m) => m.check(key, limits, hits).await,
+            Self::Moving(m) => m.check(key, limits, hits).await,
         }
     }
 

@@ -79,7 +79,7 @@ fn pure_path(c: &mut Criterion) {
         b.iter(|| {
             i = (i + 7919) % keys.len();
             clock.advance(1);
-            black_box(store.decide(&keys[i], &limits))
+            black_box(store.decide(&keys[i], &limits, 1))
         })
     });
     g.finish();

@@ -243,51 +243,69 @@ pub fn decide(
     now_ms: i64,
     limits: &Limits,
 ) -> (CounterCheck, Option<CounterState>) {
+    decide_hits(state, now_ms, limits, 1)
+}
+
+/// Decides one request that counts as `hits` requests: it passes
+/// if the bucket holds `hits` tokens and the window has room for `hits` more, and then
+/// takes them all. Zero hits checks without counting: it passes unless the key is already
+/// past a limit (a bucket in debt from charges, a window over its quota), and writes
+/// nothing. A request of more hits than the capacity or the quota (or [`MAX_LIMIT`]) never
+/// passes; it is told to ask again in a window. Returns the outcome and, if allowed and counting, the state
+/// to store.
+pub fn decide_hits(
+    state: Option<CounterState>,
+    now_ms: i64,
+    limits: &Limits,
+    hits: u32,
+) -> (CounterCheck, Option<CounterState>) {
     let rate = limits.refill_units_per_ms;
     let w = limits.window_ms.max(1);
     let q = i64::from(limits.quota);
+    let h = i64::from(hits.min(MAX_LIMIT + 1));
+    let cost = h * TOKEN_UNITS;
 
     let (s, now, tokens) = CounterState::at(state, now_ms, limits);
 
     // Roll the window.
     let (p, c, e) = s.rolled(now, w);
-    // In window units × w: used = p × (w − e) + c × w; the request fits if used + w ≤ q × w.
+    // In window units × w: used = p × (w − e) + c × w; the request fits if used + h × w ≤
+    // q × w.
     let used = p * (w - e) + c * w;
 
-    let bucket_ok = tokens >= TOKEN_UNITS;
-    let window_ok = used + w <= q * w;
+    let bucket_ok = tokens >= cost;
+    let window_ok = used + h * w <= q * w;
     if bucket_ok && window_ok {
-        let tokens = tokens - TOKEN_UNITS;
-        let c = c + 1;
+        let tokens = tokens - cost;
         let outcome = CounterCheck {
             allowed: true,
             denied_by_bucket: false,
             denied_by_window: false,
             remaining_tokens: (tokens / TOKEN_UNITS) as u32,
-            remaining_window: ((q * w - used - w).max(0) / w) as u32,
+            remaining_window: ((q * w - used - h * w).max(0) / w) as u32,
             retry_after_ms: 0,
             now_ms: now,
         };
-        let next = CounterState {
+        let next = (h > 0).then_some(CounterState {
             tokens,
             last_ms: now,
-            cur: c as u32,
+            cur: (c + h) as u32,
             prev: p as u32,
-        };
-        return (outcome, Some(next));
+        });
+        return (outcome, next);
     }
 
     let bucket_wait = if bucket_ok {
         0
-    } else if rate == 0 {
+    } else if rate == 0 || cost > limits.capacity_units() {
         w
     } else {
-        (TOKEN_UNITS - tokens + rate - 1) / rate
+        (cost - tokens + rate - 1) / rate
     };
     let window_wait = if window_ok {
         0
     } else {
-        window_wait(p, c, e, q, w)
+        window_wait(p, c, e, q, w, h)
     };
     let outcome = CounterCheck {
         allowed: false,
@@ -327,27 +345,28 @@ pub fn charge(
     }
 }
 
-/// Ms from offset `e` in the current window until one more request fits, with `p` and `c`
+/// Ms from offset `e` in the current window until `h` more requests fit, with `p` and `c`
 /// counted in the previous and current windows and no other requests meanwhile.
-fn window_wait(p: i64, c: i64, e: i64, q: i64, w: i64) -> i64 {
-    if q == 0 {
-        // A quota of zero never admits anything: ask again in a window.
+fn window_wait(p: i64, c: i64, e: i64, q: i64, w: i64, h: i64) -> i64 {
+    if q == 0 || h > q {
+        // A quota of zero, or below the request's hits, never admits it: ask again in a
+        // window.
         return w;
     }
-    // Within this window: p × (w − e') ≤ (q − c − 1) × w, i.e. e' ≥ w − ⌊(q − c − 1) × w / p⌋.
+    // Within this window: p × (w − e') ≤ (q − c − h) × w, i.e. e' ≥ w − ⌊(q − c − h) × w / p⌋.
     // The numerator is capped at p × w so the quotient stays ≤ w (exact in doubles too).
-    if c < q && p > 0 {
-        let span = ((q - c - 1) * w).min(p * w) / p;
+    if c + h <= q && p > 0 {
+        let span = ((q - c - h) * w).min(p * w) / p;
         let at = w - span;
         if at < w {
             return at - e;
         }
     }
-    // In the next window the previous count is c: c × (w − e'') ≤ (q − 1) × w.
+    // In the next window the previous count is c: c × (w − e'') ≤ (q − h) × w.
     let at_next = if c == 0 {
         0
     } else {
-        w - ((q - 1) * w).min(c * w) / c
+        w - ((q - h) * w).min(c * w) / c
     };
     (w - e) + at_next
 }
@@ -577,13 +596,75 @@ mod tests {
     }
 
     #[test]
-    fn waiting_the_retry_after_is_enough_and_one_ms_less_is_not() {
-        for (cap, refill, quota) in [(3, 0.5, 10), (10, 20.0, 7), (1, 0.001, 1000), (50, 5.0, 3)] {
-            let l = limits(cap, refill, quota);
+    fn a_request_of_n_hits_is_n_requests_at_one_instant_or_none() {
+        for (cap, refill, quota) in [(3, 0.5, 10), (10, 20.0, 7), (6, 0.001, 1000), (50, 5.0, 30)] {
+            let l = Limits {
+                window_ms: 60_000,
+                ..limits(cap, refill, quota)
+            };
             let mut state = None;
             let mut t = T0 + 1_234_567;
-            for _ in 0..200 {
-                let (o, next) = decide(state, t, &l);
+            for step in 0..400u32 {
+                let h = step * 7 % 9;
+                let (o, next) = decide_hits(state, t, &l, h);
+                // The same instant, one hit at a time.
+                let mut singles = (state, Vec::new());
+                for _ in 0..h {
+                    let (one, after) = decide(singles.0, t, &l);
+                    singles.1.push(one);
+                    singles.0 = after.or(singles.0);
+                }
+                let all = singles.1.iter().all(|o| o.allowed);
+                assert_eq!(o.allowed, all, "{h} hits at step {step} under {l:?}");
+                if o.allowed && h > 0 {
+                    assert_eq!(next, singles.0, "{h} hits at step {step} under {l:?}");
+                    let last = singles.1.last().unwrap();
+                    assert_eq!(
+                        (o.remaining_tokens, o.remaining_window),
+                        (last.remaining_tokens, last.remaining_window)
+                    );
+                } else {
+                    assert_eq!(next, None, "{h} hits wrote at step {step}");
+                }
+                if next.is_some() {
+                    state = next;
+                }
+                t += i64::from(step % 13) * 97;
+            }
+        }
+    }
+
+    #[test]
+    fn waiting_the_retry_after_is_enough_and_one_ms_less_is_not() {
+        // Hourly and a 20 s window; requests of one hit, and of several (up to the smaller
+        // limit, so that each can pass).
+        let cases = [(3, 0.5, 10), (10, 20.0, 7), (1, 0.001, 1000), (50, 5.0, 3)]
+            .into_iter()
+            .map(|(cap, refill, quota)| (limits(cap, refill, quota), false))
+            .chain(
+                [(3, 0.5, 10), (10, 20.0, 7), (5, 0.001, 1000), (50, 5.0, 12)]
+                    .into_iter()
+                    .map(|(cap, refill, quota)| {
+                        let l = limits(cap, refill, quota);
+                        (
+                            Limits {
+                                window_ms: 20_000,
+                                ..l
+                            },
+                            true,
+                        )
+                    }),
+            );
+        for (l, several) in cases {
+            let mut state = None;
+            let mut t = T0 + 1_234_567;
+            for step in 0..300u32 {
+                let h = if several {
+                    1 + step * 5 % l.capacity.min(l.quota)
+                } else {
+                    1
+                };
+                let (o, next) = decide_hits(state, t, &l, h);
                 if let Some(n) = next {
                     state = Some(n);
                     t += 7;
@@ -592,12 +673,12 @@ mod tests {
                 let wait = i64::from(o.retry_after_ms);
                 assert!(wait > 0);
                 assert!(
-                    !decide(state, t + wait - 1, &l).0.allowed,
-                    "{l:?} allowed before retry-after"
+                    !decide_hits(state, t + wait - 1, &l, h).0.allowed,
+                    "{h} hits allowed before retry-after under {l:?}"
                 );
                 assert!(
-                    decide(state, t + wait, &l).0.allowed,
-                    "{l:?} still denied at retry-after"
+                    decide_hits(state, t + wait, &l, h).0.allowed,
+                    "{h} hits still denied at retry-after under {l:?}"
                 );
                 t += wait;
             }

@@ -47,20 +47,22 @@ impl<P: Copy> ChargeBack<P> {
         }
     }
 
-    /// One request of `key` (at `place` of `shard`, under `limits`) admitted at `now_ms`;
-    /// false when the shard already keeps as many keys as it may (the request is dropped).
+    /// A request of `key` counting as `count` (at `place` of `shard`, under `limits`)
+    /// admitted at `now_ms`; false when the shard already keeps as many keys as it may (the
+    /// request is dropped).
     pub(crate) fn add(
         &self,
         shard: usize,
         key: &LimitKey,
         place: P,
         limits: &Limits,
+        count: u32,
         now_ms: i64,
     ) -> bool {
         let w = &self.shards[shard.min(self.shards.len() - 1)];
         let mut map = w.charges.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = map.get_mut(key) {
-            c.count = c.count.saturating_add(1);
+            c.count = c.count.saturating_add(count);
             c.limits = *limits;
             return true;
         }
@@ -73,7 +75,7 @@ impl<P: Copy> ChargeBack<P> {
                 key: *key,
                 place,
                 limits: *limits,
-                count: 1,
+                count,
                 first_ms: now_ms,
             },
         );
@@ -152,9 +154,9 @@ mod tests {
         };
         let cb = ChargeBack::<u16>::new(2, 4);
         for t in 0..3 {
-            assert!(cb.add(1, &key(1), 7, &l, 100 + t));
+            assert!(cb.add(1, &key(1), 7, &l, 1, 100 + t));
         }
-        assert!(cb.add(1, &key(2), 9, &l, 500));
+        assert!(cb.add(1, &key(2), 9, &l, 1, 500));
         assert!(!cb.waiting(0) && cb.waiting(1));
         let (mut taken, expired) = cb.take(1, 1_050);
         taken.sort_by_key(|c| c.place);
@@ -167,7 +169,7 @@ mod tests {
         assert!(!cb.waiting(1));
 
         // Handed back, they are kept again (merged with what came meanwhile), then expire.
-        assert!(cb.add(1, &key(1), 7, &l, 1_060));
+        assert!(cb.add(1, &key(1), 7, &l, 1, 1_060));
         assert_eq!(cb.put_back(1, taken), 0);
         let (again, expired) = cb.take(1, 1_200);
         assert_eq!(expired, 4, "key 1's 4 requests began at 100, a window ago");
@@ -178,11 +180,11 @@ mod tests {
     fn a_full_shard_drops_new_keys_and_says_so() {
         let l = Limits::per_hour(10, 1.0, 100);
         let cb = ChargeBack::<()>::new(1, 2);
-        assert!(cb.add(0, &key(1), (), &l, 0));
-        assert!(cb.add(0, &key(2), (), &l, 0));
-        assert!(!cb.add(0, &key(3), (), &l, 0));
+        assert!(cb.add(0, &key(1), (), &l, 1, 0));
+        assert!(cb.add(0, &key(2), (), &l, 1, 0));
+        assert!(!cb.add(0, &key(3), (), &l, 1, 0));
         assert!(
-            cb.add(0, &key(1), (), &l, 0),
+            cb.add(0, &key(1), (), &l, 1, 0),
             "a key already kept still counts"
         );
         let (taken, _) = cb.take(0, 1);

@@ -28,8 +28,17 @@ async fn ok<S: CounterStore>(
     key: &LimitKey,
     limits: &Limits,
 ) -> crate::algo::CounterCheck {
+    hits(store, key, limits, 1).await
+}
+
+async fn hits<S: CounterStore>(
+    store: &S,
+    key: &LimitKey,
+    limits: &Limits,
+    hits: u32,
+) -> crate::algo::CounterCheck {
     store
-        .check(key, limits)
+        .check(key, limits, hits)
         .await
         .unwrap_or_else(|e| panic!("store failed: {e}"))
 }
@@ -145,6 +154,57 @@ pub async fn keys_are_independent<S: CounterStore>(store: &S) {
     }
 }
 
+/// A request of n hits takes n tokens and counts n in the window, or is refused whole; one
+/// of no hits checks and counts nothing; one of more hits than a limit holds is refused
+/// with a retry after a window.
+pub async fn hits_count_whole_and_zero_only_checks<S: CounterStore>(store: &S) {
+    let answer = |o: crate::algo::CounterCheck| {
+        (
+            o.allowed,
+            o.denied_by_bucket,
+            o.denied_by_window,
+            o.remaining_tokens,
+            o.remaining_window,
+        )
+    };
+    let key = fresh_key(8);
+    let bucket_bound = Limits::per_hour(5, 0.001, 1_000);
+    let h = |n| hits(store, &key, &bucket_bound, n);
+    assert_eq!(answer(h(0).await), (true, false, false, 5, 1_000));
+    assert_eq!(answer(h(3).await), (true, false, false, 2, 997));
+    let refused = h(3).await;
+    assert_eq!(answer(refused), (false, true, false, 2, 997));
+    // One token at 0.001 a second: 1,000 s for the third.
+    assert!(
+        (999_000..=1_000_000).contains(&refused.retry_after_ms),
+        "retry-after {} ms",
+        refused.retry_after_ms
+    );
+    assert_eq!(answer(h(0).await), (true, false, false, 2, 997));
+    assert_eq!(answer(h(2).await), (true, false, false, 0, 995));
+    assert_eq!(answer(h(0).await), (true, false, false, 0, 995));
+    let never = h(6).await;
+    assert_eq!(answer(never), (false, true, false, 0, 995));
+    assert_eq!(
+        never.retry_after_ms, 3_600_000,
+        "more hits than the capacity"
+    );
+
+    let key = fresh_key(9);
+    let window_bound = Limits::per_hour(100, 0.001, 8);
+    let h = |n| hits(store, &key, &window_bound, n);
+    assert_eq!(answer(h(5).await), (true, false, false, 95, 3));
+    assert_eq!(answer(h(4).await), (false, false, true, 95, 3));
+    assert_eq!(answer(h(3).await), (true, false, false, 92, 0));
+    assert_eq!(answer(h(0).await), (true, false, false, 92, 0));
+    assert_eq!(answer(h(1).await), (false, false, true, 92, 0));
+    assert_eq!(
+        h(9).await.retry_after_ms,
+        3_600_000,
+        "more hits than the quota"
+    );
+}
+
 /// Many concurrent callers on one key: exactly the capacity is admitted (read, decide and
 /// write are one atomic step).
 pub async fn atomic_under_concurrency<S: CounterStore>(store: Arc<S>) {
@@ -179,6 +239,7 @@ pub async fn run_all<S: CounterStore>(store: Arc<S>) {
     quota_per_window(store.as_ref()).await;
     denials_consume_nothing(store.as_ref()).await;
     keys_are_independent(store.as_ref()).await;
+    hits_count_whole_and_zero_only_checks(store.as_ref()).await;
     atomic_under_concurrency(store).await;
 }
 

@@ -181,18 +181,23 @@ impl<P> Charge<P> {
     }
 }
 
+/// A decision of the counters, or why there is none.
+pub type Checked = Result<CounterCheck, StoreError>;
+
 /// One atomic read-decide-write per call.
 pub trait CounterStore: Send + Sync + 'static {
     /// What [`Self::locate`] finds of a key beyond its shard, handed back to
     /// [`Self::check_located`]: a Redis Cluster's hash slot; `()` for a store with one place.
     type Place: Copy + Default + Send + Sync + 'static;
 
-    /// Decides one request of `key` under `limits`.
+    /// Decides one request of `key` under `limits`, counting as `hits` requests
+    /// ([`crate::algo::decide_hits`]: 1 for a request, 0 checks without counting).
     fn check(
         &self,
         key: &LimitKey,
         limits: &Limits,
-    ) -> impl Future<Output = Result<CounterCheck, StoreError>> + Send;
+        hits: u32,
+    ) -> impl Future<Output = Checked> + Send;
 
     /// The same, for a key already located at `place` ([`Self::locate`]): what the limiter
     /// calls, having located the key for its breaker. A store whose place costs nothing to
@@ -202,9 +207,10 @@ pub trait CounterStore: Send + Sync + 'static {
         key: &LimitKey,
         place: Self::Place,
         limits: &Limits,
-    ) -> impl Future<Output = Result<CounterCheck, StoreError>> + Send {
+        hits: u32,
+    ) -> impl Future<Output = Checked> + Send {
         let _ = place;
-        self.check(key, limits)
+        self.check(key, limits, hits)
     }
 
     /// How many shards the counters are spread over, each of which can fail on its own (the

@@ -42,9 +42,9 @@ pub mod policy;
 pub mod regions;
 pub mod sources;
 
-pub use algo::{CounterCheck, CounterState, Limits, charge, decide};
+pub use algo::{CounterCheck, CounterState, Limits, charge, decide, decide_hits};
 pub use clock::{Clock, FakeClock, ScaledClock, SystemClock};
-pub use counter_store::{Charge, CounterStore, Located, StoreError, StoreProblem};
+pub use counter_store::{Charge, Checked, CounterStore, Located, StoreError, StoreProblem};
 pub use events::{
     ChannelSink, EventQueue, EventReceiver, EventSink, Handoff, event_queue, spawn_drain,
 };

@@ -268,6 +268,21 @@ impl<S: CounterStore> Limiter<S> {
     /// request's route class and tier against, so one request sees one policy even when a
     /// new one is put in force meanwhile.
     pub async fn check_under(&self, policy: &PolicySnapshot, req: &Request<'_>) -> Decision {
+        self.check_hits_under(policy, req, 1).await
+    }
+
+    /// Decides one request that counts as `hits` requests under `policy`: both limits must
+    /// have room for all of them, and an admitted request takes them all (the bucket's
+    /// tokens, the window's count, what the fallback charges back). Zero hits checks
+    /// without counting: allowed unless the key is already past a limit
+    /// ([`crate::algo::decide_hits`]). Envoy's `hits_addend`. The decision event is one
+    /// event, whatever the hits.
+    pub async fn check_hits_under(
+        &self,
+        policy: &PolicySnapshot,
+        req: &Request<'_>,
+        hits: u32,
+    ) -> Decision {
         let version = policy.version();
         let (limits, mode, key) = match policy.resolve(&req.key_id, req.route_class, req.tier) {
             LimitLookup::KillSwitch => return self.pass(req, version, DecisionSource::KillSwitch),
@@ -310,7 +325,7 @@ impl<S: CounterStore> Limiter<S> {
             limits
         };
 
-        let (outcome, source) = self.decide(&key, &limits).await;
+        let (outcome, source) = self.decide(&key, &limits, hits).await;
         if let Some(r) = &self.regional
             && source == DecisionSource::CounterStore
             && is_near_limit(
@@ -377,7 +392,12 @@ impl<S: CounterStore> Limiter<S> {
     /// passed while the request waited in this process (overload), without counting that
     /// against the store. What the fallback admits is charged back to the store with the
     /// shard's next answer.
-    async fn decide(&self, key: &LimitKey, limits: &Limits) -> (CounterCheck, DecisionSource) {
+    async fn decide(
+        &self,
+        key: &LimitKey,
+        limits: &Limits,
+        hits: u32,
+    ) -> (CounterCheck, DecisionSource) {
         let now = self.clock.now_ms();
         let at = self.store.locate(key);
         let shard = at.shard.min(self.breakers.len() - 1);
@@ -385,7 +405,7 @@ impl<S: CounterStore> Limiter<S> {
         let admit = breaker.admit(now);
         if admit != Admit::Fallback {
             let started = Instant::now();
-            let result = self.store.check_located(key, at.place, limits).await;
+            let result = self.store.check_located(key, at.place, limits, hits).await;
             self.metrics
                 .store_latency
                 .observe(started.elapsed().as_secs_f64());
@@ -424,12 +444,13 @@ impl<S: CounterStore> Limiter<S> {
         }
         self.metrics.fallback_decisions.inc();
         let share = limits.divided(self.cfg.instance_count);
-        let outcome = self.fallback.decide(key, &share);
+        let outcome = self.fallback.decide(key, &share, hits);
         if outcome.allowed
+            && hits > 0
             && self.store.can_fail()
-            && !self.charges.add(shard, key, (), limits, now)
+            && !self.charges.add(shard, key, (), limits, hits, now)
         {
-            self.metrics.charges_dropped.inc();
+            self.metrics.charges_dropped.inc_by(u64::from(hits));
         }
         (outcome, DecisionSource::LocalFallback)
     }

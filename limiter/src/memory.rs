@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::algo::{CounterCheck, CounterState, Limits, charge, decide};
-use crate::counter_store::{Charge, CounterStore, StoreError};
+use crate::algo::{CounterCheck, CounterState, Limits, charge, decide_hits};
+use crate::counter_store::{Charge, Checked, CounterStore};
 use crate::key::LimitKey;
 use verdict_schemas::clock::{Clock, SystemClock};
 
@@ -74,11 +74,11 @@ impl MemoryStore {
         self.locked(key).get(key).copied()
     }
 
-    /// Decides one request now (synchronously: there is no I/O).
-    pub fn decide(&self, key: &LimitKey, limits: &Limits) -> CounterCheck {
+    /// Decides one request of `hits` now (synchronously: there is no I/O).
+    pub fn decide(&self, key: &LimitKey, limits: &Limits, hits: u32) -> CounterCheck {
         let now = self.inner.clock.now_ms();
         let mut map = self.locked(key);
-        let (outcome, next) = decide(map.get(key).copied(), now, limits);
+        let (outcome, next) = decide_hits(map.get(key).copied(), now, limits, hits);
         if let Some(next) = next {
             self.put(&mut map, key, next, limits.window_ms);
         }
@@ -163,8 +163,8 @@ fn evict(map: &mut HashMap<LimitKey, CounterState>, now: i64, idle_ms: i64) {
 impl CounterStore for MemoryStore {
     type Place = ();
 
-    async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<CounterCheck, StoreError> {
-        Ok(self.decide(key, limits))
+    async fn check(&self, key: &LimitKey, limits: &Limits, hits: u32) -> Checked {
+        Ok(self.decide(key, limits, hits))
     }
 
     fn charge(&self, charges: Vec<Charge<()>>) -> Vec<Charge<()>> {
@@ -199,11 +199,11 @@ mod tests {
         let l = Limits::per_hour(10, 1.0, 100);
         for i in 0..10_000 {
             clock.advance(1);
-            store.decide(&key(i), &l);
+            store.decide(&key(i), &l, 1);
         }
         assert!(store.len() <= 1_000 + SHARDS, "{} keys held", store.len());
         // The most recent key is still counted: its second request sees one token gone.
-        let o = store.decide(&key(9_999), &l);
+        let o = store.decide(&key(9_999), &l, 1);
         assert_eq!(o.remaining_tokens, 8);
     }
 
@@ -216,11 +216,11 @@ mod tests {
             ..Limits::per_hour(10, 1.0, 100)
         };
         for i in 0..SHARDS as u32 {
-            store.decide(&key(i), &l);
+            store.decide(&key(i), &l, 1);
         }
         clock.advance(10_000);
         for i in 1_000..1_000 + SHARDS as u32 {
-            store.decide(&key(i), &l);
+            store.decide(&key(i), &l, 1);
         }
         assert!(store.len() <= SHARDS + 1, "{}", store.len());
     }

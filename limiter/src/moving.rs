@@ -13,8 +13,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
-use crate::algo::{CounterCheck, Limits};
-use crate::counter_store::{Charge, CounterStore, StoreError};
+use crate::algo::Limits;
+use crate::counter_store::{Charge, Checked, CounterStore};
 use crate::key::LimitKey;
 
 /// Where a move stands.
@@ -90,17 +90,18 @@ impl<A: CounterStore, B: CounterStore + Clone> MovingStore<A, B> {
 impl<A: CounterStore, B: CounterStore + Clone> CounterStore for MovingStore<A, B> {
     type Place = ();
 
-    async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<CounterCheck, StoreError> {
+    async fn check(&self, key: &LimitKey, limits: &Limits, hits: u32) -> Checked {
         match self.phase() {
-            Phase::Old => self.old.check(key, limits).await,
-            Phase::CutOver => self.new.check(key, limits).await,
+            Phase::Old => self.old.check(key, limits, hits).await,
+            Phase::CutOver => self.new.check(key, limits, hits).await,
             Phase::DualWrite => {
-                let outcome = self.old.check(key, limits).await?;
-                if outcome.allowed {
+                let outcome = self.old.check(key, limits, hits).await?;
+                // A check of no hits counted nothing: there is nothing to copy.
+                if outcome.allowed && hits > 0 {
                     let (new, key, limits) = (self.new.clone(), *key, *limits);
                     let failed = Arc::clone(&self.copies_failed);
                     tokio::spawn(async move {
-                        match new.check(&key, &limits).await {
+                        match new.check(&key, &limits, hits).await {
                             Ok(o) if o.allowed => {}
                             _ => {
                                 failed.fetch_add(1, Ordering::Relaxed);

@@ -9,7 +9,7 @@ use std::time::Duration;
 use verdict_limiter::breaker::{BreakerConfig, BreakerState};
 use verdict_limiter::policy::parse_toml;
 use verdict_limiter::{
-    Charge, CounterCheck, CounterStore, FakeClock, Limiter, LimiterConfig, LimiterMetrics, Limits,
+    Charge, Checked, CounterStore, FakeClock, Limiter, LimiterConfig, LimiterMetrics, Limits,
     Located, MemoryStore, PolicyHandle, PolicySnapshot, Request, StoreError, event_queue,
     http_answer,
 };
@@ -341,13 +341,13 @@ impl Flaky {
 impl CounterStore for Flaky {
     type Place = ();
 
-    async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<CounterCheck, StoreError> {
+    async fn check(&self, key: &LimitKey, limits: &Limits, hits: u32) -> Checked {
         if self.failing.load(Ordering::SeqCst) {
             Err(StoreError::timeout(Duration::from_millis(5)))
         } else if self.overloaded.load(Ordering::SeqCst) {
             Err(StoreError::overloaded(Duration::from_millis(5)))
         } else {
-            Ok(self.inner.decide(key, limits))
+            Ok(self.inner.decide(key, limits, hits))
         }
     }
 
@@ -481,11 +481,11 @@ struct OddShardDown {
 impl CounterStore for OddShardDown {
     type Place = ();
 
-    async fn check(&self, key: &LimitKey, limits: &Limits) -> Result<CounterCheck, StoreError> {
+    async fn check(&self, key: &LimitKey, limits: &Limits, hits: u32) -> Checked {
         if self.locate(key).shard == 1 {
             Err(StoreError::timeout(Duration::from_millis(5)).deciding(key))
         } else {
-            Ok(self.inner.decide(key, limits))
+            Ok(self.inner.decide(key, limits, hits))
         }
     }
 
@@ -654,8 +654,9 @@ async fn with_several_regions_a_limiter_enforces_its_share() {
     assert_eq!(count(4), Some(201 - 37));
 }
 
-#[tokio::test]
-async fn overload_opens_no_breaker_and_what_the_fallback_admits_is_charged_back() {
+/// A limiter of two instances over a store that can be overloaded, deciding a bucket of 10
+/// and a window of 20.
+fn overloadable() -> (Flaky, Rig<Flaky>) {
     let clock = FakeClock::at(T0);
     let failing = Arc::new(AtomicBool::new(false));
     let store = Flaky::new(&failing, &clock);
@@ -672,8 +673,14 @@ async fn overload_opens_no_breaker_and_what_the_fallback_admits_is_charged_back(
         }),
         100,
         cfg,
-        clock.clone(),
+        clock,
     );
+    (store, r)
+}
+
+#[tokio::test]
+async fn overload_opens_no_breaker_and_what_the_fallback_admits_is_charged_back() {
+    let (store, r) = overloadable();
     // Four through the store; then the process is overloaded for 20 requests: the fallback
     // decides them at its part (half of the 6 tokens left: 3), and no breaker opens.
     for _ in 0..4 {
@@ -713,6 +720,40 @@ async fn overload_opens_no_breaker_and_what_the_fallback_admits_is_charged_back(
     let m = r.limiter.metrics().render();
     assert!(m.contains("verdict_charged_back_total 3"), "{m}");
     assert!(m.contains("verdict_charges_dropped_total 0"), "{m}");
+}
+
+#[tokio::test]
+async fn a_request_of_n_hits_the_fallback_admits_is_charged_back_as_n() {
+    let (store, r) = overloadable();
+    let limiter = &r.limiter;
+    let hits = |n| async move {
+        let policy = limiter.policy().load();
+        limiter.check_hits_under(&policy, &req(1, 0), n).await
+    };
+    for _ in 0..2 {
+        assert_eq!(hits(1).await.source, DecisionSource::CounterStore);
+    }
+    // Overloaded: the fallback's part is half of the 8 tokens left. 3 hits pass, 3 more do
+    // not fit in the 1 left, a check of none passes and counts nothing, and 1 takes the last.
+    store.overloaded.store(true, Ordering::SeqCst);
+    let mut local = Vec::new();
+    for n in [3, 3, 0, 1] {
+        let d = hits(n).await;
+        assert_eq!(d.source, DecisionSource::LocalFallback);
+        local.push((d.is_allowed(), d.remaining_tokens));
+    }
+    assert_eq!(local, [(true, 1), (false, 1), (true, 1), (true, 0)]);
+
+    // Back: the first answer is the store's third request; the 4 hits ride after it.
+    store.overloaded.store(false, Ordering::SeqCst);
+    assert_eq!(hits(1).await.remaining_window, 17);
+    assert_eq!(
+        hits(1).await.remaining_window,
+        12,
+        "2 + 1 + 4 charged + 1: the window counts every hit admitted"
+    );
+    let m = r.limiter.metrics().render();
+    assert!(m.contains("verdict_charged_back_total 4"), "{m}");
 }
 
 #[tokio::test]

@@ -18,9 +18,11 @@
 //!
 //! A descriptor the mapping cannot place is answered by its [`crate::Unmapped`] rule and
 //! counted (`verdict_rls_descriptors_total{outcome="unmapped_…"}`); one whose rule another
-//! matched rule `replaces` is `OK` and not decided. `hits_addend` is honoured for 1 (the
-//! default, and what Envoy's HTTP filter sends): a descriptor asking another count is
-//! decided as one request and counted in `verdict_rls_hits_addend_unsupported_total`.
+//! matched rule `replaces` is `OK` and not decided. `hits_addend` is honoured: a
+//! descriptor's own when set, else the request's (unset, 0, meaning 1); a descriptor of n
+//! hits passes only if its limits have room for all n and then takes them all, and one of 0
+//! hits is checked without being counted (`OK` unless its key is already past a limit).
+//! Its decision event is one event whatever the hits (the raw table counts requests).
 //!
 //! The service is as available as the limiter: at most `max_in_flight` requests decide at
 //! once, a request that waits longer than the deadline for its turn is answered
@@ -38,7 +40,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts};
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts};
 use tokio::sync::Semaphore;
 use verdict_gateway::Gateway;
 use verdict_limiter::algo::TOKEN_UNITS;
@@ -76,8 +78,6 @@ pub struct RlsMetrics {
     pub requests: IntCounterVec,
     /// `verdict_rls_descriptors_total{outcome}`: decided, replaced, and `unmapped_<why>`.
     pub descriptors: IntCounterVec,
-    /// `verdict_rls_hits_addend_unsupported_total`: descriptors asking a count other than 1.
-    pub hits_addend_unsupported: IntCounter,
     /// `verdict_rls_request_seconds`: a request, from its turn to its answer.
     pub request_seconds: Histogram,
 }
@@ -101,11 +101,6 @@ impl RlsMetrics {
             "Descriptors by outcome: decided, replaced, unmapped_<why>.",
             "outcome",
         );
-        let hits_addend_unsupported = IntCounter::new(
-            "verdict_rls_hits_addend_unsupported_total",
-            "Descriptors asking a hits_addend other than 1, decided as one request.",
-        )
-        .expect("a valid metric");
         let request_seconds = Histogram::with_opts(
             HistogramOpts::new(
                 "verdict_rls_request_seconds",
@@ -119,7 +114,6 @@ impl RlsMetrics {
         for m in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(descriptors.clone()),
-            Box::new(hits_addend_unsupported.clone()),
             Box::new(request_seconds.clone()),
         ] {
             registry.register(m).expect("metrics registered once");
@@ -127,7 +121,6 @@ impl RlsMetrics {
         Self {
             requests,
             descriptors,
-            hits_addend_unsupported,
             request_seconds,
         }
     }
@@ -215,13 +208,11 @@ impl<S: CounterStore> Rls<S> {
                 Ok(p) if p.rule.is_some_and(|r| replaced.contains(&r)) => Part::Replaced,
                 Ok(p) => {
                     // The request's hits_addend of 0 is unset, meaning 1; a descriptor's is
-                    // set when present, 0 included.
+                    // set when present, 0 included (a check that counts nothing).
                     let hits = d
                         .hits_addend
                         .map_or(u64::from(req.hits_addend.max(1)), |h| h.value);
-                    if hits != 1 {
-                        self.metrics.hits_addend_unsupported.inc();
-                    }
+                    let hits = u32::try_from(hits).unwrap_or(u32::MAX);
                     let caller = d
                         .entries
                         .iter()
@@ -233,7 +224,9 @@ impl<S: CounterStore> Rls<S> {
                         tier: p.tier,
                         caller,
                     };
-                    Part::Decided(Box::new(limiter.check_under(&policy, &request).await))
+                    Part::Decided(Box::new(
+                        limiter.check_hits_under(&policy, &request, hits).await,
+                    ))
                 }
             };
             let outcome = match &part {

@@ -13,6 +13,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
 use tonic::transport::Channel;
 use verdict_gateway::{GatewayBuilder, GatewayStore, KeyDirectory};
 use verdict_limiter::policy::parse_toml;
@@ -160,6 +161,53 @@ async fn an_api_key_over_its_limit_is_over_limit_with_verdicts_fields_and_every_
     assert_eq!(
         decided,
         [allowed, allowed, allowed, (key_a, Verdict::Denied)]
+    );
+}
+
+#[tokio::test]
+async fn hits_addend_takes_that_many_and_zero_only_checks() {
+    let (mut client, mut events, _, _) = service(DescriptorMap::default()).await;
+    let key = [("api_key", "k-free"), ("route_class", "read")];
+    // A bucket of 3: (the descriptor's hits_addend, unset meaning the request's 1) → code,
+    // what is left.
+    let trace = [
+        (Some(0), Code::Ok, 3),
+        (Some(2), Code::Ok, 1),
+        (Some(2), Code::OverLimit, 1),
+        (Some(0), Code::Ok, 1),
+        (None, Code::Ok, 0),
+        (Some(0), Code::Ok, 0),
+        (Some(4), Code::OverLimit, 0),
+    ];
+    let mut last = RateLimitResponse::default();
+    for (i, (hits, code, left)) in trace.into_iter().enumerate() {
+        let mut d = descriptor(&key);
+        d.hits_addend = hits.map(|value| UInt64Value { value });
+        let r = client
+            .should_rate_limit(RateLimitRequest {
+                domain: "edge".to_owned(),
+                descriptors: vec![d],
+                hits_addend: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let s = &r.statuses[0];
+        assert_eq!(
+            (s.code, s.limit_remaining),
+            (code as i32, left),
+            "step {i}: hits_addend {hits:?}: {r:?}"
+        );
+        last = r;
+    }
+    // More hits than the bucket holds: never, so a window away (an hour).
+    assert_eq!(header(&last, "retry-after"), Some("3600"));
+    let verdicts: Vec<Verdict> = events.waiting().into_iter().map(|e| e.verdict).collect();
+    use Verdict::{Allowed, Denied};
+    assert_eq!(
+        verdicts,
+        [Allowed, Allowed, Denied, Allowed, Allowed, Allowed, Denied],
+        "one event per decision, whatever its hits"
     );
 }
 

@@ -9,7 +9,7 @@ use fred::prelude::*;
 use proptest::prelude::*;
 use verdict_counters_redis::RedisStore;
 use verdict_limiter::conformance::{self, fresh_key};
-use verdict_limiter::{CounterState, Limits, charge, decide};
+use verdict_limiter::{CounterState, Limits, charge, decide, decide_hits};
 use verdict_tests::{Service, redis_store, require};
 
 /// One request of `key` at `now`, decided by the script in Redis and by the Rust core from
@@ -19,15 +19,16 @@ fn both_decide(
     store: &RedisStore,
     key: &verdict_limiter::LimitKey,
     limits: &Limits,
+    hits: u32,
     state: &mut Option<CounterState>,
     now: i64,
 ) -> (verdict_limiter::CounterCheck, verdict_limiter::CounterCheck) {
-    let (want, next) = decide(*state, now, limits);
+    let (want, next) = decide_hits(*state, now, limits, hits);
     if next.is_some() {
         *state = next;
     }
     let got = rt
-        .block_on(store.check_at(key, limits, now))
+        .block_on(store.check_at(key, limits, hits, now))
         .expect("EVALSHA");
     (got, want)
 }
@@ -48,7 +49,7 @@ async fn counters_live_in_a_field_of_their_group_with_a_ttl_of_two_windows() {
     let key = fresh_key(20);
     let limits = Limits::per_hour(10, 1.0, 100);
     use verdict_limiter::CounterStore;
-    assert!(store.check(&key, &limits).await.unwrap().allowed);
+    assert!(store.check(&key, &limits, 1).await.unwrap().allowed);
     let client = store.client();
     let hash = layout.hash(&key);
     assert_eq!(hash, format!("rl:{{g{}}}", layout.group(&key)));
@@ -91,9 +92,9 @@ async fn counters_live_in_a_field_of_their_group_with_a_ttl_of_two_windows() {
     let exhausted = Limits::per_hour(1, 0.001, 100);
     let key2 = fresh_key(21);
     let (hash2, field2) = (layout.hash(&key2), layout.field(&key2));
-    assert!(store.check(&key2, &exhausted).await.unwrap().allowed);
+    assert!(store.check(&key2, &exhausted, 1).await.unwrap().allowed);
     let before: Vec<u8> = client.hget(&hash2, &field2[..]).await.unwrap();
-    assert!(!store.check(&key2, &exhausted).await.unwrap().allowed);
+    assert!(!store.check(&key2, &exhausted, 1).await.unwrap().allowed);
     let after: Vec<u8> = client.hget(&hash2, &field2[..]).await.unwrap();
     assert_eq!(before, after);
 }
@@ -131,11 +132,17 @@ async fn a_group_sweeps_the_keys_idle_for_two_windows_and_keeps_the_others() {
     let t0 = 1_796_047_200_000i64;
     // Key 0 is written at t0 and spends two of its five tokens; key 1 at t0 + 1.5 windows.
     for t in [t0, t0 + 1] {
-        assert!(store.check_at(&keys[0], &limits, t).await.unwrap().allowed);
+        assert!(
+            store
+                .check_at(&keys[0], &limits, 1, t)
+                .await
+                .unwrap()
+                .allowed
+        );
     }
     assert!(
         store
-            .check_at(&keys[1], &limits, t0 + w + w / 2)
+            .check_at(&keys[1], &limits, 1, t0 + w + w / 2)
             .await
             .unwrap()
             .allowed
@@ -144,7 +151,7 @@ async fn a_group_sweeps_the_keys_idle_for_two_windows_and_keeps_the_others() {
     // (one window idle) stays.
     assert!(
         store
-            .check_at(&keys[2], &limits, t0 + 1 + 2 * w)
+            .check_at(&keys[2], &limits, 1, t0 + 1 + 2 * w)
             .await
             .unwrap()
             .allowed
@@ -155,7 +162,7 @@ async fn a_group_sweeps_the_keys_idle_for_two_windows_and_keeps_the_others() {
     assert!(kept.is_some(), "idle one window: kept");
     // Key 1 still has what it spent (a bucket that never refills): its state was kept.
     let o = store
-        .check_at(&keys[1], &limits, t0 + 1 + 2 * w)
+        .check_at(&keys[1], &limits, 1, t0 + 1 + 2 * w)
         .await
         .unwrap();
     assert_eq!((o.allowed, o.remaining_tokens), (true, 3));
@@ -169,7 +176,7 @@ async fn the_script_is_reloaded_after_script_flush() {
     let _: () = client.script_flush(false).await.unwrap();
     let key = fresh_key(22);
     let o = store
-        .check_at(&key, &Limits::per_hour(3, 1.0, 10), 1_796_047_200_000)
+        .check_at(&key, &Limits::per_hour(3, 1.0, 10), 1, 1_796_047_200_000)
         .await
         .unwrap();
     assert!(o.allowed);
@@ -202,19 +209,26 @@ fn lua_script_and_rust_core_agree_on_every_answer() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let store = rt.block_on(store());
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(150));
+    // What each request counts as: mostly one, some checks of none, some of several, a few
+    // of more than any limit of the scenario holds.
+    let hits = proptest::collection::vec(
+        prop_oneof![6 => Just(1u32), 1 => Just(0u32), 2 => 2u32..8, 1 => 8u32..70],
+        60,
+    );
     runner
-        .run(&scenario(), |(limits, gaps)| {
+        .run(&(scenario(), hits), |((limits, gaps), hits)| {
             let key = fresh_key(23);
             let mut state: Option<CounterState> = None;
             let mut now = 1_796_047_200_000i64 + 1_234;
-            for (i, gap) in gaps.iter().enumerate() {
+            for (i, (gap, hits)) in gaps.iter().zip(hits).enumerate() {
                 now += gap;
-                let (got, want) = both_decide(&rt, &store, &key, &limits, &mut state, now);
+                let (got, want) = both_decide(&rt, &store, &key, &limits, hits, &mut state, now);
                 prop_assert_eq!(
                     got,
                     want,
-                    "request {} at +{} ms under {:?}",
+                    "request {} of {} hits at +{} ms under {:?}",
                     i,
+                    hits,
                     now - 1_796_047_200_000i64,
                     limits
                 );
@@ -252,7 +266,7 @@ fn lua_script_and_rust_core_agree_on_charges_between_requests() {
                     state = Some(charge(state, now, &limits, *count));
                     continue;
                 }
-                let (got, want) = both_decide(&rt, &store, &key, &limits, &mut state, now);
+                let (got, want) = both_decide(&rt, &store, &key, &limits, 1, &mut state, now);
                 prop_assert_eq!(
                     got,
                     want,
@@ -310,7 +324,7 @@ fn a_batch_decides_in_order_what_the_rust_core_decides_one_by_one() {
             let w = limits.window_ms;
             for (gap, which) in &batches {
                 now += gap;
-                let requests: Vec<_> = which.iter().map(|&k| (keys[k], limits)).collect();
+                let requests: Vec<_> = which.iter().map(|&k| (keys[k], limits, 1)).collect();
                 let got = rt
                     .block_on(store.check_many_at(&requests, now))
                     .expect("EVALSHA");
@@ -354,7 +368,7 @@ async fn concurrent_requests_share_calls_and_each_gets_its_own_answer() {
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..400 {
         let store = Arc::clone(&store);
-        tasks.spawn(async move { store.check(&key, &limits).await.expect("decision") });
+        tasks.spawn(async move { store.check(&key, &limits, 1).await.expect("decision") });
     }
     let answers = tasks.join_all().await;
     let allowed: Vec<u32> = answers

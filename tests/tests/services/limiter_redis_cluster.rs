@@ -95,7 +95,7 @@ async fn concurrent_requests_over_many_slots_each_get_their_own_answer() {
     for (i, key) in keys.iter().enumerate() {
         for _ in 0..10 {
             let (store, key) = (Arc::clone(&store), *key);
-            tasks.spawn(async move { (i, store.check(&key, &limits).await.expect("decision")) });
+            tasks.spawn(async move { (i, store.check(&key, &limits, 1).await.expect("decision")) });
         }
     }
     let mut remaining: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
@@ -134,7 +134,7 @@ async fn hot_key_sub_keys_spread_over_slots_and_masters() {
     let limits = Limits::per_hour(10, 1.0, 100);
     let mut per_master: BTreeMap<String, usize> = BTreeMap::new();
     for k in by_sub_key.values() {
-        assert!(store.check(k, &limits).await.unwrap().allowed);
+        assert!(store.check(k, &limits, 1).await.unwrap().allowed);
         let hash = store.layout().hash(k);
         let master = owner(&store, &hash);
         let exists: i64 = node(&master).await.exists(&hash).await.unwrap();

@@ -61,7 +61,7 @@ async fn after_two_windows_of_dual_writes_no_count_resets_at_cut_over() {
     // Before the move: counts only in the old store.
     for k in &keys {
         for _ in 0..10 {
-            assert!(moving.check(k, &l).await.unwrap().allowed);
+            assert!(moving.check(k, &l, 1).await.unwrap().allowed);
         }
     }
     // Two and a half window lengths of dual writes, each key at its own steady rate.
@@ -75,7 +75,7 @@ async fn after_two_windows_of_dual_writes_no_count_resets_at_cut_over() {
         n += 1;
         for (i, k) in keys.iter().enumerate() {
             if n.is_multiple_of(i % 4 + 1) {
-                moving.check(k, &l).await.unwrap();
+                moving.check(k, &l, 1).await.unwrap();
             }
         }
     }
@@ -96,8 +96,8 @@ async fn after_two_windows_of_dual_writes_no_count_resets_at_cut_over() {
     // Cut over: the new store decides, and its answer is the old store's, not a reset one.
     moving.set_phase(Phase::CutOver);
     for k in &keys {
-        let from_old = old.check(k, &l).await.unwrap().remaining_window;
-        let from_new = moving.check(k, &l).await.unwrap().remaining_window;
+        let from_old = old.check(k, &l, 1).await.unwrap().remaining_window;
+        let from_new = moving.check(k, &l, 1).await.unwrap().remaining_window;
         assert!(
             from_old.abs_diff(from_new) <= 1,
             "key {:?}: remaining {from_old} on the old store, {from_new} after the cut-over",
@@ -111,10 +111,10 @@ async fn after_two_windows_of_dual_writes_no_count_resets_at_cut_over() {
     // Without the dual writes the new store would have started from nothing.
     let fresh = key(99);
     for _ in 0..10 {
-        old.check(&fresh, &l).await.unwrap();
+        old.check(&fresh, &l, 1).await.unwrap();
     }
     assert_eq!(
-        moving.check(&fresh, &l).await.unwrap().remaining_window,
+        moving.check(&fresh, &l, 1).await.unwrap().remaining_window,
         QUOTA - 1
     );
 }
