@@ -6,7 +6,8 @@
 //! fields; the raw table holds one event per decision (less the drops the gateways counted),
 //! the rollup's denials are the 429s the client saw, and `wrong-limits` names the tier set
 //! too low. `verdict policy` changes a limit and then puts the tier in shadow: every gateway
-//! follows within 30 s, the 429s stop and the would-deny events go on.
+//! follows within 30 s, the 429s stop and the would-deny events go on. And the same flow
+//! from a gateway that only decides, behind the real Envoy, nginx and Caddy.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -14,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::http::StatusCode;
+use verdict_load::proxies::{caddy, envoy, example, nginx};
 use verdict_load::{self as load, LoadReport, LoadSpec, MakeRequest};
 use verdict_schemas::KeyId;
 use verdict_tests::private::spare_port;
@@ -101,6 +103,92 @@ async fn drive(ports: &[u16], keys: &[&str], n: u64, concurrency: usize) -> Load
         "every answer carries the fields"
     );
     r
+}
+
+/// `free` keys of the free tier and `pro` of pro, unique to this run (the shared Redis keeps
+/// counters between runs), written as the key directory `keys.csv` in `dir`: their API
+/// keys, free first, and the file.
+fn keys_of_this_run(dir: &std::path::Path, free: u8, pro: u8) -> (Vec<String>, std::path::PathBuf) {
+    let run = std::process::id();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let mut csv = String::from("api_key,key_id,tier\n");
+    let mut keys = Vec::new();
+    for i in 0..free + pro {
+        let mut id = [0u8; 16];
+        id[..4].copy_from_slice(&run.to_be_bytes());
+        id[4..12].copy_from_slice(&nanos.to_le_bytes()[..8]);
+        id[15] = i;
+        let tier = if i < free { "free" } else { "pro" };
+        let key = format!("{tier}-{i}");
+        csv.push_str(&format!("{key},{},{tier}\n", KeyId(id)));
+        keys.push(key);
+    }
+    let file = dir.join("keys.csv");
+    std::fs::write(&file, csv).unwrap();
+    (keys, file)
+}
+
+/// That a stopped gateway logged delivering every decision's event to Kafka.
+fn assert_every_event_delivered(log: &Lines) {
+    let lines = log.lock().unwrap();
+    let stopped = lines
+        .iter()
+        .find(|l| l.contains("gateway stopped"))
+        .unwrap_or_else(|| panic!("the gateway did not log its stop: {lines:?}"));
+    assert!(
+        stopped.contains("events_failed=0") && stopped.contains("events_dropped=0"),
+        "the gateway did not deliver every event to Kafka: {stopped}"
+    );
+}
+
+/// The limit review (`wrong-limits`, judging tiers of 5 keys or more) over the hours from
+/// `started_at` to `now`.
+async fn review(
+    http: &reqwest::Client,
+    base: &str,
+    started_at: chrono::DateTime<chrono::Utc>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> serde_json::Value {
+    let at =
+        |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let (from, to) = (
+        at(started_at - chrono::Duration::hours(1)),
+        at(now + chrono::Duration::hours(1)),
+    );
+    let r = http
+        .get(format!(
+            "{base}/v1/reports/wrong-limits?from={from}&to={to}&min_keys=5"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    serde_json::from_slice(&r.bytes().await.unwrap()).unwrap()
+}
+
+/// The review's verdict on `tier`.
+fn verdict_on<'a>(report: &'a serde_json::Value, tier: &str) -> &'a str {
+    report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["tier"] == tier)
+        .and_then(|row| row["verdict"].as_str())
+        .unwrap_or_else(|| panic!("no verdict on {tier}: {report}"))
+}
+
+/// Waits (at most 30 s) until the service on `port` answers `/healthz`.
+async fn listening(http: &reqwest::Client, port: u16) {
+    eventually(Duration::from_secs(30), "the service listening", || async {
+        http.get(format!("http://127.0.0.1:{port}/healthz"))
+            .send()
+            .await
+            .is_ok()
+    })
+    .await;
 }
 
 /// The version `verdict policy` says the change made ("policy version 4 -> 6: …").
@@ -201,34 +289,9 @@ async fn the_whole_flow_on_the_real_services() {
     s3_store(bucket).await;
     let lake = format!("s3://{bucket}/{}", unique_name("run"));
 
-    // Keys unique to this run (the shared Redis keeps counters between runs): 12 of the
-    // free tier, whose limit is set too low, and 6 of pro.
-    let run = std::process::id();
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let keys: Vec<(String, KeyId, &str)> = (0..18u8)
-        .map(|i| {
-            let mut id = [0u8; 16];
-            id[..4].copy_from_slice(&run.to_be_bytes());
-            id[4..12].copy_from_slice(&nanos.to_le_bytes()[..8]);
-            id[15] = i;
-            let (name, tier) = if i < 12 {
-                (format!("key-{i}"), "free")
-            } else {
-                (format!("pro-{i}"), "pro")
-            };
-            (name, KeyId(id), tier)
-        })
-        .collect();
-    let mut csv = String::from("api_key,key_id,tier\n");
-    for (k, id, tier) in &keys {
-        csv.push_str(&format!("{k},{id},{tier}\n"));
-    }
-    let keys_file = dir.path().join("keys.csv");
-    std::fs::write(&keys_file, csv).unwrap();
-    let name = |i: usize| keys[i].0.as_str();
+    // 12 keys of the free tier, whose limit is set too low, and 6 of pro.
+    let (keys, keys_file) = keys_of_this_run(dir.path(), 12, 6);
+    let name = |i: usize| keys[i].as_str();
 
     let pg_source = verdict_policy_store::PgSource::new(&pg);
     pg_source.migrate().await.unwrap();
@@ -300,13 +363,7 @@ async fn the_whole_flow_on_the_real_services() {
         gateway_logs.push(lines);
     }
     for port in ports.iter().chain([&query_port]) {
-        eventually(Duration::from_secs(30), "the service listening", || async {
-            http.get(format!("http://127.0.0.1:{port}/healthz"))
-                .send()
-                .await
-                .is_ok()
-        })
-        .await;
+        listening(&http, *port).await;
     }
 
     // Known traffic: 10 requests of each of 6 free and 6 pro keys, 6 at a time over the
@@ -372,16 +429,8 @@ async fn the_whole_flow_on_the_real_services() {
     // SIGTERM: each gateway stops listening and flushes its events to Kafka, and says what
     // became of every decision's event: none may be lost on the way out.
     gateways.stop();
-    for (i, lines) in gateway_logs.iter().enumerate() {
-        let lines = lines.lock().unwrap();
-        let stopped = lines
-            .iter()
-            .find(|l| l.contains("gateway stopped"))
-            .unwrap_or_else(|| panic!("gateway {i} did not log its stop: {lines:?}"));
-        assert!(
-            stopped.contains("events_failed=0") && stopped.contains("events_dropped=0"),
-            "gateway {i} did not deliver every event to Kafka: {stopped}"
-        );
+    for lines in &gateway_logs {
+        assert_every_event_delivered(lines);
     }
 
     // Two ingest workers of one group share the topic's partitions and write the raw
@@ -481,28 +530,209 @@ async fn the_whole_flow_on_the_real_services() {
 
     // Which limits were wrong? The free tier's: every one of its six keys needed twice its
     // bucket and was refused (six keys a tier: min_keys=5 lets the review judge them).
-    let to = (now + chrono::Duration::hours(1)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    let from = (started_at - chrono::Duration::hours(1))
-        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    let r = http
-        .get(format!(
-            "{base}/v1/reports/wrong-limits?from={from}&to={to}&min_keys=5"
-        ))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let report: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
-    let verdict = |tier: &str| {
-        report["rows"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|row| row["tier"] == tier)
-            .map(|row| row["verdict"].as_str().unwrap_or_default().to_owned())
+    let report = review(&http, &base, started_at, now).await;
+    assert_eq!(verdict_on(&report, "free"), "too low", "{report}");
+    assert_eq!(verdict_on(&report, "pro"), "too high", "{report}");
+    services.stop();
+}
+
+/// The policy behind the proxies: free's bucket of 5 too low, pro's far too high.
+const BEHIND_PROXIES_POLICY: &str = include_str!("../../fixtures/policies/behind_proxies.toml");
+
+/// Envoy's descriptors: the API key and the path, verdict's identity.
+const ENVOY_RATE_LIMITS: &str = r#"              - actions:
+                - request_headers: {header_name: x-api-key, descriptor_key: api_key}
+                - request_headers: {header_name: ":path", descriptor_key: path}"#;
+
+/// One `verdict gateway` that only decides, asked by the real Envoy (its rate limit
+/// service), nginx (`auth_request`) and Caddy (`forward_auth`) with their example
+/// configurations, its events on the real Kafka; `verdict ingest` writes them to the raw
+/// table, `verdict rollup` rolls the hour up, and `verdict query serve`'s review names the
+/// free tier's limit too low and pro's too high: what the proxies' users get from verdict
+/// beyond the decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_envoy_nginx_and_caddy_every_decision_reaches_the_raw_table_and_the_review() {
+    require(Service::Redis);
+    require(Service::Kafka);
+    let started_at = chrono::Utc::now();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    std::fs::create_dir(&lake).unwrap();
+    let lake = lake.display().to_string();
+    let topic = unique_name("proxies-decisions");
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(&policy, BEHIND_PROXIES_POLICY).unwrap();
+    let policy = policy.display().to_string();
+
+    // 6 free keys and 6 pro, two of each behind each proxy.
+    let (keys, keys_file) = keys_of_this_run(dir.path(), 6, 6);
+
+    let (check, rls) = (spare_port(), spare_port());
+    let (gateway, gateway_log) = verdict_child(
+        "gateway",
+        "warn,verdict::gateway=info",
+        &[
+            "gateway",
+            "--listen",
+            &format!("127.0.0.1:{check}"),
+            "--rls-listen",
+            &format!("127.0.0.1:{rls}"),
+            "--keys-file",
+            &keys_file.display().to_string(),
+            "--policy-file",
+            &policy,
+            "--kafka-brokers",
+            &kafka_brokers(),
+            "--kafka-topic",
+            &topic,
+            // The counters in the real Redis, with the end-to-end test's deadline: a debug
+            // build under this load misses production's 5 ms now and then, and the local
+            // fallback would decide those requests.
+            "--redis",
+            &redis_url(),
+            "--redis-timeout-ms",
+            "250",
+        ],
+    );
+    let mut gateway = Children(vec![gateway]);
+    let http = reqwest::Client::new();
+    listening(&http, check).await;
+
+    let api = verdict_demo::spawn_upstream().await.unwrap().port();
+    let (to_envoy, admin, to_nginx, to_caddy) =
+        (spare_port(), spare_port(), spare_port(), spare_port());
+    // nginx's and Caddy's example configurations, asking the gateway, proxying to the API and
+    // listening on `port`.
+    let forward_auth = |file: &str, port: u16| {
+        let (listen, on) = if file == "Caddyfile" {
+            (":8000", format!(":{port}"))
+        } else {
+            ("127.0.0.1:8000", format!("127.0.0.1:{port}"))
+        };
+        example(
+            file,
+            &[
+                ("127.0.0.1:8088", format!("127.0.0.1:{check}")),
+                ("127.0.0.1:8080", format!("127.0.0.1:{api}")),
+                (listen, on),
+            ],
+        )
     };
-    assert_eq!(verdict("free").as_deref(), Some("too low"), "{report}");
-    assert_eq!(verdict("pro").as_deref(), Some("too high"), "{report}");
+    let proxies = [
+        envoy(to_envoy, admin, api, rls, "edge", ENVOY_RATE_LIMITS),
+        nginx(&forward_auth("nginx-auth-request.conf", to_nginx), to_nginx),
+        caddy(&forward_auth("Caddyfile", to_caddy), to_caddy),
+    ];
+
+    // 10 requests of each key through its proxy, 4 at a time: each free key gets 5 of them
+    // (its bucket), each pro key all 10. Every answer carries verdict's fields, every 429
+    // its Retry-After.
+    let name = |i: usize| keys[i].as_str();
+    for (p, port) in [to_envoy, to_nginx, to_caddy].into_iter().enumerate() {
+        let behind = [
+            name(2 * p),
+            name(2 * p + 1),
+            name(6 + 2 * p),
+            name(7 + 2 * p),
+        ];
+        let r = drive(&[port], &behind, 40, 4).await;
+        assert_eq!(
+            r.count(StatusCode::TOO_MANY_REQUESTS),
+            10,
+            "{r:?}\n{}",
+            proxies[p].log()
+        );
+    }
+
+    // SIGTERM: the gateway flushes every decision's event to Kafka.
+    gateway.stop();
+    assert_every_event_delivered(&gateway_log);
+
+    let query_port = spare_port();
+    let base = format!("http://127.0.0.1:{query_port}");
+    let mut services = Children(vec![
+        verdict_child(
+            "ingest",
+            "warn,verdict_ingest=info",
+            &[
+                "ingest",
+                "--store",
+                &lake,
+                "--brokers",
+                &kafka_brokers(),
+                "--topic",
+                &topic,
+                "--group",
+                &unique_name("proxies-ingest"),
+                "--instance-id",
+                "worker-0",
+                "--flush-max-age-secs",
+                "1",
+            ],
+        )
+        .0,
+        verdict_child(
+            "query",
+            "warn",
+            &[
+                "query",
+                "serve",
+                "--store",
+                &lake,
+                "--policy-file",
+                &policy,
+                "--listen",
+                &format!("127.0.0.1:{query_port}"),
+            ],
+        )
+        .0,
+    ]);
+    // One event per request, from all three proxies: 120, of which 30 refused.
+    let totals = "SELECT COUNT(*) AS n, SUM(CASE WHEN verdict = 1 THEN 1 ELSE 0 END) AS denied \
+                  FROM decisions";
+    let seen = Mutex::new(serde_json::Value::Null);
+    eventually(
+        Duration::from_secs(120),
+        "every event in the raw table",
+        || async {
+            let Ok(r) = http
+                .post(format!("{base}/v1/sql"))
+                .body(totals)
+                .send()
+                .await
+            else {
+                return false;
+            };
+            let body: serde_json::Value = r.json().await.unwrap_or_default();
+            let row = body["rows"][0].clone();
+            let done = row["n"].as_u64() == Some(120);
+            *seen.lock().unwrap() = row;
+            done
+        },
+    )
+    .await;
+    assert_eq!(seen.lock().unwrap()["denied"].as_u64(), Some(30));
+
+    let now = chrono::Utc::now();
+    let out = verdict_ok(&[
+        "rollup",
+        "--store",
+        &lake,
+        "--from",
+        &hour(started_at),
+        "--to",
+        &hour(now),
+    ]);
+    assert!(out.contains("120 raw events"), "{out}");
+    let report = review(&http, &base, started_at, now).await;
+    for row in report["rows"].as_array().unwrap() {
+        println!(
+            "the review of the proxies' traffic: {} {}: {} ({})",
+            row["tier"], row["requests"], row["verdict"], row["reason"]
+        );
+    }
+    assert_eq!(verdict_on(&report, "free"), "too low", "{report}");
+    assert_eq!(verdict_on(&report, "pro"), "too high", "{report}");
     services.stop();
 }
 
@@ -544,13 +774,7 @@ async fn a_gateway_stopped_under_load_answers_what_it_accepted_and_flushes_every
         .spawn()
         .expect("start verdict gateway");
     let http = reqwest::Client::new();
-    eventually(Duration::from_secs(30), "the gateway listening", || async {
-        http.get(format!("http://127.0.0.1:{port}/healthz"))
-            .send()
-            .await
-            .is_ok()
-    })
-    .await;
+    listening(&http, port).await;
 
     // 16 clients in a closed loop; SIGTERM once the gateway has answered 500 of them, under
     // load whatever the machine's speed (the requests after it find no listener and fail at
