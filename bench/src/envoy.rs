@@ -5,28 +5,27 @@
 //! counter, a limit far above the load: every request is decided and allowed, so the bench
 //! measures the decision's path, not refusals). Two phases, each alternating the targets
 //! round by round: closed loop for the requests per second, then paced at a rate all
-//! targets hold, for the latency each adds to Envoy alone (service time). With
-//! `--kafka-brokers` verdict's decision events go to the real Kafka. Prints one JSON object.
+//! targets hold, for the latency each adds to Envoy alone (service time). verdict is
+//! `verdict gateway --rls-listen` (the `verdict` built beside this program), in a process of
+//! its own as envoyproxy/ratelimit is; with `--kafka-brokers` its decision events go to the
+//! real Kafka. Prints one JSON object.
 //!
-//! The load generator, Envoy, both services, Redis and the upstream share this machine's
-//! cores: the absolute figures are a floor, the ratios are the point.
+//! The load generator (this process), Envoy, both services, Redis, Kafka and the upstream
+//! share this machine's cores: the absolute figures are a floor, the ratios are the point.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
 use serde::Serialize;
-use verdict_counters_redis::RedisStore;
-use verdict_gateway::{GatewayBuilder, GatewayStore, KeyDirectory};
-use verdict_limiter::{LimiterMetrics, PolicyHandle, PolicySnapshot};
 use verdict_load::proxies::{envoy_beside, envoy_ratelimit, free_port};
-use verdict_rls::RlsConfig;
 
 use verdict_demo::spawn_upstream;
 
 use super::gateway::{Figures, LoadArgs, Phases};
+use super::shared::{Children, sibling, wait_listening};
 
 /// One configuration for both services: each API key a counter of its own, a billion a
 /// second (no key of the bench comes near it).
@@ -63,6 +62,13 @@ pub struct EnvoyBenchArgs {
     /// The topic of the events with --kafka-brokers.
     #[arg(long, default_value = "verdict.bench.envoy")]
     pub kafka_topic: String,
+    /// verdict's Kafka producer's wait to fill a batch, ms (`verdict gateway
+    /// --kafka-linger-ms`).
+    #[arg(long, default_value_t = verdict::gateway::KAFKA_LINGER_MS)]
+    pub kafka_linger_ms: u32,
+    /// Envoy's worker threads (its --concurrency; Envoy's own default is one per core).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub envoy_workers: u16,
 }
 
 /// A service behind Envoy: its figures and what it adds to Envoy alone.
@@ -91,6 +97,8 @@ pub struct EnvoyBenchReport {
     pub seconds_per_round: u64,
     /// Rounds per phase.
     pub rounds: u32,
+    /// Envoy's worker threads.
+    pub envoy_workers: u16,
     /// Keys.
     pub keys: u32,
     /// The paced phase's rate.
@@ -103,6 +111,8 @@ pub struct EnvoyBenchReport {
     pub verdict: ServiceFigures,
     /// verdict's closed-loop requests/s over envoyproxy/ratelimit's (the budget: at least 2).
     pub verdict_vs_ratelimit_rps: f64,
+    /// verdict's decisions: by Redis, and by its local fallback (Redis past the deadline).
+    pub verdict_decisions: (u64, u64),
     /// verdict's events: where they went, sent, dropped, failed.
     pub events: (&'static str, u64, u64, u64),
     /// Requests not answered 200.
@@ -118,43 +128,52 @@ pub async fn run(args: EnvoyBenchArgs) -> anyhow::Result<()> {
 
 async fn bench(args: &EnvoyBenchArgs) -> anyhow::Result<EnvoyBenchReport> {
     let upstream = spawn_upstream().await?;
-    // verdict: a gateway without an upstream, its rate limit service on loopback.
+    // verdict: `verdict gateway` without an upstream, its rate limit service on loopback,
+    // deciding under the configuration imported as `verdict policy import-envoy` writes it.
     let imported = verdict_rls::import::import("bench.yaml", CONFIG)?;
-    let store = RedisStore::connect(&args.redis_store.config(&args.redis))
-        .await
-        .with_context(|| format!("connecting to Redis at {}", args.redis))?;
-    let metrics = Arc::new(LimiterMetrics::new());
-    let now = chrono::Utc::now().timestamp_millis();
-    let built = GatewayBuilder::deciding_for(None).build(
-        GatewayStore::Redis(store),
-        PolicyHandle::new(PolicySnapshot::build(imported.policy)?, now),
-        Arc::clone(&metrics),
-        KeyDirectory::default(),
-    );
-    let mut events = built.events;
-    let drain = match &args.kafka_brokers {
-        Some(brokers) => verdict::gateway::drain_to_kafka(
-            events,
-            brokers,
-            &args.kafka_topic,
-            Duration::from_secs(10),
-            &metrics,
-        )?,
-        None => tokio::spawn(async move { while events.recv().await.is_some() {} }),
+    let dir = tempfile::tempdir().context("a temporary folder")?;
+    let file = |name: &str, text: &str| -> anyhow::Result<String> {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        Ok(path.display().to_string())
     };
-    let rls = verdict_rls::Rls::new(
-        Arc::new(built.gateway),
-        RlsConfig {
-            descriptors: imported.descriptors,
-            ..RlsConfig::default()
-        },
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let ours = listener.local_addr()?.port();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(verdict_rls::serve(listener, Arc::new(rls), async move {
-        let _ = stopped.await;
-    }));
+    let policy = file("policy.toml", &toml::to_string(&imported.policy)?)?;
+    let descriptors = file("descriptors.toml", &toml::to_string(&imported.descriptors)?)?;
+    let keys = file("keys.csv", "api_key,key_id,tier\n")?;
+    let (http, ours) = (free_port(), free_port());
+    let mut gateway_args = vec![
+        "gateway".to_owned(),
+        format!("--listen=127.0.0.1:{http}"),
+        format!("--rls-listen=127.0.0.1:{ours}"),
+        format!("--keys-file={keys}"),
+        format!("--policy-file={policy}"),
+        format!("--rls-descriptors={descriptors}"),
+        format!("--redis={}", args.redis),
+    ];
+    gateway_args.extend(args.redis_store.to_args());
+    if let Some(brokers) = &args.kafka_brokers {
+        gateway_args.extend([
+            format!("--kafka-brokers={brokers}"),
+            format!("--kafka-topic={}", args.kafka_topic),
+            format!("--kafka-linger-ms={}", args.kafka_linger_ms),
+        ]);
+    }
+    let log = dir.path().join("verdict.log");
+    // Its events go to Kafka only with --kafka-brokers: not to brokers named in the
+    // environment (scripts/env.sh names the local one).
+    let gateway = Command::new(sibling("verdict")?)
+        .args(&gateway_args)
+        .env_remove("VERDICT_KAFKA_BROKERS")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()
+        .context("starting verdict gateway")?;
+    let mut children = Children(vec![gateway]);
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_listening(ours, Duration::from_secs(30))
+        .await
+        .with_context(|| format!("verdict's rate limit service; its log:\n{}", log_text()))?;
     // envoyproxy/ratelimit on the same Redis.
     let redis_host = args
         .redis
@@ -171,6 +190,7 @@ async fn bench(args: &EnvoyBenchArgs) -> anyhow::Result<EnvoyBenchReport> {
             (to_peer, Some(peer_port)),
             (to_verdict, Some(ours)),
         ],
+        args.envoy_workers,
         free_port(),
         upstream.port(),
         "bench",
@@ -190,36 +210,55 @@ async fn bench(args: &EnvoyBenchArgs) -> anyhow::Result<EnvoyBenchReport> {
         added_p50_ms: paced[i].service_p50_ms - paced[0].service_p50_ms,
         added_p99_ms: paced[i].service_p99_ms - paced[0].service_p99_ms,
     };
-    let report_events = |metrics: &LimiterMetrics| {
-        (
-            if args.kafka_brokers.is_some() {
-                "kafka"
-            } else {
-                "discarded"
-            },
-            metrics.events_sent.get(),
-            metrics.events_dropped.get(),
-            metrics.events_failed.get(),
-        )
-    };
     drop(envoy);
     drop(peer);
-    let _ = stop.send(());
-    served.await??;
-    let _ = tokio::time::timeout(Duration::from_secs(30), drain).await;
-    let decided = metrics
-        .decisions
-        .get_metric_with_label_values(&["allowed", "counter_store"])?
-        .get();
-    if decided == 0 {
-        bail!("verdict made no decision: the bench measured nothing");
+    // What verdict decided, from its metrics; then SIGTERM, and its account of the events
+    // once it has flushed them.
+    let metrics = reqwest::get(format!("http://127.0.0.1:{http}/metrics"))
+        .await
+        .context("verdict's /metrics")?
+        .text()
+        .await?;
+    let decided = |source: &str| {
+        let series = format!("verdict_decisions_total{{source=\"{source}\",verdict=\"allowed\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&series)?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let verdict_decisions = (decided("counter_store"), decided("local_fallback"));
+    if verdict_decisions.0 == 0 {
+        bail!(
+            "verdict made no decision in Redis: the bench measured nothing; its log:\n{}",
+            log_text()
+        );
     }
+    for child in &mut children.0 {
+        let stopped = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()?;
+        anyhow::ensure!(stopped.success(), "could not signal verdict gateway");
+        child.wait()?;
+    }
+    let text = log_text();
+    let stopped = text
+        .lines()
+        .find(|l| l.contains("gateway stopped"))
+        .with_context(|| format!("verdict gateway did not log its stop:\n{text}"))?;
+    let field = |name: &str| -> anyhow::Result<u64> {
+        stopped
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("no {name}= in {stopped:?}"))
+    };
     Ok(EnvoyBenchReport {
         bench: "envoy",
         cores: std::thread::available_parallelism().map_or(1, usize::from),
         concurrency: args.load.concurrency,
         seconds_per_round: args.load.seconds,
         rounds: args.load.rounds,
+        envoy_workers: args.envoy_workers,
         keys: args.load.keys,
         rate,
         envoy_alone: (closed_loop[0].clone(), paced[0].clone()),
@@ -227,7 +266,17 @@ async fn bench(args: &EnvoyBenchArgs) -> anyhow::Result<EnvoyBenchReport> {
             / closed_loop[1].requests_per_s.max(1e-9),
         envoyproxy_ratelimit: service(1),
         verdict: service(2),
-        events: report_events(&metrics),
+        verdict_decisions,
+        events: (
+            if args.kafka_brokers.is_some() {
+                "kafka"
+            } else {
+                "discarded"
+            },
+            field("events_sent")?,
+            field("events_dropped")?,
+            field("events_failed")?,
+        ),
         errors,
     })
 }

@@ -240,6 +240,7 @@ async fn bench(args: &GatewayBenchArgs) -> anyhow::Result<GatewayBenchReport> {
             events,
             brokers,
             &args.kafka_topic,
+            verdict::gateway::KAFKA_LINGER_MS,
             std::time::Duration::from_secs(10),
             &metrics,
         )?,

@@ -95,3 +95,31 @@ pub fn sibling(name: &str) -> anyhow::Result<PathBuf> {
     );
     Ok(path)
 }
+
+/// Child processes, killed and waited for when dropped (however the bench ends).
+pub struct Children(pub Vec<std::process::Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Waits until something accepts connections on loopback `port`, at most `within`.
+pub async fn wait_listening(port: u16, within: std::time::Duration) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + within;
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "nothing listens on port {port} after {within:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    Ok(())
+}

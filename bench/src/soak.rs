@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::shared::{Children, wait_listening};
 use anyhow::{Context, bail};
 use axum::body::Body;
 use clap::Args;
@@ -475,18 +476,6 @@ struct SoakReport {
 /// split four ways).
 const STANDARD: (i64, f64, i64) = (20, 0.5, 600);
 const TENANT: (i64, f64, i64) = (400, 40.0, 100_000);
-
-/// Child processes, stopped (SIGKILL) when dropped, whatever ends the run.
-struct Children(Vec<Child>);
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 /// The key id of API key `n` in this run.
 fn key_id(salt: u64, n: u32) -> KeyId {
@@ -1127,20 +1116,6 @@ fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
-}
-
-async fn wait_listening(port: u16, within: Duration) -> anyhow::Result<()> {
-    let deadline = Instant::now() + within;
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        if Instant::now() > deadline {
-            bail!("nothing listens on port {port} after {within:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(())
 }
 
 /// A gateway's last account line (`gateway stopped decisions=… events_sent=…`).

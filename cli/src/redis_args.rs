@@ -47,6 +47,23 @@ impl RedisStoreArgs {
             ..RedisStoreConfig::default()
         }
     }
+
+    /// These options as a command line, for a `verdict gateway` started with them.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut args = vec![
+            format!("--redis-connections={}", self.redis_connections),
+            format!(
+                "--redis-calls-per-connection={}",
+                self.redis_calls_per_connection
+            ),
+            format!("--redis-max-batch={}", self.redis_max_batch),
+            format!("--redis-timeout-ms={}", self.redis_timeout_ms),
+        ];
+        if let Some(layout) = self.redis_key_groups {
+            args.push(format!("--redis-key-groups={}", layout.groups()));
+        }
+        args
+    }
 }
 
 /// `--redis-key-groups`: a number of groups, 1 to 2^24.

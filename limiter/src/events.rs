@@ -1,7 +1,7 @@
 //! One `DecisionEvent` per decision, on a bounded queue that never blocks the decision: when
 //! it is full the event is dropped and counted (telemetry is the one thing allowed to be
 //! lossy). A background task drains the queue into an [`EventSink`]: Kafka
-//! (`verdict_events_kafka::KafkaSink`: idempotent, lz4, lingering a few ms, keyed by key id)
+//! (`verdict_events_kafka::KafkaSink`: idempotent, lz4, lingering 50 ms, keyed by key id)
 //! or an in-process channel for the embedded default ([`ChannelSink`]).
 
 use std::sync::Arc;

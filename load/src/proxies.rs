@@ -138,10 +138,10 @@ fn installed(service: &str) -> PathBuf {
     binary(service).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// Envoy with a listener on `listen` routing every path to `upstream`, its `ratelimit`
-/// filter asking the rate limit service on `rls` (gRPC, domain `domain`, a 250 ms timeout,
-/// failing open) with the virtual host's `rate_limits` (YAML, indented for its place), and
-/// its admin on `admin`.
+/// Envoy (one worker thread) with a listener on `listen` routing every path to `upstream`,
+/// its `ratelimit` filter asking the rate limit service on `rls` (gRPC, domain `domain`, a
+/// 250 ms timeout, failing open) with the virtual host's `rate_limits` (YAML, indented for
+/// its place), and its admin on `admin`.
 pub fn envoy(
     listen: u16,
     admin: u16,
@@ -150,14 +150,22 @@ pub fn envoy(
     domain: &str,
     rate_limits: &str,
 ) -> Proxy {
-    envoy_beside(&[(listen, Some(rls))], admin, upstream, domain, rate_limits)
+    envoy_beside(
+        &[(listen, Some(rls))],
+        1,
+        admin,
+        upstream,
+        domain,
+        rate_limits,
+    )
 }
 
-/// One Envoy with a listener per (port, rate limit service port) pair, each as [`envoy`]
-/// makes its one: the same filter and descriptors in front of different services; a
-/// listener without a service has no rate limit filter (Envoy alone).
+/// One Envoy of `workers` worker threads with a listener per (port, rate limit service
+/// port) pair, each as [`envoy`] makes its one: the same filter and descriptors in front of
+/// different services; a listener without a service has no rate limit filter (Envoy alone).
 pub fn envoy_beside(
     listeners: &[(u16, Option<u16>)],
+    workers: u16,
     admin: u16,
     upstream: u16,
     domain: &str,
@@ -244,7 +252,7 @@ static_resources:
             "-c",
             "{dir}/envoy.yaml",
             "--concurrency",
-            "1",
+            &workers.to_string(),
             "--log-level",
             "warn",
             "--base-id",

@@ -308,6 +308,7 @@ async fn across_a_window_edge_fixed_windows_admit_twice_the_limit_and_verdict_do
     let api = upstream().await;
     let envoy = verdict_load::proxies::envoy_beside(
         &[(to_peer, Some(peer_port)), (to_verdict, Some(ours))],
+        1,
         admin,
         api.port(),
         "edge",
