@@ -43,7 +43,8 @@ pub struct GatewayArgs {
     pub rls_listen: Option<SocketAddr>,
     /// How the rate limit service maps descriptors (TOML: the entries carrying the API key,
     /// key id, tier, route class and path, and imported rules; see `verdict policy
-    /// import-envoy`). Default: entries `api_key`, `key_id`, `tier`, `route_class`, `path`.
+    /// import-envoy`), re-read every 5 s: a change is in force once it reads whole. Default:
+    /// entries `api_key`, `key_id`, `tier`, `route_class`, `path`.
     #[arg(long, requires = "rls_listen")]
     pub rls_descriptors: Option<PathBuf>,
     /// What the rate limit service answers a descriptor that does not map: allow (and count
@@ -293,6 +294,13 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("binding --rls-listen {addr}"))?;
             tracing::info!(listen = %listener.local_addr()?, "rate limit service listening (gRPC, envoy.service.ratelimit.v3)");
             let rls = Arc::new(verdict_rls::Rls::new(Arc::clone(&gateway), cfg));
+            if let Some(path) = &args.rls_descriptors {
+                Arc::clone(&rls).spawn_descriptor_refresher(
+                    path.clone(),
+                    args.rls_unmapped,
+                    Duration::from_secs(5),
+                );
+            }
             Some(tokio::spawn(verdict_rls::serve(
                 listener,
                 rls,

@@ -161,24 +161,41 @@ pub fn spawn_key_refresher(
     dir: KeyDirectory,
     every: Duration,
 ) -> tokio::task::JoinHandle<()> {
+    let name = path.display().to_string();
+    watch_file(path, every, move |text| match parse(&name, text) {
+        Ok(keys) => {
+            tracing::info!(keys = keys.len(), "key directory updated");
+            dir.current.store(Arc::new(keys));
+        }
+        Err(e) => tracing::warn!(error = %e, "key directory not refreshed; the last stays"),
+    })
+}
+
+/// Re-reads the file at `path` every `every` and hands its text to `changed` whenever it
+/// differs from the text handed last (or read at the start): a file an operator edits while
+/// the gateway runs (the key directory, the rate limit service's descriptors). A file that
+/// cannot be read is said in the log and tried again at the next tick.
+pub fn watch_file(
+    path: PathBuf,
+    every: Duration,
+    mut changed: impl FnMut(&str) + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut last = std::fs::read_to_string(&path).ok();
         let mut ticker = tokio::time::interval(every);
         loop {
             ticker.tick().await;
             let p = path.clone();
-            let result = tokio::task::spawn_blocking(move || read(&p)).await;
-            match result {
-                Ok(Ok((text, keys))) if last.as_deref() != Some(text.as_str()) => {
-                    tracing::info!(keys = keys.len(), "key directory updated");
-                    dir.current.store(Arc::new(keys));
+            match tokio::task::spawn_blocking(move || std::fs::read_to_string(&p)).await {
+                Ok(Ok(text)) if last.as_deref() != Some(text.as_str()) => {
+                    changed(&text);
                     last = Some(text);
                 }
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "key directory not refreshed; the last stays")
+                    tracing::warn!(file = %path.display(), error = %e, "could not re-read the file; what it said last stays");
                 }
-                Err(e) => tracing::warn!(error = %e, "key directory refresh task failed"),
+                Err(e) => tracing::warn!(error = %e, "a file's refresh task failed"),
             }
         }
     })

@@ -29,9 +29,11 @@
 //! `UNAVAILABLE` (Envoy's `failure_mode_deny` then decides, allowing by default), and no
 //! call to the counters waits longer than the limiter's own deadline.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
@@ -129,14 +131,20 @@ impl RlsMetrics {
 /// The rate limit service over a gateway's limiter, key directory and routes.
 pub struct Rls<S> {
     gateway: Arc<Gateway<S>>,
-    cfg: RlsConfig,
+    /// How descriptors map now ([`Rls::set_descriptors`] replaces it; a request keeps the
+    /// map it started with).
+    descriptors: ArcSwap<DescriptorMap>,
+    queue_deadline: Duration,
     turns: Semaphore,
     metrics: RlsMetrics,
 }
 
 impl<S> std::fmt::Debug for Rls<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Rls").field("cfg", &self.cfg).finish()
+        f.debug_struct("Rls")
+            .field("descriptors", &self.descriptors.load())
+            .field("queue_deadline", &self.queue_deadline)
+            .finish()
     }
 }
 
@@ -157,9 +165,20 @@ impl<S: CounterStore> Rls<S> {
         Self {
             turns: Semaphore::new(cfg.max_in_flight.max(1)),
             gateway,
-            cfg,
+            descriptors: ArcSwap::from_pointee(cfg.descriptors),
+            queue_deadline: cfg.queue_deadline,
             metrics,
         }
+    }
+
+    /// How descriptors map now.
+    pub fn descriptors(&self) -> Arc<DescriptorMap> {
+        self.descriptors.load_full()
+    }
+
+    /// Maps descriptors by `map` from the next request on.
+    pub fn set_descriptors(&self, map: DescriptorMap) {
+        self.descriptors.store(Arc::new(map));
     }
 
     /// Its metrics.
@@ -167,10 +186,37 @@ impl<S: CounterStore> Rls<S> {
         &self.metrics
     }
 
+    /// Re-reads the descriptors file at `path` every `every`, and maps by it from the next
+    /// request on once it has changed and reads whole (`unmapped`, when given, overriding
+    /// the file's rule as `--rls-unmapped` does). A file that does not read leaves the map
+    /// in force, and the log says why.
+    pub fn spawn_descriptor_refresher(
+        self: Arc<Self>,
+        path: PathBuf,
+        unmapped: Option<Unmapped>,
+        every: Duration,
+    ) -> tokio::task::JoinHandle<()>
+    where
+        S: Send + Sync + 'static,
+    {
+        let name = path.display().to_string();
+        verdict_gateway::keys::watch_file(path, every, move |text| {
+            match DescriptorMap::from_toml(&name, text) {
+                Ok(mut map) => {
+                    if let Some(u) = unmapped {
+                        map.unmapped = u;
+                    }
+                    tracing::info!(file = %name, rules = map.rules.len(), "descriptors updated");
+                    self.set_descriptors(map);
+                }
+                Err(e) => tracing::warn!(error = %e, "descriptors not refreshed; the last stay"),
+            }
+        })
+    }
+
     /// Answers one request (the gRPC method without its transport).
     pub async fn decide(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, Unavailable> {
-        let Ok(Ok(_turn)) =
-            tokio::time::timeout(self.cfg.queue_deadline, self.turns.acquire()).await
+        let Ok(Ok(_turn)) = tokio::time::timeout(self.queue_deadline, self.turns.acquire()).await
         else {
             self.metrics
                 .requests
@@ -181,7 +227,7 @@ impl<S: CounterStore> Rls<S> {
         let started = Instant::now();
         let limiter = self.gateway.limiter();
         let policy = limiter.policy().load();
-        let map = &self.cfg.descriptors;
+        let map = self.descriptors.load();
         let placed: Vec<Result<Placed, Miss>> = req
             .descriptors
             .iter()
@@ -201,35 +247,40 @@ impl<S: CounterStore> Rls<S> {
             })
             .collect();
         let replaced = map.replaced(placed.iter().filter_map(|p| p.as_ref().ok()));
-        let mut parts = Vec::with_capacity(placed.len());
-        for (d, p) in req.descriptors.iter().zip(placed) {
-            let part = match p {
-                Err(miss) => Part::Unmapped(miss),
-                Ok(p) if p.rule.is_some_and(|r| replaced.contains(&r)) => Part::Replaced,
-                Ok(p) => {
-                    // The request's hits_addend of 0 is unset, meaning 1; a descriptor's is
-                    // set when present, 0 included (a check that counts nothing).
-                    let hits = d
-                        .hits_addend
-                        .map_or(u64::from(req.hits_addend.max(1)), |h| h.value);
-                    let hits = u32::try_from(hits).unwrap_or(u32::MAX);
-                    let caller = d
-                        .entries
-                        .iter()
-                        .find(|e| e.key == "remote_address")
-                        .map_or(&[][..], |e| e.value.as_bytes());
-                    let request = Request {
-                        key_id: p.key_id,
-                        route_class: p.route_class,
-                        tier: p.tier,
-                        caller,
-                    };
-                    Part::Decided(Box::new(
-                        limiter.check_hits_under(&policy, &request, hits).await,
-                    ))
+        // The descriptors are decided together: their calls to the counters go out at once
+        // (in one script call when they share a lane), not one round trip after another.
+        let parts =
+            futures::future::join_all(req.descriptors.iter().zip(placed).map(|(d, p)| async {
+                match p {
+                    Err(miss) => Part::Unmapped(miss),
+                    Ok(p) if p.rule.is_some_and(|r| replaced.contains(&r)) => Part::Replaced,
+                    Ok(p) => {
+                        // The request's hits_addend of 0 is unset, meaning 1; a descriptor's is
+                        // set when present, 0 included (a check that counts nothing).
+                        let hits = d
+                            .hits_addend
+                            .map_or(u64::from(req.hits_addend.max(1)), |h| h.value);
+                        let hits = u32::try_from(hits).unwrap_or(u32::MAX);
+                        let caller = d
+                            .entries
+                            .iter()
+                            .find(|e| e.key == "remote_address")
+                            .map_or(&[][..], |e| e.value.as_bytes());
+                        let request = Request {
+                            key_id: p.key_id,
+                            route_class: p.route_class,
+                            tier: p.tier,
+                            caller,
+                        };
+                        Part::Decided(Box::new(
+                            limiter.check_hits_under(&policy, &request, hits).await,
+                        ))
+                    }
                 }
-            };
-            let outcome = match &part {
+            }))
+            .await;
+        for part in &parts {
+            let outcome = match part {
                 Part::Unmapped(miss) => format!("unmapped_{}", miss.label()),
                 Part::Replaced => "replaced".to_owned(),
                 Part::Decided(_) => "decided".to_owned(),
@@ -238,9 +289,8 @@ impl<S: CounterStore> Rls<S> {
                 .descriptors
                 .with_label_values(&[outcome.as_str()])
                 .inc();
-            parts.push(part);
         }
-        let response = self.answer(&parts);
+        let response = self.answer(&parts, map.unmapped);
         let code = if response.overall_code == Code::OverLimit as i32 {
             "over_limit"
         } else {
@@ -253,8 +303,7 @@ impl<S: CounterStore> Rls<S> {
         Ok(response)
     }
 
-    fn answer(&self, parts: &[Part]) -> RateLimitResponse {
-        let unmapped = self.cfg.descriptors.unmapped;
+    fn answer(&self, parts: &[Part], unmapped: Unmapped) -> RateLimitResponse {
         let statuses: Vec<DescriptorStatus> = parts
             .iter()
             .map(|part| match part {

@@ -23,15 +23,22 @@ use verdict_schemas::{KeyId, Verdict};
 
 const POLICY: &str = include_str!("../fixtures/policies/rls.toml");
 
-/// A service on loopback with `map`, and the far end of its event queue.
-async fn service(
-    map: DescriptorMap,
-) -> (
+/// A client of a service on loopback, the far end of its event queue, the limiter's
+/// metrics and the service's address.
+type Served = (
     RateLimitServiceClient<Channel>,
     EventReceiver,
     Arc<LimiterMetrics>,
     SocketAddr,
-) {
+);
+
+/// A service on loopback with `map`.
+async fn service(map: DescriptorMap) -> Served {
+    serving(map).await.0
+}
+
+/// The same, and the service.
+async fn serving(map: DescriptorMap) -> (Served, Arc<verdict_rls::Rls<GatewayStore>>) {
     let metrics = Arc::new(LimiterMetrics::new());
     let policy = PolicyHandle::new(
         PolicySnapshot::build(parse_toml(POLICY).unwrap()).unwrap(),
@@ -50,24 +57,24 @@ async fn service(
         Arc::clone(&metrics),
         KeyDirectory::new(keys),
     );
-    let rls = verdict_rls::Rls::new(
+    let rls = Arc::new(verdict_rls::Rls::new(
         Arc::new(built.gateway),
         RlsConfig {
             descriptors: map,
             ..RlsConfig::default()
         },
-    );
+    ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(verdict_rls::serve(
         listener,
-        Arc::new(rls),
+        Arc::clone(&rls),
         std::future::pending(),
     ));
     let client = RateLimitServiceClient::connect(format!("http://{addr}"))
         .await
         .unwrap();
-    (client, built.events, metrics, addr)
+    ((client, built.events, metrics, addr), rls)
 }
 
 fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
@@ -209,6 +216,48 @@ async fn hits_addend_takes_that_many_and_zero_only_checks() {
         [Allowed, Allowed, Denied, Allowed, Allowed, Allowed, Denied],
         "one event per decision, whatever its hits"
     );
+}
+
+#[tokio::test]
+async fn a_changed_descriptors_file_is_in_force_at_the_next_read_and_a_broken_one_changes_nothing()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("descriptors.toml");
+    let write = |text: &str| std::fs::write(&file, text).unwrap();
+    write("api_key = \"user\"\n");
+    let map = DescriptorMap::from_toml("descriptors.toml", "api_key = \"user\"\n").unwrap();
+    let ((mut client, _, metrics, _), rls) = serving(map).await;
+    let every = std::time::Duration::from_millis(50);
+    Arc::clone(&rls).spawn_descriptor_refresher(file.clone(), None, every);
+    let no_key = "verdict_rls_descriptors_total{outcome=\"unmapped_no_key\"}";
+    let by = |entry: &'static str| [(entry, "k-free"), ("route_class", "read")];
+    // What is left of the key's bucket of 3 after a request naming it by `entry`; None
+    // when the descriptor did not map.
+    let mut left = async |entry: &'static str| {
+        let before = metric(&metrics, no_key).unwrap_or(0);
+        let r = ask(&mut client, &[&by(entry)]).await;
+        (metric(&metrics, no_key).unwrap_or(0) == before).then_some(r.statuses[0].limit_remaining)
+    };
+    assert_eq!(left("user").await, Some(2));
+    assert_eq!(left("account").await, None);
+
+    write("api_key = \"account\"\n");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while rls.descriptors().api_key != "account" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the change was not read"
+        );
+        tokio::time::sleep(every).await;
+    }
+    assert_eq!(left("account").await, Some(1));
+    assert_eq!(left("user").await, None);
+
+    // A file that does not read: the map in force stays, through several reads.
+    write("api_key = [\n");
+    tokio::time::sleep(every * 4).await;
+    assert_eq!(rls.descriptors().api_key, "account");
+    assert_eq!(left("account").await, Some(0));
 }
 
 #[tokio::test]
