@@ -59,9 +59,13 @@ enum BenchCommand {
     /// Days of raw decisions and a month of rollups and overage (scaled down; flags to
     /// scale), then every named report and a few ad-hoc queries, each timed in DataFusion
     /// and in DuckDB (from PyPI) on the same files with the same SQL; prints one JSON line
-    /// per query with p50_ms, rows_scanned, rows and vs_duckdb (ours ÷ DuckDB's time), and
-    /// the same queries in a process of ours with memory counting off, in turns with ours:
-    /// uncounted_p50_ms and vs_uncounted (what the counting costs).
+    /// per query with p50_ms, rows_scanned, rows and vs_duckdb (ours ÷ DuckDB's time), for
+    /// each report its served form too (its first levels kept in parts, as the query
+    /// service answers: served_first_ms computing them, served_p50_ms finding them kept,
+    /// served_vs_duckdb), and the same queries in a process of ours with memory counting
+    /// off, in turns with ours: uncounted_p50_ms and vs_uncounted (what the counting
+    /// costs). A statement ours cannot answer (past its memory limit, say) is reported in
+    /// `error` and the bench goes on.
     Query(query::QueryBenchArgs),
     /// The engine of `bench query` in a process of its own, over a lake `bench query`
     /// wrote: it runs a query of the spec whenever its name comes on standard input and

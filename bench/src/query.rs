@@ -79,10 +79,20 @@ struct QueryResult {
     bench: &'static str,
     query: String,
     kind: &'static str,
-    p50_ms: f64,
-    min_ms: f64,
-    rows: usize,
-    rows_scanned: u64,
+    /// Ours on the statement DuckDB runs (a report's portable one); none when it failed.
+    p50_ms: Option<f64>,
+    min_ms: Option<f64>,
+    rows: Option<usize>,
+    rows_scanned: Option<u64>,
+    /// Why ours failed on that statement (a report's portable form past the memory limit
+    /// at a large size, say); the bench goes on.
+    error: Option<String>,
+    /// A report as the query service answers it (its first levels kept in parts): the first
+    /// run, computing the parts, then the median of the runs that find them kept.
+    served_first_ms: Option<f64>,
+    served_p50_ms: Option<f64>,
+    /// served_p50_ms ÷ duckdb_p50_ms.
+    served_vs_duckdb: Option<f64>,
     duckdb_p50_ms: Option<f64>,
     duckdb_rows: Option<usize>,
     vs_duckdb: Option<f64>,
@@ -248,11 +258,18 @@ fn ts(ms: i64) -> String {
         .unwrap_or_default()
 }
 
-/// The queries: every named report over its table's whole window, and a few ad-hoc ones.
-async fn queries(
-    engine: &Engine,
-    args: &QueryBenchArgs,
-) -> anyhow::Result<Vec<(String, &'static str, String)>> {
+/// One query of the bench: its name, kind, the statement both engines run, and for a
+/// report the statement the query service runs.
+struct BenchQuery {
+    name: String,
+    kind: &'static str,
+    sql: String,
+    served: Option<String>,
+}
+
+/// The queries: every named report over its table's whole window (its portable statement,
+/// and the served one), and a few ad-hoc ones.
+async fn queries(engine: &Engine, args: &QueryBenchArgs) -> anyhow::Result<Vec<BenchQuery>> {
     let rollup_days = args.rollup_days.max(args.raw_days);
     let raw_from = ts(END_MS - i64::from(args.raw_days) * 86_400_000);
     let rollup_from = ts(END_MS - i64::from(rollup_days) * 86_400_000);
@@ -269,30 +286,38 @@ async fn queries(
             ("to".to_string(), to.clone()),
         ]
         .into();
-        out.push((
-            report.name.to_string(),
-            "report",
+        out.push(BenchQuery {
+            name: report.name.to_string(),
+            kind: "report",
             // The statement DuckDB runs too: the limit review reads the decisions all the
             // way, not the query service's kept parts.
-            engine
+            sql: engine
                 .report_sql(report.name, &params, Form::Portable)
                 .await?,
-        ));
+            served: Some(
+                engine
+                    .report_sql(report.name, &params, Form::Served)
+                    .await?,
+            ),
+        });
     }
+    let adhoc = |name: &str, sql: String| BenchQuery {
+        name: name.to_owned(),
+        kind: "adhoc",
+        sql,
+        served: None,
+    };
     let last_day = ts(END_MS - 86_400_000)[..10].to_string();
-    out.push((
-        "adhoc-daily-verdicts".into(),
-        "adhoc",
+    out.push(adhoc(
+        "adhoc-daily-verdicts",
         "SELECT date, verdict, COUNT(*) AS decisions FROM decisions GROUP BY date, verdict ORDER BY date, verdict".into(),
     ));
-    out.push((
-        "adhoc-last-day-hourly-refusals".into(),
-        "adhoc",
+    out.push(adhoc(
+        "adhoc-last-day-hourly-refusals",
         format!("SELECT hour, tier, SUM(CASE WHEN verdict <> 0 THEN 1 ELSE 0 END) AS refused, COUNT(*) AS decisions FROM decisions WHERE date = DATE '{last_day}' GROUP BY hour, tier ORDER BY hour, tier"),
     ));
-    out.push((
-        "adhoc-month-refusals-by-limit".into(),
-        "adhoc",
+    out.push(adhoc(
+        "adhoc-month-refusals-by-limit",
         "SELECT tier, route_class, SUM(denied) AS denied, SUM(would_deny) AS would_deny, COUNT(DISTINCT key_id) AS keys FROM denied_hourly GROUP BY tier, route_class ORDER BY tier, route_class".into(),
     ));
     Ok(out)
@@ -307,7 +332,11 @@ pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string(&set)?);
 
     let engine = lake_engine(&root, threads)?;
-    let queries = queries(&engine, &args).await?;
+    let bench_queries = queries(&engine, &args).await?;
+    let queries: Vec<(String, &'static str, String)> = bench_queries
+        .iter()
+        .map(|q| (q.name.clone(), q.kind, q.sql.clone()))
+        .collect();
 
     // DuckDB runs beside us: each timed run of ours is followed by one of DuckDB's, so a
     // machine that speeds up or slows down during the bench weighs on both alike.
@@ -331,17 +360,25 @@ pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
     } else {
         Some(DuckDb::start_peer(&root, &queries, threads)?)
     };
-    for (name, kind, sql) in &queries {
-        let first = engine
-            .collect(sql, &RunOptions::default())
-            .await
-            .with_context(|| format!("query {name}"))?;
-        let (rows, scanned) = (first.rows(), first.rows_read);
+    for BenchQuery {
+        name,
+        kind,
+        sql,
+        served,
+    } in &bench_queries
+    {
+        // Ours on the statement DuckDB runs; a failure (past the memory limit, say) is
+        // reported and the bench goes on.
+        let first = engine.collect(sql, &RunOptions::default()).await;
+        let (ours, error) = match first {
+            Ok(c) => (Some((c.rows(), c.rows_read)), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
         let mut duck_rows = None;
         if let Some(d) = duck.as_mut() {
             duck_rows = Some(d.run(name)?.rows);
         }
-        if let Some(u) = uncounted.as_mut() {
+        if let (Some(u), Some((rows, _))) = (uncounted.as_mut(), ours) {
             let theirs = u.run(name)?.rows;
             anyhow::ensure!(
                 theirs == rows,
@@ -350,35 +387,70 @@ pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
         }
         let (mut times, mut duck_times, mut uncounted_times) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..args.runs {
-            let t = Instant::now();
-            engine.collect(sql, &RunOptions::default()).await?;
-            times.push(t.elapsed().as_secs_f64() * 1000.0);
-            if let Some(u) = uncounted.as_mut() {
-                uncounted_times.push(u.run(name)?.seconds * 1000.0);
+            if ours.is_some() {
+                let t = Instant::now();
+                engine.collect(sql, &RunOptions::default()).await?;
+                times.push(t.elapsed().as_secs_f64() * 1000.0);
+                if let Some(u) = uncounted.as_mut() {
+                    uncounted_times.push(u.run(name)?.seconds * 1000.0);
+                }
             }
             if let Some(d) = duck.as_mut() {
                 duck_times.push(d.run(name)?.seconds * 1000.0);
             }
         }
-        let min = times.iter().copied().fold(f64::INFINITY, f64::min);
-        let p50 = median(&times);
-        let duck_p50 = duck.is_some().then(|| median(&duck_times));
-        let uncounted_p50 = uncounted.is_some().then(|| median(&uncounted_times));
+        // A report as the service answers it: the first run computes its parts, the others
+        // find them kept. Its rows are the portable statement's.
+        let (mut served_first, mut served_times) = (None, Vec::new());
+        if let Some(served) = served {
+            for run in 0..=args.runs {
+                let t = Instant::now();
+                let c = engine
+                    .collect(served, &RunOptions::default())
+                    .await
+                    .with_context(|| format!("query {name}, served"))?;
+                let ms = t.elapsed().as_secs_f64() * 1000.0;
+                if run == 0 {
+                    served_first = Some(ms);
+                    if let Some((rows, _)) = ours {
+                        anyhow::ensure!(
+                            c.rows() == rows,
+                            "query {name}: served {} rows, portable {rows}",
+                            c.rows()
+                        );
+                    }
+                } else {
+                    served_times.push(ms);
+                }
+            }
+        }
+        let some = |v: &Vec<f64>| (!v.is_empty()).then(|| median(v));
+        let (p50, duck_p50, uncounted_p50, served_p50) = (
+            some(&times),
+            some(&duck_times),
+            some(&uncounted_times),
+            some(&served_times),
+        );
         let result = QueryResult {
             bench: "query",
             query: name.clone(),
             kind,
             p50_ms: p50,
-            min_ms: min,
-            rows,
-            rows_scanned: scanned,
+            min_ms: (!times.is_empty())
+                .then(|| times.iter().copied().fold(f64::INFINITY, f64::min)),
+            rows: ours.map(|(rows, _)| rows),
+            rows_scanned: ours.map(|(_, scanned)| scanned),
+            error,
+            served_first_ms: served_first,
+            served_p50_ms: served_p50,
+            served_vs_duckdb: served_p50.zip(duck_p50).map(|(s, d)| s / d),
             duckdb_p50_ms: duck_p50,
             duckdb_rows: duck_rows,
-            vs_duckdb: duck_p50.map(|d| p50 / d),
+            vs_duckdb: p50.zip(duck_p50).map(|(p, d)| p / d),
             uncounted_p50_ms: uncounted_p50,
-            vs_uncounted: uncounted_p50.map(|u| p50 / u),
+            vs_uncounted: p50.zip(uncounted_p50).map(|(p, u)| p / u),
         };
-        if let Some(d) = duck_rows
+        if let (Some(d), Some((rows, _))) = (duck_rows, ours)
             && d != rows
         {
             tracing::warn!(query = %result.query, ours = rows, duckdb = d, "DuckDB returned a different number of rows");
