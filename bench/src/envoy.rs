@@ -25,7 +25,7 @@ use verdict_load::proxies::{envoy_beside, envoy_ratelimit, free_port};
 use verdict_demo::spawn_upstream;
 
 use super::gateway::{Figures, LoadArgs, Phases};
-use super::shared::{Children, sibling, wait_listening};
+use super::shared::{Account, Children, account, sibling, signal, wait_listening};
 
 /// One configuration for both services: each API key a counter of its own, a billion a
 /// second (no key of the bench comes near it).
@@ -234,24 +234,15 @@ async fn bench(args: &EnvoyBenchArgs) -> anyhow::Result<EnvoyBenchReport> {
         );
     }
     for child in &mut children.0 {
-        let stopped = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()?;
-        anyhow::ensure!(stopped.success(), "could not signal verdict gateway");
+        signal(child, "-TERM")?;
         child.wait()?;
     }
-    let text = log_text();
-    let stopped = text
-        .lines()
-        .find(|l| l.contains("gateway stopped"))
-        .with_context(|| format!("verdict gateway did not log its stop:\n{text}"))?;
-    let field = |name: &str| -> anyhow::Result<u64> {
-        stopped
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix(&format!("{name}=")))
-            .and_then(|v| v.parse().ok())
-            .with_context(|| format!("no {name}= in {stopped:?}"))
-    };
+    let Account {
+        events_sent,
+        events_failed,
+        events_dropped,
+        ..
+    } = account(&log)?;
     Ok(EnvoyBenchReport {
         bench: "envoy",
         cores: std::thread::available_parallelism().map_or(1, usize::from),
@@ -273,9 +264,9 @@ async fn bench(args: &EnvoyBenchArgs) -> anyhow::Result<EnvoyBenchReport> {
             } else {
                 "discarded"
             },
-            field("events_sent")?,
-            field("events_dropped")?,
-            field("events_failed")?,
+            events_sent,
+            events_dropped,
+            events_failed,
         ),
         errors,
     })

@@ -2,11 +2,12 @@
 //! compare DataFusion with DuckDB on the same files.
 
 use std::ffi::OsStr;
-use std::path::PathBuf;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use clap::Args;
+use serde::Serialize;
 
 /// The middle of `values` (of an even count, the upper of the two middle ones); timings,
 /// never NaN.
@@ -120,6 +121,55 @@ pub async fn wait_listening(port: u16, within: std::time::Duration) -> anyhow::R
             "nothing listens on port {port} after {within:?}"
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// One gateway process's own account of its events, from its last log line.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Account {
+    pub decisions: u64,
+    pub events_sent: u64,
+    pub events_failed: u64,
+    pub events_dropped: u64,
+}
+
+/// A gateway's last account line (`gateway stopped decisions=… events_sent=…`).
+pub fn account(log: &Path) -> anyhow::Result<Account> {
+    let text = std::fs::read_to_string(log)?;
+    let line = text
+        .lines()
+        .rfind(|l| l.contains("gateway stopped"))
+        .with_context(|| format!("{} has no final account", log.display()))?;
+    let field = |name: &str| -> anyhow::Result<u64> {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.trim_end_matches(',').parse().ok())
+            .with_context(|| format!("no {name} in {line:?}"))
+    };
+    Ok(Account {
+        decisions: field("decisions")?,
+        events_sent: field("events_sent")?,
+        events_failed: field("events_failed")?,
+        events_dropped: field("events_dropped")?,
+    })
+}
+
+/// Sends `signal` (`-TERM`, `-KILL`…) to `child`.
+pub fn signal(child: &Child, signal: &str) -> anyhow::Result<()> {
+    run_ok(Command::new("kill").args([signal, &child.id().to_string()]))
+}
+
+/// Runs `cmd` to its end (off the runtime's other tasks: starting a broker takes seconds).
+pub fn run_ok(cmd: &mut Command) -> anyhow::Result<()> {
+    let out =
+        tokio::task::block_in_place(|| cmd.output()).with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(())
 }

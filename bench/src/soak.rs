@@ -15,13 +15,13 @@
 //! of its events (decided = sent + failed + dropped) and the raw table against it (each
 //! event sent there exactly once).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::shared::{Children, wait_listening};
+use super::shared::{Account, Children, account, run_ok, signal, wait_listening};
 use anyhow::{Context, bail};
 use axum::body::Body;
 use clap::Args;
@@ -424,15 +424,6 @@ async fn scrape(port: u16) -> Scrape {
         Ok(Ok(text)) => Scrape::parse(&text),
         _ => Scrape::default(),
     }
-}
-
-/// One gateway process's own account of its events, from its last log line.
-#[derive(Debug, Clone, Default, Serialize)]
-struct Account {
-    decisions: u64,
-    events_sent: u64,
-    events_failed: u64,
-    events_dropped: u64,
 }
 
 /// The printed result.
@@ -1093,50 +1084,11 @@ fn signal_tree(pid: u32, signal: &str) -> anyhow::Result<()> {
     run_ok(Command::new("kill").args([signal, &pid.to_string()]))
 }
 
-fn signal(child: &Child, signal: &str) -> anyhow::Result<()> {
-    run_ok(Command::new("kill").args([signal, &child.id().to_string()]))
-}
-
-/// Runs `cmd` to its end (off the runtime's other tasks: starting a broker takes seconds).
-fn run_ok(cmd: &mut Command) -> anyhow::Result<()> {
-    let out =
-        tokio::task::block_in_place(|| cmd.output()).with_context(|| format!("running {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
-}
-
 /// A free loopback port, for a child to listen on.
 fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
-}
-
-/// A gateway's last account line (`gateway stopped decisions=… events_sent=…`).
-fn account(log: &Path) -> anyhow::Result<Account> {
-    let text = std::fs::read_to_string(log)?;
-    let line = text
-        .lines()
-        .rfind(|l| l.contains("gateway stopped"))
-        .with_context(|| format!("{} has no final account", log.display()))?;
-    let field = |name: &str| -> anyhow::Result<u64> {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(&format!("{name}=")))
-            .and_then(|v| v.trim_end_matches(',').parse().ok())
-            .with_context(|| format!("no {name} in {line:?}"))
-    };
-    Ok(Account {
-        decisions: field("decisions")?,
-        events_sent: field("events_sent")?,
-        events_failed: field("events_failed")?,
-        events_dropped: field("events_dropped")?,
-    })
 }
 
 /// A database of the run's own on `base`'s PostgreSQL with the policy: the standard tier
