@@ -330,6 +330,9 @@ pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
     let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(&root)?);
     let set = write_data_set(&store, &root, &args, threads).await?;
     println!("{}", serde_json::to_string(&set)?);
+    // The reports' stored levels of an earlier run go: the served reports below compute
+    // their parts from the decisions, and the levels are stored (and timed) after them.
+    delete_under(store.as_ref(), &Path::from(LEVELS_PREFIX)).await?;
 
     let engine = lake_engine(&root, threads)?;
     let bench_queries = queries(&engine, &args).await?;
@@ -360,6 +363,8 @@ pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
     } else {
         Some(DuckDb::start_peer(&root, &queries, threads)?)
     };
+    // Each report's rows, for the service reading the stored levels to answer the same.
+    let mut answered: BTreeMap<String, usize> = BTreeMap::new();
     for BenchQuery {
         name,
         kind,
@@ -455,9 +460,92 @@ pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
         {
             tracing::warn!(query = %result.query, ours = rows, duckdb = d, "DuckDB returned a different number of rows");
         }
+        if let Some(rows) = result.rows {
+            answered.insert(name.clone(), rows);
+        }
         println!("{}", serde_json::to_string(&result)?);
     }
+    stored_levels(&store, &root, threads, &bench_queries, &answered, &set).await?;
     replay(&engine, &root, &args).await
+}
+
+/// Where `verdict query levels` stores the reports' first levels.
+const LEVELS_PREFIX: &str = "levels";
+
+/// The reports' first levels stored in the lake as `verdict query levels` stores them,
+/// timed, with their bytes beside the raw table's; then each report's first run in a
+/// service started over the lake, which reads the stored parts instead of the decisions and
+/// must answer each report with as many rows as the portable statement (`answered`).
+async fn stored_levels(
+    store: &Arc<dyn ObjectStore>,
+    root: &std::path::Path,
+    threads: usize,
+    queries: &[BenchQuery],
+    answered: &BTreeMap<String, usize>,
+    set: &DataSet,
+) -> anyhow::Result<()> {
+    use futures::TryStreamExt;
+    let writer = lake_engine(root, threads)?;
+    let clock: verdict_lake::Clock = Arc::new(verdict_schemas::SystemClock);
+    let started = Instant::now();
+    let done = writer
+        .write_levels(Arc::clone(store), clock)
+        .await
+        .context("storing the reports' levels")?;
+    let write_seconds = started.elapsed().as_secs_f64();
+    let (mut bytes, mut data_bytes) = (0u64, 0u64);
+    let mut listed = store.list(Some(&Path::from(LEVELS_PREFIX)));
+    while let Some(meta) = listed.try_next().await? {
+        bytes += meta.size;
+        if meta.location.as_ref().ends_with(".parquet") {
+            data_bytes += meta.size;
+        }
+    }
+    let days = u64::from(set.raw_days).max(1);
+    println!(
+        "{}",
+        serde_json::json!({
+            "bench": "query",
+            "levels": true,
+            "written": done.written,
+            "write_seconds": write_seconds,
+            "bytes": bytes,
+            "data_bytes": data_bytes,
+            "bytes_per_day": bytes / days,
+            "raw_bytes_per_day": set.raw_bytes / days,
+            "share_of_raw": bytes as f64 / set.raw_bytes.max(1) as f64,
+        })
+    );
+    // A service started over the lake: each report's first run reads the stored parts.
+    let fresh = lake_engine(root, threads)?;
+    for q in queries {
+        let Some(served) = &q.served else { continue };
+        let started = Instant::now();
+        let c = fresh
+            .collect(served, &RunOptions::default())
+            .await
+            .with_context(|| format!("query {}, served from the stored levels", q.name))?;
+        if let Some(rows) = answered.get(&q.name) {
+            anyhow::ensure!(
+                c.rows() == *rows,
+                "query {}: served from the stored levels {} rows, portable {rows}",
+                q.name,
+                c.rows()
+            );
+        }
+        println!(
+            "{}",
+            serde_json::json!({
+                "bench": "query",
+                "query": q.name,
+                "kind": "stored",
+                "served_stored_first_ms": started.elapsed().as_secs_f64() * 1000.0,
+                "rows": c.rows(),
+                "rows_scanned": c.rows_read,
+            })
+        );
+    }
+    Ok(())
 }
 
 /// The what-if replay over the raw days under the policy in force: end to end (reading the

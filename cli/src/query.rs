@@ -128,6 +128,23 @@ pub enum QueryCommand {
     /// Serve the tables and named reports over HTTP (and, with --pg-listen, over the
     /// PostgreSQL wire protocol) until SIGTERM or Ctrl-C.
     Serve(ServeArgs),
+    /// Store the reports' first levels of every closed day in the lake (`levels/`), so that
+    /// every query service reads a day's part instead of computing it from the day's
+    /// decisions: writes the parts missing or stale (the day's raw files or the policy
+    /// changed since), removes those of days the raw table no longer holds, and exits; or,
+    /// with --every-secs, again at that interval until SIGTERM or Ctrl-C.
+    Levels(LevelsArgs),
+}
+
+/// `verdict query levels`.
+#[derive(Debug, Args)]
+pub struct LevelsArgs {
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Run again at this interval, seconds (0: once, for cron). An hour suits the rollup's
+    /// pace: a closed day changes only by late data and compaction.
+    #[arg(long, default_value_t = 0)]
+    pub every_secs: u64,
 }
 
 /// `verdict query serve`.
@@ -146,8 +163,9 @@ pub struct ServeArgs {
     #[arg(long, env = "VERDICT_QUERY_TOKENS_FILE")]
     pub tokens_file: Option<PathBuf>,
     /// How often the reports' parts of each closed day the raw table holds are made sure of,
-    /// computing those missing or changed (at start, then at this interval), seconds; 0:
-    /// never beforehand, each report computes the parts it needs. See --part-cache-mib.
+    /// reading those `verdict query levels` stored in the lake and computing the others (at
+    /// start, then at this interval), seconds; 0: never beforehand, each report reads or
+    /// computes the parts it needs. See --part-cache-mib.
     #[arg(long, default_value_t = 300)]
     pub warm_parts_every_s: u64,
 }
@@ -156,6 +174,44 @@ pub struct ServeArgs {
 pub async fn run(cmd: QueryCommand) -> anyhow::Result<()> {
     match cmd {
         QueryCommand::Serve(args) => serve(args).await,
+        QueryCommand::Levels(args) => levels(args).await,
+    }
+}
+
+/// `verdict query levels`: stores the first levels of the closed days, once or on an
+/// interval.
+async fn levels(args: LevelsArgs) -> anyhow::Result<()> {
+    let engine = args.engine.open().await?;
+    let lake = args.engine.store.open()?;
+    let clock: verdict_lake::Clock = Arc::new(verdict_schemas::SystemClock);
+    let mut shutdown = std::pin::pin!(crate::signals::shutdown_signal()?);
+    loop {
+        let started = std::time::Instant::now();
+        let done = engine
+            .write_levels(Arc::clone(&lake), Arc::clone(&clock))
+            .await
+            .with_context(|| {
+                format!("storing the reports' levels in {}", args.engine.store.store)
+            })?;
+        tracing::info!(
+            written = done.written,
+            unchanged = done.unchanged,
+            removed = done.removed,
+            deleted = done.deleted,
+            ms = started.elapsed().as_millis() as u64,
+            "the reports' levels of the closed days are stored"
+        );
+        if args.every_secs == 0 {
+            println!(
+                "levels: {} part(s) written, {} unchanged, {} removed (days the raw table no longer holds), {} old file(s) deleted",
+                done.written, done.unchanged, done.removed, done.deleted
+            );
+            return Ok(());
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(args.every_secs)) => {}
+            () = &mut shutdown => return Ok(()),
+        }
     }
 }
 
@@ -199,8 +255,9 @@ async fn warm_parts(engine: verdict_query::Engine, every: Duration) {
         tick.tick().await;
         let started = std::time::Instant::now();
         match engine.warm_parts().await {
-            Ok(w) if w.computed > 0 => tracing::info!(
+            Ok(w) if w.computed + w.read > 0 => tracing::info!(
                 computed = w.computed,
+                read = w.read,
                 kept = w.kept,
                 ms = started.elapsed().as_millis() as u64,
                 "the reports' parts of the closed days are kept"

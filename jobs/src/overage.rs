@@ -14,7 +14,7 @@ use object_store::path::Path;
 use verdict_lake::log::data_path;
 use verdict_lake::tables::{DENIED_HOURLY, OVERAGE, date_partition};
 use verdict_lake::{Add, Snapshot};
-use verdict_rollup::{Rollup, RollupError, conform, replace};
+use verdict_rollup::{Rollup, RollupError, conform};
 use verdict_schemas::tables::{OVERAGE_SCHEMA_VERSION, denied_hourly_schema, overage_schema};
 
 use crate::late::{again_on_conflict, changed_since};
@@ -144,15 +144,9 @@ async fn commit_days(
         .iter()
         .map(|(r, add)| (day_dir(r.date), add.clone()))
         .collect();
-    let version = replace(
-        rollup.store(),
-        rollup.clock(),
-        &OVERAGE,
-        OVERAGE_APP_ID,
-        files,
-        txn,
-    )
-    .await?;
+    let version = OVERAGE
+        .replace(rollup.store(), rollup.clock(), OVERAGE_APP_ID, files, txn)
+        .await?;
     Ok(days
         .into_iter()
         .map(|(mut r, _)| {

@@ -92,6 +92,15 @@ pub fn encode_rollup_parquet(batch: &RecordBatch) -> Result<Bytes, EncodeError> 
     .map(Bytes::from)
 }
 
+/// One Parquet file of `schema` holding `batches`, with the rollup's settings: the query
+/// service's stored parts of its reports' first levels (`levels/`).
+pub fn encode_level_parquet(
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+) -> Result<Bytes, EncodeError> {
+    encode(schema, batches, rollup_writer_properties()).map(Bytes::from)
+}
+
 /// `batches` of `schema` as one Parquet file written with `properties`, in memory.
 fn encode(
     schema: &SchemaRef,

@@ -26,16 +26,16 @@ use verdict_schemas::tables::{
 
 use verdict_schemas::HourPartition;
 
-use crate::action::{Metadata, PartitionValues};
+use crate::action::{Action, Add, Metadata, PartitionValues};
 use crate::schema::{delta_type, schema_string};
 use crate::snapshot::{Snapshot, config};
-use crate::table::{Clock, LakeError, Table};
+use crate::table::{Clock, Commit, LakeError, Table};
 
 /// A partition column: its name and Arrow type (`Date32` or `Int32`).
 pub type PartitionColumn = (&'static str, DataType);
 
 /// One of verdict's tables.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub struct TableDef {
     /// Its name in SQL and in the log's metadata.
     pub name: &'static str,
@@ -55,7 +55,8 @@ fn date_hour() -> Vec<PartitionColumn> {
     vec![("date", DataType::Date32), ("hour", DataType::Int32)]
 }
 
-fn date() -> Vec<PartitionColumn> {
+/// The partitions of a table partitioned by day: `date`.
+pub fn by_date() -> Vec<PartitionColumn> {
     vec![("date", DataType::Date32)]
 }
 
@@ -80,7 +81,7 @@ pub const DENIED_HOURLY: TableDef = TableDef {
     root: DENIED_HOURLY_PREFIX,
     description: "per hour x key x tier x route class x region with a refusal (5 years)",
     schema: denied_hourly_schema,
-    partitions: date,
+    partitions: by_date,
     properties: &[
         (config::CHECKPOINT_INTERVAL, "24"),
         (config::LOG_RETENTION, "interval 30 days"),
@@ -94,7 +95,7 @@ pub const DEMAND_HOURLY: TableDef = TableDef {
     root: DEMAND_HOURLY_PREFIX,
     description: "per hour x tier x route class x region, keys by level of demand (5 years)",
     schema: demand_hourly_schema,
-    partitions: date,
+    partitions: by_date,
     properties: DENIED_HOURLY.properties,
 };
 
@@ -104,7 +105,7 @@ pub const OVERAGE: TableDef = TableDef {
     root: OVERAGE_PREFIX,
     description: "per key per day, requests refused over the hourly quota (pricing)",
     schema: overage_schema,
-    partitions: date,
+    partitions: by_date,
     properties: &[
         (config::CHECKPOINT_INTERVAL, "10"),
         (config::LOG_RETENTION, "interval 30 days"),
@@ -119,7 +120,7 @@ pub const RECONCILE_ROUNDS: TableDef = TableDef {
     root: RECONCILE_ROUNDS_PREFIX,
     description: "one row per round of the regional reconcile, with its settings",
     schema: reconcile_rounds_schema,
-    partitions: date,
+    partitions: by_date,
     properties: &[
         (config::CHECKPOINT_INTERVAL, "100"),
         (config::LOG_RETENTION, "interval 30 days"),
@@ -225,6 +226,47 @@ impl TableDef {
         let snapshot = table.open_or_create(self.metadata(table.now_ms())).await?;
         self.check_schema(snapshot.metadata())?;
         Ok((table, snapshot))
+    }
+
+    /// One commit to this table in `store` replacing, for each `(dir, add)`, the files
+    /// under `dir` (one hour's or one day's folder) by `add`; with `txn` (`expected`,
+    /// `version`), carrying `app_id`'s progress. The days it writes are what it read, so a
+    /// concurrent writer adding to one of them makes it fail rather than leave an hour with
+    /// two files. The removes, the progress and the commit are stamped by `clock`.
+    pub async fn replace(
+        &self,
+        store: &Arc<dyn ObjectStore>,
+        clock: &Clock,
+        app_id: &str,
+        files: Vec<(String, Add)>,
+        txn: Option<(Option<i64>, i64)>,
+    ) -> Result<i64, LakeError> {
+        let (handle, mut snapshot) = self
+            .open_table(self.table_at(Arc::clone(store), Arc::clone(clock)))
+            .await?;
+        let now_ms = handle.now_ms();
+        let mut actions = Vec::new();
+        let mut days = Vec::new();
+        let replaced = files.len();
+        for (dir, add) in files {
+            actions.extend(
+                snapshot
+                    .files_under(&dir)
+                    .map(|old| Action::Remove(old.remove(now_ms, true))),
+            );
+            if !days.contains(&add.partition_values) {
+                days.push(add.partition_values.clone());
+            }
+            actions.push(Action::Add(add));
+        }
+        let mut commit = Commit::new("WRITE", actions)
+            .with_parameter("mode", "Overwrite")
+            .with_parameter("partitions replaced", replaced)
+            .reading(days);
+        if let Some((expected, version)) = txn {
+            commit = commit.with_txn(app_id, expected, version, now_ms);
+        }
+        handle.commit(&mut snapshot, commit).await
     }
 
     /// Whether a table's `metadata` (another writer's, or an older verdict's) holds every

@@ -40,6 +40,26 @@ impl AnswerKey {
         }
     }
 
+    /// What the key names, as 32 hex digits (BLAKE3 of the SQL, the files and the policy
+    /// document): a stored part carries it, so a reader takes the part only for the same
+    /// SQL over the same files under the same policy.
+    pub fn fingerprint(&self) -> String {
+        let mut h = blake3::Hasher::new();
+        let mut field = |bytes: &[u8]| {
+            h.update(&(bytes.len() as u64).to_le_bytes());
+            h.update(bytes);
+        };
+        field(self.sql.as_bytes());
+        for file in &self.files {
+            field(file.as_bytes());
+        }
+        match &self.policy {
+            Some(p) => field(&serde_json::to_vec(p.document()).unwrap_or_default()),
+            None => field(b"no policy"),
+        }
+        hex::encode(&h.finalize().as_bytes()[..16])
+    }
+
     /// Bytes the key holds.
     fn size(&self) -> usize {
         self.sql.len() + self.files.iter().map(String::len).sum::<usize>()
@@ -160,6 +180,33 @@ mod tests {
         assert_eq!(a.get(&key("q1", 3)), Some((Bytes::from_static(b"one"), 1)));
         assert_eq!(a.get(&key("q1", 4)), None, "another file in the range");
         assert_eq!(a.get(&key("q2", 3)), None, "another query");
+    }
+
+    #[test]
+    fn a_fingerprint_names_the_sql_the_files_and_the_policy() {
+        let policy = |version| {
+            let mut doc = verdict_limiter::policy::parse_toml(include_str!(
+                "../fixtures/policies/prove.toml"
+            ))
+            .unwrap();
+            doc.version = version;
+            Some(Arc::new(PolicySnapshot::build(doc).unwrap()))
+        };
+        let print = |sql: &str, files: &[&str], p| {
+            AnswerKey::new(sql, files.iter().map(|f| f.to_string()).collect(), p).fingerprint()
+        };
+        let one = print("q", &["a", "b"], policy(1));
+        assert_eq!(one.len(), 32);
+        assert_eq!(one, print("q", &["a", "b"], policy(1)), "the same three");
+        assert_ne!(one, print("q2", &["a", "b"], policy(1)), "another query");
+        assert_ne!(one, print("q", &["a", "b", "c"], policy(1)), "another file");
+        assert_ne!(
+            one,
+            print("q", &["ab"], policy(1)),
+            "the files' bounds count"
+        );
+        assert_ne!(one, print("q", &["a", "b"], policy(2)), "another policy");
+        assert_ne!(one, print("q", &["a", "b"], None), "no policy");
     }
 
     #[test]

@@ -34,7 +34,7 @@ use crate::indicator::COUNT_INDICATORS;
 use crate::limits::Limits;
 use crate::memory::QueryMemory;
 use crate::pack::PACK_GROUP_KEYS;
-use crate::parts::{Parts, PartsExec, Warmed};
+use crate::parts::{LevelsWritten, Parts, PartsExec, Warmed};
 use crate::pruning::RAW_SCAN_PRUNING;
 use crate::reports::Form;
 use crate::tables::{LAKE_URL, PoliciesTable, register};
@@ -54,6 +54,15 @@ pub struct Engine {
     budget: Budget,
     answers: Arc<Answers>,
     parts: Arc<Parts>,
+}
+
+/// A job over the parts (see [`Engine::warm_parts`]): its place in the budget, its session,
+/// its listing of the lake and the closed days.
+struct PartsJob {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    ctx: SessionContext,
+    listing: crate::parts::Listing,
+    closed_days: Vec<chrono::NaiveDate>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -151,6 +160,7 @@ impl Engine {
             limits.part_cache_bytes,
             Arc::clone(&policies),
             crate::reports::levels::LEVELS,
+            view.lake(),
         ));
         parts.register(&base);
         Ok(Self {
@@ -174,35 +184,93 @@ impl Engine {
     }
 
     /// Makes sure that every level's part (see [`crate::parts::Level`]) of every closed day
-    /// (before today, UTC) the raw table holds is kept, computing the missing ones newest
-    /// first, as one query: it waits for a place in the budget and runs in a session of its
-    /// own under one listing of the lake, each day under the time limit.
+    /// (before today, UTC) the raw table holds is kept, reading the stored ones (see
+    /// [`crate::stored`]) and computing the others, newest first, as one query: it waits
+    /// for a place in the budget and runs in a session of its own under one listing of the
+    /// lake, each day under the time limit.
     pub async fn warm_parts(&self) -> Result<Warmed, QueryError> {
-        let _permit = self
-            .budget
-            .admit()
-            .await
-            .ok_or(QueryError::Busy { retry_after_s: 5 })?;
-        let ctx = self.session();
-        let df_err = |e| QueryError::from_datafusion(e, &self.limits);
-        let listing = self.parts.listing(&ctx).await.map_err(df_err)?;
-        let today = chrono::Utc::now().date_naive();
+        let job = self.parts_job(chrono::Utc::now().date_naive()).await?;
         let mut warmed = Warmed::default();
-        for day in listing.days().into_iter().filter(|d| *d < today) {
-            let computed = tokio::time::timeout(
-                self.limits.timeout,
-                self.parts.warm_day(&ctx, day, &listing),
-            )
-            .await
-            .map_err(|_| self.time_limit())?
-            .map_err(df_err)?;
-            if computed {
+        for day in &job.closed_days {
+            let made = self
+                .within_time(self.parts.warm_day(&job.ctx, *day, &job.listing))
+                .await?;
+            if made.computed > 0 {
                 warmed.computed += 1;
+            } else if made.read > 0 {
+                warmed.read += 1;
             } else {
                 warmed.kept += 1;
             }
         }
         Ok(warmed)
+    }
+
+    /// Stores in `lake` (the lake this engine reads, writable) every level's part of every
+    /// closed day (before `clock`'s today, UTC) that is not stored for the day's files and
+    /// policy, newest day first, and removes the stored parts of the days the raw table no
+    /// longer holds (see [`crate::stored`]): `verdict query levels`. One query, as
+    /// [`Self::warm_parts`] is, each day under the time limit.
+    pub async fn write_levels(
+        &self,
+        lake: Arc<dyn ObjectStore>,
+        clock: verdict_lake::Clock,
+    ) -> Result<LevelsWritten, QueryError> {
+        let today = chrono::DateTime::from_timestamp_millis(clock.now_ms())
+            .unwrap_or_default()
+            .date_naive();
+        let job = self.parts_job(today).await?;
+        let mut done = LevelsWritten::default();
+        for day in &job.closed_days {
+            let day_done = self
+                .within_time(
+                    self.parts
+                        .store_day(&job.ctx, *day, &job.listing, &lake, &clock),
+                )
+                .await?;
+            done.written += day_done.written;
+            done.unchanged += day_done.unchanged;
+        }
+        let removed = self
+            .within_time(self.parts.remove_stored(&job.listing, &lake, &clock))
+            .await?;
+        done.removed = removed.removed;
+        done.deleted = removed.deleted;
+        Ok(done)
+    }
+
+    /// What a job over the parts runs in: a place in the budget, a session of its own, one
+    /// listing of the lake, and the closed days (before `today`) the raw table holds.
+    async fn parts_job(&self, today: chrono::NaiveDate) -> Result<PartsJob, QueryError> {
+        let permit = self
+            .budget
+            .admit()
+            .await
+            .ok_or(QueryError::Busy { retry_after_s: 5 })?;
+        let ctx = self.session();
+        let listing = self
+            .parts
+            .listing(&ctx)
+            .await
+            .map_err(|e| QueryError::from_datafusion(e, &self.limits))?;
+        let closed_days = listing.days().into_iter().filter(|d| *d < today).collect();
+        Ok(PartsJob {
+            _permit: permit,
+            ctx,
+            listing,
+            closed_days,
+        })
+    }
+
+    /// `work`'s result within the time limit.
+    async fn within_time<T>(
+        &self,
+        work: impl Future<Output = Result<T, DataFusionError>>,
+    ) -> Result<T, QueryError> {
+        tokio::time::timeout(self.limits.timeout, work)
+            .await
+            .map_err(|_| self.time_limit())?
+            .map_err(|e| QueryError::from_datafusion(e, &self.limits))
     }
 
     /// `sql`'s answer as JSON ([`crate::format::json`], bounded by the engine's JSON limits

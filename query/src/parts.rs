@@ -54,7 +54,10 @@ use verdict_schemas::layout::{
 
 use crate::answers::{AnswerKey, Answers, describe};
 use crate::range::{Range, literal, parse_time, pieces};
+use crate::stored::StoredPart;
 use crate::tables::{LAKE_URL, PoliciesTable};
+use object_store::ObjectStore;
+use verdict_lake::{Clock, TableDef};
 
 /// One report's first level, kept in parts: its table function, its columns and the SQL of
 /// one piece. The reports define theirs (`crate::reports::levels`); the parts know nothing
@@ -68,6 +71,9 @@ pub struct Level {
     /// The SQL of its part over the decisions within a piece (never crossing a midnight),
     /// unfiltered, so that one part serves every filter.
     pub sql: fn(&Range) -> String,
+    /// Its table in the lake, where `verdict query levels` stores its parts of closed days
+    /// (see [`crate::stored`]).
+    pub table: TableDef,
 }
 
 impl Level {
@@ -116,6 +122,8 @@ pub struct Parts {
     kept: Answers,
     policies: Arc<PoliciesTable>,
     levels: &'static [Level],
+    /// The lake, where the levels' stored parts are (see [`crate::stored`]).
+    lake: Arc<dyn ObjectStore>,
 }
 
 /// What a warming did (see `Engine::warm_parts`).
@@ -123,8 +131,32 @@ pub struct Parts {
 pub struct Warmed {
     /// Days whose parts were all kept already.
     pub kept: usize,
+    /// Days with a part read from the lake's stored parts, none computed.
+    pub read: usize,
     /// Days with a part computed.
     pub computed: usize,
+}
+
+/// How the parts of a query came to be (see [`Parts::parts`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Made {
+    /// Parts read from the lake's stored parts.
+    pub read: usize,
+    /// Parts computed from the decisions.
+    pub computed: usize,
+}
+
+/// What `verdict query levels` did (see `Engine::write_levels`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct LevelsWritten {
+    /// Level × day parts written (missing or stale before).
+    pub written: usize,
+    /// Level × day parts already stored for the day's files and policy.
+    pub unchanged: usize,
+    /// Level × day parts removed: the raw table no longer holds the day.
+    pub removed: usize,
+    /// Files of earlier parts deleted (removed longer ago than the tables keep them).
+    pub deleted: usize,
 }
 
 /// What the parts are kept under: the policy, and the raw table's files by day, each with
@@ -136,6 +168,8 @@ pub struct Listing {
     /// The files of the reconcile's rounds, by day: the review counts a key's need by
     /// whether the reconcile ran, so a day's part is computed again when its rounds change.
     rounds_by_day: HashMap<NaiveDate, Vec<String>>,
+    /// The levels' stored parts, by level and day.
+    stored: HashMap<(&'static str, NaiveDate), StoredPart>,
 }
 
 impl Listing {
@@ -168,12 +202,18 @@ impl Listing {
 
 impl Parts {
     /// Keeps up to `max_bytes` of `levels`' parts (0: none; every report computes its
-    /// parts), under the policy of `policies`.
-    pub fn new(max_bytes: usize, policies: Arc<PoliciesTable>, levels: &'static [Level]) -> Self {
+    /// parts), under the policy of `policies`, reading stored parts from `lake`.
+    pub fn new(
+        max_bytes: usize,
+        policies: Arc<PoliciesTable>,
+        levels: &'static [Level],
+        lake: Arc<dyn ObjectStore>,
+    ) -> Self {
         Self {
             kept: Answers::new(max_bytes),
             policies,
             levels,
+            lake,
         }
     }
 
@@ -215,16 +255,18 @@ impl Parts {
         for files in rounds_by_day.values_mut() {
             files.sort_unstable();
         }
+        let stored = crate::stored::stored_parts(&self.lake, self.levels).await;
         Ok(Listing {
             policy,
             by_day,
             rounds_by_day,
+            stored,
         })
     }
 
-    /// The rows of `level` in each of `pieces` (none crossing a midnight), in `ctx`: kept, or
-    /// computed and kept; with the files they were computed from, and how many were
-    /// computed.
+    /// The rows of `level` in each of `pieces` (none crossing a midnight), in `ctx`: kept,
+    /// or read from the part stored for the same files and policy, or computed, and kept;
+    /// with the files they were computed from, and how many were read and computed.
     ///
     /// A part is kept under the raw files of its hours in `listing` (finding a kept part
     /// plans nothing), so a commit into another hour of the day leaves a part of closed
@@ -235,9 +277,9 @@ impl Parts {
         level: &Level,
         pieces: &[Range],
         listing: &Listing,
-    ) -> DfResult<(Vec<RecordBatch>, Vec<String>, usize)> {
+    ) -> DfResult<(Vec<RecordBatch>, Vec<String>, Made)> {
         let schema = level.schema();
-        let (mut batches, mut files, mut computed) = (Vec::new(), Vec::new(), 0);
+        let (mut batches, mut files, mut made) = (Vec::new(), Vec::new(), Made::default());
         for piece in pieces {
             let piece_files = listing.files(piece);
             // No files in those hours: no rows, nothing to plan.
@@ -251,51 +293,155 @@ impl Parts {
                 batches.extend(decode(body)?);
                 continue;
             }
-            let plan = ctx.sql(&sql).await?.create_physical_plan().await?;
-            let part = datafusion::physical_plan::collect(plan, ctx.task_ctx())
-                .await?
-                .into_iter()
-                .map(|b| conform(&schema, b))
-                .collect::<DfResult<Vec<_>>>()?;
+            let part = match self.read_stored(level, piece, &key, listing).await {
+                Some(part) => {
+                    made.read += 1;
+                    part
+                }
+                None => {
+                    let plan = ctx.sql(&sql).await?.create_physical_plan().await?;
+                    made.computed += 1;
+                    datafusion::physical_plan::collect(plan, ctx.task_ctx())
+                        .await?
+                        .into_iter()
+                        .map(|b| conform(&schema, b))
+                        .collect::<DfResult<Vec<_>>>()?
+                }
+            };
             if self.kept.enabled() {
                 let rows = part.iter().map(RecordBatch::num_rows).sum();
                 self.kept.put(key, encode(&schema, &part)?, rows);
             }
-            computed += 1;
             batches.extend(part);
         }
-        Ok((batches, files, computed))
+        Ok((batches, files, made))
     }
 
-    /// Makes sure every level's part of the whole `day` is kept, computing those that are
-    /// not, in `ctx` under `listing`; whether any was computed.
+    /// `level`'s part of `piece` as stored in the lake, when `piece` is a whole day and the
+    /// stored part was computed from what `key` names; a stored part that cannot be read
+    /// is said in the log and computed instead.
+    async fn read_stored(
+        &self,
+        level: &Level,
+        piece: &Range,
+        key: &AnswerKey,
+        listing: &Listing,
+    ) -> Option<Vec<RecordBatch>> {
+        let day = whole_day(piece)?;
+        let stored = listing
+            .stored
+            .get(&(level.function, day))
+            .filter(|s| s.source == key.fingerprint())?;
+        match crate::stored::read_part(&self.lake, stored, &level.schema()).await {
+            Ok(part) => Some(part),
+            Err(e) => {
+                tracing::warn!(path = %stored.path, error = %e, "a stored part cannot be read; computing it");
+                None
+            }
+        }
+    }
+
+    /// Makes sure every level's part of the whole `day` is kept, reading or computing
+    /// those that are not, in `ctx` under `listing`; how many were read and computed.
     pub async fn warm_day(
         &self,
         ctx: &SessionContext,
         day: NaiveDate,
         listing: &Listing,
-    ) -> DfResult<bool> {
-        let Some(from) = day.and_hms_opt(0, 0, 0).map(|t| t.and_utc()) else {
-            return Ok(false);
+    ) -> DfResult<Made> {
+        let Some(piece) = day_range(day) else {
+            return Ok(Made::default());
         };
         let started = std::time::Instant::now();
-        let piece = [Range {
-            from,
-            to: from + Duration::days(1),
-        }];
-        let mut computed = 0;
+        let mut made = Made::default();
         for level in self.levels {
-            computed += self.parts(ctx, level, &piece, listing).await?.2;
+            let m = self.parts(ctx, level, &[piece], listing).await?.2;
+            made.read += m.read;
+            made.computed += m.computed;
         }
-        if computed > 0 {
+        if made.computed + made.read > 0 {
             tracing::info!(
                 %day,
-                levels = computed,
+                computed = made.computed,
+                read = made.read,
                 ms = started.elapsed().as_millis() as u64,
-                "computed the reports' parts of a day"
+                "kept the reports' parts of a day"
             );
         }
-        Ok(computed > 0)
+        Ok(made)
+    }
+
+    /// Stores in `lake` every level's part of the whole `day` that is not stored for the
+    /// day's files and policy, in `ctx` under `listing`: how many were written and found
+    /// unchanged (see [`crate::stored`]).
+    pub async fn store_day(
+        &self,
+        ctx: &SessionContext,
+        day: NaiveDate,
+        listing: &Listing,
+        lake: &Arc<dyn ObjectStore>,
+        clock: &Clock,
+    ) -> DfResult<LevelsWritten> {
+        let mut done = LevelsWritten::default();
+        let Some(piece) = day_range(day) else {
+            return Ok(done);
+        };
+        for level in self.levels {
+            let piece_files = listing.files(&piece);
+            if piece_files.is_empty() {
+                continue;
+            }
+            let source = AnswerKey::new(&(level.sql)(&piece), piece_files, listing.policy.clone())
+                .fingerprint();
+            if listing
+                .stored
+                .get(&(level.function, day))
+                .is_some_and(|s| s.source == source)
+            {
+                done.unchanged += 1;
+                continue;
+            }
+            let started = std::time::Instant::now();
+            let (part, _, _) = self.parts(ctx, level, &[piece], listing).await?;
+            let path = crate::stored::write_part(lake, clock, level, day, &source, &part)
+                .await
+                .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            tracing::info!(
+                %day,
+                level = level.function,
+                rows = part.iter().map(RecordBatch::num_rows).sum::<usize>(),
+                %path,
+                ms = started.elapsed().as_millis() as u64,
+                "stored a level's part of a day"
+            );
+            done.written += 1;
+        }
+        Ok(done)
+    }
+
+    /// Removes from `lake` the stored parts of the days the raw table no longer holds (see
+    /// [`crate::stored::remove_days`]).
+    pub async fn remove_stored(
+        &self,
+        listing: &Listing,
+        lake: &Arc<dyn ObjectStore>,
+        clock: &Clock,
+    ) -> DfResult<LevelsWritten> {
+        let mut done = LevelsWritten::default();
+        for level in self.levels {
+            let gone: Vec<NaiveDate> = listing
+                .stored
+                .keys()
+                .filter(|(f, day)| *f == level.function && !listing.by_day.contains_key(day))
+                .map(|(_, day)| *day)
+                .collect();
+            let (removed, deleted) = crate::stored::remove_days(lake, clock, level, &gone)
+                .await
+                .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            done.removed += removed;
+            done.deleted += deleted;
+        }
+        Ok(done)
     }
 
     /// Registers each level's table function in `ctx`, reading and keeping parts here.
@@ -310,6 +456,21 @@ impl Parts {
             );
         }
     }
+}
+
+/// The range of the whole `day`.
+fn day_range(day: NaiveDate) -> Option<Range> {
+    let from = day.and_hms_opt(0, 0, 0)?.and_utc();
+    Some(Range {
+        from,
+        to: from + Duration::days(1),
+    })
+}
+
+/// The day `piece` is, when it is a whole day.
+fn whole_day(piece: &Range) -> Option<NaiveDate> {
+    let day = piece.from.date_naive();
+    (day_range(day)? == *piece).then_some(day)
 }
 
 /// `batch` with `schema`'s types (an engine rule may widen an integer on the way).

@@ -93,6 +93,12 @@ impl ReaderView {
         }
     }
 
+    /// The lake itself, as every table's own reader and writer sees it (the stored parts of
+    /// the reports' levels are read from it: see [`crate::stored`]).
+    pub fn lake(&self) -> Arc<dyn ObjectStore> {
+        Arc::clone(&self.inner)
+    }
+
     /// The same lake with the raw table as of `at` (its other tables as they are now).
     pub async fn at(&self, at: AsOf) -> std::result::Result<Self, LakeError> {
         let table = RAW.table(Arc::clone(&self.inner));

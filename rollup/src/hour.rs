@@ -26,7 +26,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use verdict_lake::log::data_path;
 use verdict_lake::stats::file_stats;
 use verdict_lake::tables::{DEMAND_HOURLY, DENIED_HOURLY, date_partition};
-use verdict_lake::{Action, Add, Clock, Commit, PartitionValues, Snapshot, TableDef};
+use verdict_lake::{Add, Clock, PartitionValues, Snapshot, TableDef};
 use verdict_schemas::layout::HourPartition;
 use verdict_schemas::tables::{denied_hourly_schema, raw_schema};
 
@@ -320,28 +320,28 @@ impl Rollup {
             .iter()
             .map(|h| (hour_dir(&h.report.hour), h.demand.clone()))
             .collect();
-        replace(
-            &self.store,
-            &self.clock,
-            &DEMAND_HOURLY,
-            ROLLUP_APP_ID,
-            demand,
-            txn(progress.and_then(|p| p.demand_expected)),
-        )
-        .await?;
+        DEMAND_HOURLY
+            .replace(
+                &self.store,
+                &self.clock,
+                ROLLUP_APP_ID,
+                demand,
+                txn(progress.and_then(|p| p.demand_expected)),
+            )
+            .await?;
         let denied: Vec<(String, Add)> = hours
             .iter()
             .map(|h| (hour_dir(&h.report.hour), h.denied.clone()))
             .collect();
-        let version = replace(
-            &self.store,
-            &self.clock,
-            &DENIED_HOURLY,
-            ROLLUP_APP_ID,
-            denied,
-            txn(progress.and_then(|p| p.denied_expected)),
-        )
-        .await?;
+        let version = DENIED_HOURLY
+            .replace(
+                &self.store,
+                &self.clock,
+                ROLLUP_APP_ID,
+                denied,
+                txn(progress.and_then(|p| p.denied_expected)),
+            )
+            .await?;
         Ok(hours
             .into_iter()
             .map(|h| {
@@ -460,45 +460,4 @@ pub fn state_in(snapshot: &Snapshot, hour: &HourPartition) -> Option<RollupState
         bytes: u64::try_from(add.size).unwrap_or(0),
         path: add.path.clone(),
     })
-}
-
-/// One commit to `table` replacing, for each `(dir, add)`, the files under `dir` (one
-/// hour's or one day's folder) by `add`; with `txn` (`expected`, `version`), carrying
-/// `app_id`'s progress. The days it writes are what it read, so a concurrent writer
-/// adding to one of them makes it fail rather than leave an hour with two files. The
-/// removes, the progress and the commit are stamped by `clock`.
-pub async fn replace(
-    store: &Arc<dyn ObjectStore>,
-    clock: &Clock,
-    table: &TableDef,
-    app_id: &str,
-    files: Vec<(String, Add)>,
-    txn: Option<(Option<i64>, i64)>,
-) -> Result<i64, RollupError> {
-    let (handle, mut snapshot) = table
-        .open_table(table.table_at(Arc::clone(store), Arc::clone(clock)))
-        .await?;
-    let now_ms = handle.now_ms();
-    let mut actions = Vec::new();
-    let mut days = Vec::new();
-    let replaced = files.len();
-    for (dir, add) in files {
-        actions.extend(
-            snapshot
-                .files_under(&dir)
-                .map(|old| Action::Remove(old.remove(now_ms, true))),
-        );
-        if !days.contains(&add.partition_values) {
-            days.push(add.partition_values.clone());
-        }
-        actions.push(Action::Add(add));
-    }
-    let mut commit = Commit::new("WRITE", actions)
-        .with_parameter("mode", "Overwrite")
-        .with_parameter("partitions replaced", replaced)
-        .reading(days);
-    if let Some((expected, version)) = txn {
-        commit = commit.with_txn(app_id, expected, version, now_ms);
-    }
-    Ok(handle.commit(&mut snapshot, commit).await?)
 }

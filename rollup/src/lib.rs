@@ -22,7 +22,7 @@ pub use demand::DEMAND_SQL;
 pub use error::RollupError;
 pub use hour::{
     DEMAND_FILE, HourRollup, Progress, ROLLUP_APP_ID, ROLLUP_FILE, ROLLUP_SQL, Rollup,
-    RollupReport, RollupState, hour_dir, replace, state_in,
+    RollupReport, RollupState, hour_dir, state_in,
 };
 pub use output::conform;
 pub use sources::{HourFiles, RawFile, hour_files, hour_files_in, hour_of, hours_in, raw_object};

@@ -51,6 +51,21 @@ fn known_lake() -> (tempfile::TempDir, String, String) {
     )
 }
 
+/// `verdict sql`'s arguments for the limit review of the known lake's day, after `common`.
+fn review_args<'a>(common: &[&'a str]) -> Vec<&'a str> {
+    let review = [
+        "--report",
+        "wrong-limits",
+        "-p",
+        "from=2026-11-30T00:00:00Z",
+        "-p",
+        "to=2026-12-01T00:00:00Z",
+        "-p",
+        "min_keys=5",
+    ];
+    [&["sql"][..], common, &review].concat()
+}
+
 #[test]
 fn sql_prints_a_query_and_a_report_as_tables() {
     let (_dir, lake, policy) = known_lake();
@@ -63,21 +78,7 @@ fn sql_prints_a_query_and_a_report_as_tables() {
     .concat();
     insta::assert_snapshot!("sql_query_table", stdout(&verdict(&query)));
 
-    let report = [
-        &["sql"][..],
-        &common,
-        &[
-            "--report",
-            "wrong-limits",
-            "-p",
-            "from=2026-11-30T00:00:00Z",
-            "-p",
-            "to=2026-12-01T00:00:00Z",
-            "-p",
-            "min_keys=5",
-        ],
-    ]
-    .concat();
+    let report = review_args(&common);
     insta::assert_snapshot!("sql_report_wrong_limits_table", stdout(&verdict(&report)));
 
     // Its SQL: the service's reads the kept parts of the day; the portable one the
@@ -94,4 +95,30 @@ fn sql_prints_a_query_and_a_report_as_tables() {
     ));
     assert!(!portable.contains("_parts("), "{portable}");
     assert!(portable.contains("FROM decisions x"), "{portable}");
+}
+
+/// `verdict query levels` as cron runs it over the known-answer lake: the first run stores
+/// each level's part of the closed day, the second finds them unchanged, and a report read
+/// from them has the rows it has from the decisions.
+#[test]
+fn query_levels_stores_each_closed_day_once() {
+    let (_dir, lake, policy) = known_lake();
+    let common = ["--store", &lake, "--policy-file", &policy, "--threads", "2"];
+    let levels = [&["query", "levels"][..], &common].concat();
+    let report = review_args(&common);
+    let from_decisions = stdout(&verdict(&report));
+    assert_eq!(
+        stdout(&verdict(&levels)).trim(),
+        "levels: 5 part(s) written, 0 unchanged, 0 removed (days the raw table no longer holds), 0 old file(s) deleted"
+    );
+    assert!(
+        std::path::Path::new(&lake)
+            .join("levels/review_parts/_delta_log/00000000000000000000.json")
+            .exists()
+    );
+    assert_eq!(
+        stdout(&verdict(&levels)).trim(),
+        "levels: 0 part(s) written, 5 unchanged, 0 removed (days the raw table no longer holds), 0 old file(s) deleted"
+    );
+    assert_eq!(stdout(&verdict(&report)), from_decisions);
 }

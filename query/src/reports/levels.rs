@@ -12,54 +12,85 @@
 //! the bench's 8.4 M rows past its 1 GiB per query. How a key's need and peak span are taken
 //! against its region's share is described in [`super::wrong_limits`].
 
-use crate::parts::Level;
+use crate::parts::{Level, columns};
 use crate::range::Range;
+use crate::stored::level_table;
 
 /// Every first level the reports keep in parts.
 pub const LEVELS: &[Level] = &[REVIEW, SHADOW, VERSIONS, DEGRADED, RATES];
+
+/// The columns of [`REVIEW`]'s rows.
+const REVIEW_COLUMNS: &str = "tier u8, route_class u8, key_id key, requests i64, demand f64, peak_hour i64, \
+              need f64, peak_span f64, quota_low f64, quota_high f64, quota_ceiling f64, \
+              enforced u32, denied i64, would_deny i64, by_bucket i64, by_window i64, \
+              home i64";
 
 /// The limit review's (`wrong-limits`, `limit-outliers`): each key's requests, demand,
 /// peaks, quotas and refusals.
 pub const REVIEW: Level = Level {
     function: "review_parts",
-    columns: "tier u8, route_class u8, key_id key, requests i64, demand f64, peak_hour i64, \
-              need f64, peak_span f64, quota_low f64, quota_high f64, quota_ceiling f64, \
-              enforced u32, denied i64, would_deny i64, by_bucket i64, by_window i64, \
-              home i64",
+    columns: REVIEW_COLUMNS,
     sql: review_part,
+    table: level_table("review_parts", "levels/review_parts/", || {
+        columns(REVIEW_COLUMNS)
+    }),
 };
+
+/// The columns of [`SHADOW`]'s rows.
+const SHADOW_COLUMNS: &str = "tier u8, route_class u8, key_id key, requests i64, would_deny i64, \
+              would_deny_by_bucket i64, would_deny_by_window i64";
 
 /// `shadow-impact`'s: each key of a shadow limit, its requests and would-deny.
 pub const SHADOW: Level = Level {
     function: "shadow_parts",
-    columns: "tier u8, route_class u8, key_id key, requests i64, would_deny i64, \
-              would_deny_by_bucket i64, would_deny_by_window i64",
+    columns: SHADOW_COLUMNS,
     sql: |piece| shadow_keys(&piece.sql("event_time", true), ""),
+    table: level_table("shadow_parts", "levels/shadow_parts/", || {
+        columns(SHADOW_COLUMNS)
+    }),
 };
+
+/// The columns of [`VERSIONS`]'s rows.
+const VERSIONS_COLUMNS: &str = "tier u8, route_class u8, policy_version i64, requests i64, refused i64, \
+              first_seen time, enforced u32";
 
 /// `policy-changes`' (and the review's quota in force): each limit's requests, refusals,
 /// first decision and largest regional quota per policy version.
 pub const VERSIONS: Level = Level {
     function: "version_parts",
-    columns: "tier u8, route_class u8, policy_version i64, requests i64, refused i64, \
-              first_seen time, enforced u32",
+    columns: VERSIONS_COLUMNS,
     sql: |piece| version_counts(&piece.sql("event_time", true), ""),
+    table: level_table("version_parts", "levels/version_parts/", || {
+        columns(VERSIONS_COLUMNS)
+    }),
 };
+
+/// The columns of [`DEGRADED`]'s rows.
+const DEGRADED_COLUMNS: &str = "date date, hour i32, region u16, decisions i64, local_fallback i64, \
+              kill_switch i64";
 
 /// `degraded`'s: each hour and region's decisions, of the fallback and the kill switch.
 pub const DEGRADED: Level = Level {
     function: "degraded_parts",
-    columns: "date date, hour i32, region u16, decisions i64, local_fallback i64, \
-              kill_switch i64",
+    columns: DEGRADED_COLUMNS,
     sql: |piece| degraded_counts(&piece.sql("event_time", true), "", ""),
+    table: level_table("degraded_parts", "levels/degraded_parts/", || {
+        columns(DEGRADED_COLUMNS)
+    }),
 };
+
+/// The columns of [`RATES`]'s rows.
+const RATES_COLUMNS: &str = "hour time, tier u8, route_class u8, requests i64, denied i64, would_deny i64, \
+              policy_version i64";
 
 /// `denial-rate`'s (over raw decisions, without a key): each limit's hourly counts.
 pub const RATES: Level = Level {
     function: "rate_parts",
-    columns: "hour time, tier u8, route_class u8, requests i64, denied i64, would_deny i64, \
-              policy_version i64",
+    columns: RATES_COLUMNS,
     sql: |piece| hourly_counts(&piece.sql("event_time", true), "", ""),
+    table: level_table("rate_parts", "levels/rate_parts/", || {
+        columns(RATES_COLUMNS)
+    }),
 };
 
 /// `level`'s kept parts of `range` merged: `aggregates` over them (`k`, with `AND k.…`

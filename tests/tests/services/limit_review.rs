@@ -688,6 +688,142 @@ async fn two_days() -> (Vec<DecisionEvent>, Engine, tempfile::TempDir) {
     (all, engine, dir)
 }
 
+/// A late file into the second day of [`two_days`]: `n` of the first hour's `events` a day
+/// later, from a topic of their own (the raw table writes each Kafka offset once).
+async fn late_into_the_second_day(
+    store: &Arc<dyn ObjectStore>,
+    events: &[DecisionEvent],
+    n: usize,
+) -> Vec<DecisionEvent> {
+    let late: Vec<DecisionEvent> = events
+        .iter()
+        .filter(|e| e.event_time_ms < START_MS + 3_600_000)
+        .take(n)
+        .map(|e| DecisionEvent {
+            event_time_ms: e.event_time_ms + 86_400_000,
+            ..*e
+        })
+        .collect();
+    let hour = HourPartition::from_event_time_ms(START_MS + 86_400_000).unwrap();
+    verdict_tests::rollup_check::write_raw_hour(
+        store,
+        "verdict.decisions.late",
+        hour,
+        &late,
+        2,
+        1_000_000,
+    )
+    .await;
+    late
+}
+
+/// The first levels `verdict query levels` stores in the lake are what a new query service
+/// reads instead of the decisions: every level's part of each closed day written once, then
+/// found unchanged; a service started over the lake reads them all (computes none) and
+/// answers every report over raw decisions as the portable statement does; a late file
+/// makes its day's parts stale (that day computed, not read) until the next run rewrites
+/// that day alone; a day the raw table no longer holds loses its stored parts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_levels_stored_once_are_read_by_a_new_service_and_stored_again_when_stale() {
+    let (events, engine, dir) = two_days().await;
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+    let clock: verdict_lake::Clock = Arc::new(verdict_schemas::SystemClock);
+    let levels = verdict_query::reports::levels::LEVELS.len();
+    let store_levels = || engine.write_levels(Arc::clone(&store), Arc::clone(&clock));
+    let done = store_levels().await.unwrap();
+    assert_eq!(
+        (done.written, done.unchanged, done.removed),
+        (2 * levels, 0, 0)
+    );
+    let done = store_levels().await.unwrap();
+    assert_eq!(
+        (done.written, done.unchanged, done.removed),
+        (0, 2 * levels, 0)
+    );
+
+    // A service started over the lake reads every part and computes none.
+    let policy = dir.path().join("policy.toml");
+    let fresh = || {
+        let source: Arc<dyn verdict_limiter::PolicySource> =
+            Arc::new(verdict_limiter::FileSource::new(policy.clone()));
+        Engine::new(
+            Arc::clone(&store),
+            PoliciesTable::new(Some(source)),
+            2,
+            Limits::default(),
+        )
+        .unwrap()
+    };
+    let second = fresh();
+    let warmed = second.warm_parts().await.unwrap();
+    assert_eq!((warmed.kept, warmed.read, warmed.computed), (0, 2, 0));
+    let day = |d: i64| {
+        chrono::DateTime::from_timestamp_millis(START_MS + d * 86_400_000)
+            .unwrap()
+            .to_rfc3339()
+    };
+    let reports: [(&str, &[(&str, &str)]); 6] = [
+        ("wrong-limits", &[("min_keys", "2")]),
+        ("limit-outliers", &[]),
+        ("shadow-impact", &[]),
+        ("policy-changes", &[]),
+        ("degraded", &[]),
+        ("denial-rate", &[("source", "raw")]),
+    ];
+    for (name, params) in reports {
+        let (served, portable) = served_and_portable(&second, name, &day(0), &day(2), params).await;
+        // This world's decisions are all of Redis: `degraded` has no rows to give.
+        assert_eq!(
+            portable.is_empty(),
+            name == "degraded",
+            "{name}: {portable:?}"
+        );
+        assert_eq!(served, portable, "{name} from the stored parts");
+    }
+
+    // A late file into the second day: a new service computes that day's parts (the stored
+    // ones are stale) and reads the first day's; the next run stores the second day again.
+    late_into_the_second_day(&store, &events, 300).await;
+    let warmed = fresh().warm_parts().await.unwrap();
+    assert_eq!((warmed.kept, warmed.read, warmed.computed), (0, 1, 1));
+    let done = store_levels().await.unwrap();
+    assert_eq!(
+        (done.written, done.unchanged, done.removed),
+        (levels, levels, 0)
+    );
+    let third = fresh();
+    let warmed = third.warm_parts().await.unwrap();
+    assert_eq!((warmed.kept, warmed.read, warmed.computed), (0, 2, 0));
+    let (served, portable) = served_and_portable(
+        &third,
+        "wrong-limits",
+        &day(0),
+        &day(2),
+        &[("min_keys", "2")],
+    )
+    .await;
+    assert_eq!(served, portable, "wrong-limits after the late file");
+
+    // Retention takes the first day from the raw table: its stored parts go too; the files
+    // replaced a moment ago stay for the queries planned with them (an hour).
+    let now = START_MS + 7 * 86_400_000 + 12 * 3_600_000;
+    verdict_jobs::retention::run(
+        &store,
+        &clock,
+        now,
+        &verdict_jobs::Windows::default(),
+        false,
+    )
+    .await
+    .unwrap();
+    let done = store_levels().await.unwrap();
+    assert_eq!(
+        (done.written, done.unchanged, done.removed, done.deleted),
+        (0, levels, levels, 0)
+    );
+}
+
 /// The review from the kept parts of a range cut at midnights gives the rows of the review
 /// that reads the decisions all the way: over whole days, over a range that starts and ends
 /// inside hours, and filtered; the closed days' parts stay kept, and a day whose files
@@ -742,26 +878,7 @@ async fn the_review_from_kept_parts_is_the_review_from_the_decisions() {
     let (before, _) = review().await;
     let store: Arc<dyn ObjectStore> =
         Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
-    let late: Vec<DecisionEvent> = events
-        .iter()
-        .filter(|e| e.event_time_ms < START_MS + 3_600_000)
-        .take(500)
-        .map(|e| DecisionEvent {
-            event_time_ms: e.event_time_ms + 86_400_000,
-            ..*e
-        })
-        .collect();
-    let hour = HourPartition::from_event_time_ms(START_MS + 86_400_000).unwrap();
-    // From a topic of its own: the raw table writes each Kafka offset once.
-    verdict_tests::rollup_check::write_raw_hour(
-        &store,
-        "verdict.decisions.late",
-        hour,
-        &late,
-        2,
-        1_000_000,
-    )
-    .await;
+    let late = late_into_the_second_day(&store, &events, 500).await;
     let warmed = engine.warm_parts().await.unwrap();
     assert_eq!((warmed.kept, warmed.computed), (1, 1), "{warmed:?}");
     let (after, portable) = review().await;
