@@ -255,7 +255,8 @@ impl Parts {
         for files in rounds_by_day.values_mut() {
             files.sort_unstable();
         }
-        let stored = crate::stored::stored_parts(&self.lake, self.levels).await;
+        let tables: Vec<TableDef> = self.levels.iter().map(|l| l.table).collect();
+        let stored = crate::stored::stored_parts(&self.lake, &tables).await;
         Ok(Listing {
             policy,
             by_day,
@@ -330,7 +331,7 @@ impl Parts {
         let day = whole_day(piece)?;
         let stored = listing
             .stored
-            .get(&(level.function, day))
+            .get(&(level.table.name, day))
             .filter(|s| s.source == key.fingerprint())?;
         match crate::stored::read_part(&self.lake, stored, &level.schema()).await {
             Ok(part) => Some(part),
@@ -395,7 +396,7 @@ impl Parts {
                 .fingerprint();
             if listing
                 .stored
-                .get(&(level.function, day))
+                .get(&(level.table.name, day))
                 .is_some_and(|s| s.source == source)
             {
                 done.unchanged += 1;
@@ -403,7 +404,7 @@ impl Parts {
             }
             let started = std::time::Instant::now();
             let (part, _, _) = self.parts(ctx, level, &[piece], listing).await?;
-            let path = crate::stored::write_part(lake, clock, level, day, &source, &part)
+            let path = crate::stored::write_part(lake, clock, &level.table, day, &source, &part)
                 .await
                 .map_err(|e| DataFusionError::External(Box::new(e)))?;
             tracing::info!(
@@ -432,10 +433,10 @@ impl Parts {
             let gone: Vec<NaiveDate> = listing
                 .stored
                 .keys()
-                .filter(|(f, day)| *f == level.function && !listing.by_day.contains_key(day))
+                .filter(|(f, day)| *f == level.table.name && !listing.by_day.contains_key(day))
                 .map(|(_, day)| *day)
                 .collect();
-            let (removed, deleted) = crate::stored::remove_days(lake, clock, level, &gone)
+            let (removed, deleted) = crate::stored::remove_days(lake, clock, &level.table, &gone)
                 .await
                 .map_err(|e| DataFusionError::External(Box::new(e)))?;
             done.removed += removed;

@@ -33,8 +33,6 @@ use verdict_lake::stats::file_stats;
 use verdict_lake::tables::{by_date, date_partition, uuid};
 use verdict_lake::{Action, Add, Clock, Commit, LakeError, Table, TableDef};
 
-use crate::parts::Level;
-
 /// The tag of a stored part's `add` holding the fingerprint of what it was computed from.
 pub const SOURCE_TAG: &str = "verdict.source";
 
@@ -71,28 +69,28 @@ pub struct StoredPart {
     pub source: String,
 }
 
-/// Every stored part of `levels` in `lake`, by level (its table function) and day. A table
-/// that cannot be read is said in the log and left out.
+/// Every stored part in the level `tables` of `lake`, by table name (the level's table
+/// function) and day. A table that cannot be read is said in the log and left out.
 pub async fn stored_parts(
     lake: &Arc<dyn ObjectStore>,
-    levels: &[Level],
+    tables: &[TableDef],
 ) -> HashMap<(&'static str, NaiveDate), StoredPart> {
     let mut out = HashMap::new();
-    for level in levels {
-        let table = Table::new(Arc::clone(lake), level.table.root);
+    for def in tables {
+        let table = Table::new(Arc::clone(lake), def.root);
         let snapshot = match table.snapshot_if_any().await {
             Ok(Some(s)) => s,
             Ok(None) => continue,
             Err(e) => {
-                tracing::warn!(table = level.table.root, error = %e, "the stored parts of a level cannot be read; the reports compute them");
+                tracing::warn!(table = def.root, error = %e, "the stored parts of a level cannot be read; the reports compute them");
                 continue;
             }
         };
-        if let Err(e) = level.table.check_schema(snapshot.metadata()) {
-            tracing::warn!(table = level.table.root, error = %e, "the stored parts of a level are of another schema; the reports compute them");
+        if let Err(e) = def.check_schema(snapshot.metadata()) {
+            tracing::warn!(table = def.root, error = %e, "the stored parts of a level are of another schema; the reports compute them");
             continue;
         }
-        let root = Path::from(level.table.root);
+        let root = Path::from(def.root);
         for add in snapshot.files() {
             let day = add
                 .partition_values
@@ -105,7 +103,7 @@ pub async fn stored_parts(
                 .and_then(|t| t.get(SOURCE_TAG).cloned().flatten());
             if let (Some(day), Some(source)) = (day, source) {
                 out.insert(
-                    (level.function, day),
+                    (def.name, day),
                     StoredPart {
                         path: data_path(&root, &add.path),
                         source,
@@ -142,22 +140,21 @@ pub async fn read_part(
     Ok(batches)
 }
 
-/// Writes `batches`, `level`'s part of `day` computed from what `source` fingerprints, as
-/// the day's one file in the level's table (one commit replacing the day's file); the
+/// Writes `batches`, a level's part of `day` computed from what `source` fingerprints, as
+/// the day's one file in the level's `table` (one commit replacing the day's file); the
 /// file's path.
 pub async fn write_part(
     lake: &Arc<dyn ObjectStore>,
     clock: &Clock,
-    level: &Level,
+    table: &TableDef,
     day: NaiveDate,
     source: &str,
     batches: &[RecordBatch],
 ) -> Result<Path, StoredError> {
-    let schema = level.schema();
-    let body = encode_level_parquet(&schema, batches)?;
+    let body = encode_level_parquet(&(table.schema)(), batches)?;
     let dir = format!("date={}/", day.format("%Y-%m-%d"));
-    let name = format!("{dir}{}-{}.parquet", level.function, uuid());
-    let path = data_path(&Path::from(level.table.root), &name);
+    let name = format!("{dir}{}-{}.parquet", table.name, uuid());
+    let path = data_path(&Path::from(table.root), &name);
     let size = i64::try_from(body.len()).unwrap_or(i64::MAX);
     lake.put(&path, PutPayload::from(body)).await?;
     let add = Add {
@@ -166,29 +163,28 @@ pub async fn write_part(
         size,
         modification_time: clock.now_ms(),
         data_change: true,
-        stats: Some(file_stats(batches, &level.table.partition_names())),
+        stats: Some(file_stats(batches, &table.partition_names())),
         tags: Some(BTreeMap::from([(
             SOURCE_TAG.to_owned(),
             Some(source.to_owned()),
         )])),
     };
-    level
-        .table
+    table
         .replace(lake, clock, LEVELS_APP_ID, vec![(dir, add)], None)
         .await?;
     Ok(path)
 }
 
-/// Removes `days` from `level`'s table in one commit (days the raw table no longer holds),
-/// then deletes the files removed longer ago than the table keeps them; how many days were
-/// removed and files deleted.
+/// Removes `days` from a level's table `def` in one commit (days the raw table no longer
+/// holds), then deletes the files removed longer ago than the table keeps them; how many
+/// days were removed and files deleted.
 pub async fn remove_days(
     lake: &Arc<dyn ObjectStore>,
     clock: &Clock,
-    level: &Level,
+    def: &TableDef,
     days: &[NaiveDate],
 ) -> Result<(usize, usize), StoredError> {
-    let table = level.table.table_at(Arc::clone(lake), Arc::clone(clock));
+    let table = def.table_at(Arc::clone(lake), Arc::clone(clock));
     let Some(mut snapshot) = table.snapshot_if_any().await? else {
         return Ok((0, 0));
     };
