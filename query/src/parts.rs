@@ -124,6 +124,8 @@ pub struct Parts {
     levels: &'static [Level],
     /// The lake, where the levels' stored parts are (see [`crate::stored`]).
     lake: Arc<dyn ObjectStore>,
+    /// The levels' tables there.
+    stored: crate::stored::StoredTables,
 }
 
 /// What a warming did (see `Engine::warm_parts`).
@@ -214,6 +216,7 @@ impl Parts {
             policies,
             levels,
             lake,
+            stored: crate::stored::StoredTables::default(),
         }
     }
 
@@ -256,7 +259,7 @@ impl Parts {
             files.sort_unstable();
         }
         let tables: Vec<TableDef> = self.levels.iter().map(|l| l.table).collect();
-        let stored = crate::stored::stored_parts(&self.lake, &tables).await;
+        let stored = self.stored.parts(&self.lake, &tables).await;
         Ok(Listing {
             policy,
             by_day,
@@ -337,6 +340,7 @@ impl Parts {
             Ok(part) => Some(part),
             Err(e) => {
                 tracing::warn!(path = %stored.path, error = %e, "a stored part cannot be read; computing it");
+                self.stored.forget(level.table.name).await;
                 None
             }
         }

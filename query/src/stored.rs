@@ -31,7 +31,7 @@ use verdict_lake::log::data_path;
 use verdict_lake::snapshot::config;
 use verdict_lake::stats::file_stats;
 use verdict_lake::tables::{by_date, date_partition, uuid};
-use verdict_lake::{Action, Add, Clock, Commit, LakeError, Table, TableDef};
+use verdict_lake::{Action, Add, Clock, Commit, LakeError, Snapshot, Table, TableDef};
 
 /// The tag of a stored part's `add` holding the fingerprint of what it was computed from.
 pub const SOURCE_TAG: &str = "verdict.source";
@@ -69,50 +69,74 @@ pub struct StoredPart {
     pub source: String,
 }
 
-/// Every stored part in the level `tables` of `lake`, by table name (the level's table
-/// function) and day. A table that cannot be read is said in the log and left out.
-pub async fn stored_parts(
-    lake: &Arc<dyn ObjectStore>,
-    tables: &[TableDef],
-) -> HashMap<(&'static str, NaiveDate), StoredPart> {
-    let mut out = HashMap::new();
-    for def in tables {
-        let table = Table::new(Arc::clone(lake), def.root);
-        let snapshot = match table.snapshot_if_any().await {
-            Ok(Some(s)) => s,
-            Ok(None) => continue,
-            Err(e) => {
-                tracing::warn!(table = def.root, error = %e, "the stored parts of a level cannot be read; the reports compute them");
+/// The level tables' snapshots, kept between listings and brought up to date by each
+/// (the commits since, one listing of each log), so that a report does not read every
+/// level's log again.
+#[derive(Debug, Default)]
+pub struct StoredTables {
+    snapshots: tokio::sync::Mutex<HashMap<&'static str, Snapshot>>,
+}
+
+impl StoredTables {
+    /// Drops the kept snapshot of the table `name` (a stored part of it could not be read:
+    /// the table may have been written anew), so that the next listing reads its log whole.
+    pub async fn forget(&self, name: &str) {
+        self.snapshots.lock().await.remove(name);
+    }
+
+    /// Every stored part in the level `tables` of `lake` now, by table name (the level's
+    /// table function) and day. A table that cannot be read is said in the log and left
+    /// out.
+    pub async fn parts(
+        &self,
+        lake: &Arc<dyn ObjectStore>,
+        tables: &[TableDef],
+    ) -> HashMap<(&'static str, NaiveDate), StoredPart> {
+        let mut kept = self.snapshots.lock().await;
+        let mut out = HashMap::new();
+        for def in tables {
+            let table = Table::new(Arc::clone(lake), def.root);
+            let updated = match kept.remove(def.name) {
+                Some(mut s) => table.update(&mut s).await.map(|()| Some(s)),
+                None => table.snapshot_if_any().await,
+            };
+            let snapshot = match updated {
+                Ok(Some(s)) => s,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(table = def.root, error = %e, "the stored parts of a level cannot be read; the reports compute them");
+                    continue;
+                }
+            };
+            if let Err(e) = def.check_schema(snapshot.metadata()) {
+                tracing::warn!(table = def.root, error = %e, "the stored parts of a level are of another schema; the reports compute them");
                 continue;
             }
-        };
-        if let Err(e) = def.check_schema(snapshot.metadata()) {
-            tracing::warn!(table = def.root, error = %e, "the stored parts of a level are of another schema; the reports compute them");
-            continue;
-        }
-        let root = Path::from(def.root);
-        for add in snapshot.files() {
-            let day = add
-                .partition_values
-                .get("date")
-                .and_then(|d| d.as_deref())
-                .and_then(|d| NaiveDate::parse_from_str(d, "%Y-%m-%d").ok());
-            let source = add
-                .tags
-                .as_ref()
-                .and_then(|t| t.get(SOURCE_TAG).cloned().flatten());
-            if let (Some(day), Some(source)) = (day, source) {
-                out.insert(
-                    (def.name, day),
-                    StoredPart {
-                        path: data_path(&root, &add.path),
-                        source,
-                    },
-                );
+            let root = Path::from(def.root);
+            for add in snapshot.files() {
+                let day = add
+                    .partition_values
+                    .get("date")
+                    .and_then(|d| d.as_deref())
+                    .and_then(|d| NaiveDate::parse_from_str(d, "%Y-%m-%d").ok());
+                let source = add
+                    .tags
+                    .as_ref()
+                    .and_then(|t| t.get(SOURCE_TAG).cloned().flatten());
+                if let (Some(day), Some(source)) = (day, source) {
+                    out.insert(
+                        (def.name, day),
+                        StoredPart {
+                            path: data_path(&root, &add.path),
+                            source,
+                        },
+                    );
+                }
             }
+            kept.insert(def.name, snapshot);
         }
+        out
     }
-    out
 }
 
 /// The rows of a stored part, as `schema` has them.
