@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use bytes::Bytes;
 use parquet::arrow::ArrowWriter;
@@ -92,13 +92,39 @@ pub fn encode_rollup_parquet(batch: &RecordBatch) -> Result<Bytes, EncodeError> 
     .map(Bytes::from)
 }
 
-/// One Parquet file of `schema` holding `batches`, with the rollup's settings: the query
-/// service's stored parts of its reports' first levels (`levels/`).
+/// The writer settings of the query service's stored parts of its reports' first levels
+/// (`levels/`, one file a day, mostly one row per key): zstd at level 9 (written once,
+/// read by every service); the key ids, unique in a file, without a dictionary; and the
+/// doubles (demands, needs, peaks) split by byte before compression, which leaves their
+/// exponents' bytes alike for zstd.
+pub fn level_writer_properties(schema: &SchemaRef) -> WriterProperties {
+    let mut builder = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(9).unwrap_or_default()))
+        .set_statistics_enabled(EnabledStatistics::Page);
+    for field in schema.fields() {
+        let column = ColumnPath::from(field.name().as_str());
+        match field.data_type() {
+            DataType::Float64 => {
+                builder = builder
+                    .set_column_dictionary_enabled(column.clone(), false)
+                    .set_column_encoding(column, Encoding::BYTE_STREAM_SPLIT);
+            }
+            DataType::FixedSizeBinary(_) => {
+                builder = builder.set_column_dictionary_enabled(column, false);
+            }
+            _ => {}
+        }
+    }
+    builder.build()
+}
+
+/// One Parquet file of `schema` holding `batches`, written with
+/// [`level_writer_properties`].
 pub fn encode_level_parquet(
     schema: &SchemaRef,
     batches: &[RecordBatch],
 ) -> Result<Bytes, EncodeError> {
-    encode(schema, batches, rollup_writer_properties()).map(Bytes::from)
+    encode(schema, batches, level_writer_properties(schema)).map(Bytes::from)
 }
 
 /// `batches` of `schema` as one Parquet file written with `properties`, in memory.

@@ -16,6 +16,21 @@ use crate::parts::{Level, columns};
 use crate::range::Range;
 use crate::stored::level_table;
 
+/// A level: its table function, its columns and its SQL, and its table in the lake under
+/// `levels/<function>/` (see [`crate::stored`]).
+macro_rules! level {
+    ($function:literal, $columns:expr, $sql:expr) => {
+        Level {
+            function: $function,
+            columns: $columns,
+            sql: $sql,
+            table: level_table($function, concat!("levels/", $function, "/"), || {
+                columns($columns)
+            }),
+        }
+    };
+}
+
 /// Every first level the reports keep in parts.
 pub const LEVELS: &[Level] = &[REVIEW, SHADOW, VERSIONS, DEGRADED, RATES];
 
@@ -27,28 +42,17 @@ const REVIEW_COLUMNS: &str = "tier u8, route_class u8, key_id key, requests i64,
 
 /// The limit review's (`wrong-limits`, `limit-outliers`): each key's requests, demand,
 /// peaks, quotas and refusals.
-pub const REVIEW: Level = Level {
-    function: "review_parts",
-    columns: REVIEW_COLUMNS,
-    sql: review_part,
-    table: level_table("review_parts", "levels/review_parts/", || {
-        columns(REVIEW_COLUMNS)
-    }),
-};
+pub const REVIEW: Level = level!("review_parts", REVIEW_COLUMNS, review_part);
 
 /// The columns of [`SHADOW`]'s rows.
 const SHADOW_COLUMNS: &str = "tier u8, route_class u8, key_id key, requests i64, would_deny i64, \
               would_deny_by_bucket i64, would_deny_by_window i64";
 
 /// `shadow-impact`'s: each key of a shadow limit, its requests and would-deny.
-pub const SHADOW: Level = Level {
-    function: "shadow_parts",
-    columns: SHADOW_COLUMNS,
-    sql: |piece| shadow_keys(&piece.sql("event_time", true), ""),
-    table: level_table("shadow_parts", "levels/shadow_parts/", || {
-        columns(SHADOW_COLUMNS)
-    }),
-};
+pub const SHADOW: Level = level!("shadow_parts", SHADOW_COLUMNS, |piece| shadow_keys(
+    &piece.sql("event_time", true),
+    ""
+));
 
 /// The columns of [`VERSIONS`]'s rows.
 const VERSIONS_COLUMNS: &str = "tier u8, route_class u8, policy_version i64, requests i64, refused i64, \
@@ -56,42 +60,32 @@ const VERSIONS_COLUMNS: &str = "tier u8, route_class u8, policy_version i64, req
 
 /// `policy-changes`' (and the review's quota in force): each limit's requests, refusals,
 /// first decision and largest regional quota per policy version.
-pub const VERSIONS: Level = Level {
-    function: "version_parts",
-    columns: VERSIONS_COLUMNS,
-    sql: |piece| version_counts(&piece.sql("event_time", true), ""),
-    table: level_table("version_parts", "levels/version_parts/", || {
-        columns(VERSIONS_COLUMNS)
-    }),
-};
+pub const VERSIONS: Level = level!("version_parts", VERSIONS_COLUMNS, |piece| version_counts(
+    &piece.sql("event_time", true),
+    ""
+));
 
 /// The columns of [`DEGRADED`]'s rows.
 const DEGRADED_COLUMNS: &str = "date date, hour i32, region u16, decisions i64, local_fallback i64, \
               kill_switch i64";
 
 /// `degraded`'s: each hour and region's decisions, of the fallback and the kill switch.
-pub const DEGRADED: Level = Level {
-    function: "degraded_parts",
-    columns: DEGRADED_COLUMNS,
-    sql: |piece| degraded_counts(&piece.sql("event_time", true), "", ""),
-    table: level_table("degraded_parts", "levels/degraded_parts/", || {
-        columns(DEGRADED_COLUMNS)
-    }),
-};
+pub const DEGRADED: Level = level!("degraded_parts", DEGRADED_COLUMNS, |piece| degraded_counts(
+    &piece.sql("event_time", true),
+    "",
+    ""
+));
 
 /// The columns of [`RATES`]'s rows.
 const RATES_COLUMNS: &str = "hour time, tier u8, route_class u8, requests i64, denied i64, would_deny i64, \
               policy_version i64";
 
 /// `denial-rate`'s (over raw decisions, without a key): each limit's hourly counts.
-pub const RATES: Level = Level {
-    function: "rate_parts",
-    columns: RATES_COLUMNS,
-    sql: |piece| hourly_counts(&piece.sql("event_time", true), "", ""),
-    table: level_table("rate_parts", "levels/rate_parts/", || {
-        columns(RATES_COLUMNS)
-    }),
-};
+pub const RATES: Level = level!("rate_parts", RATES_COLUMNS, |piece| hourly_counts(
+    &piece.sql("event_time", true),
+    "",
+    ""
+));
 
 /// `level`'s kept parts of `range` merged: `aggregates` over them (`k`, with `AND k.…`
 /// `filters`) grouped by `group`, a report's first level as its portable statement has it.
