@@ -93,26 +93,17 @@ pub fn encode_rollup_parquet(batch: &RecordBatch) -> Result<Bytes, EncodeError> 
 }
 
 /// The writer settings of the query service's stored parts of its reports' first levels
-/// (`levels/`, one file a day, mostly one row per key): zstd at level 9 (written once,
-/// read by every service); the key ids, unique in a file, without a dictionary; and the
-/// doubles (demands, needs, peaks) split by byte before compression, which leaves their
-/// exponents' bytes alike for zstd.
+/// (`levels/`, one file a day, mostly one row per key, its writer sorting the rows by key):
+/// zstd at level 9 (written once, read by every service), and the key ids without a
+/// dictionary (each is in a file once per limit, next to its other rows).
 pub fn level_writer_properties(schema: &SchemaRef) -> WriterProperties {
     let mut builder = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(9).unwrap_or_default()))
         .set_statistics_enabled(EnabledStatistics::Page);
     for field in schema.fields() {
-        let column = ColumnPath::from(field.name().as_str());
-        match field.data_type() {
-            DataType::Float64 => {
-                builder = builder
-                    .set_column_dictionary_enabled(column.clone(), false)
-                    .set_column_encoding(column, Encoding::BYTE_STREAM_SPLIT);
-            }
-            DataType::FixedSizeBinary(_) => {
-                builder = builder.set_column_dictionary_enabled(column, false);
-            }
-            _ => {}
+        if matches!(field.data_type(), DataType::FixedSizeBinary(_)) {
+            let column = ColumnPath::from(field.name().as_str());
+            builder = builder.set_column_dictionary_enabled(column, false);
         }
     }
     builder.build()

@@ -175,7 +175,8 @@ pub async fn write_part(
     source: &str,
     batches: &[RecordBatch],
 ) -> Result<Path, StoredError> {
-    let body = encode_level_parquet(&(table.schema)(), batches)?;
+    let schema = (table.schema)();
+    let body = encode_level_parquet(&schema, &by_key(&schema, batches)?)?;
     let dir = format!("date={}/", day.format("%Y-%m-%d"));
     let name = format!("{dir}{}-{}.parquet", table.name, uuid());
     let path = data_path(&Path::from(table.root), &name);
@@ -197,6 +198,30 @@ pub async fn write_part(
         .replace(lake, clock, LEVELS_APP_ID, vec![(dir, add)], None)
         .await?;
     Ok(path)
+}
+
+/// `batches` as one batch sorted by key id, then tier and route class, for a level with a
+/// key id (the others as they are): a random 16-byte id does not compress, but beside the
+/// same key's other rows it takes half the bytes (a review level of 294,221 rows, 80,000
+/// keys: 2.0 MB sorted against 4.8 MB).
+fn by_key(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<RecordBatch>, StoredError> {
+    let Ok(key) = schema.index_of("key_id") else {
+        return Ok(batches.to_vec());
+    };
+    let all = arrow::compute::concat_batches(schema, batches)?;
+    let order: Vec<arrow::compute::SortColumn> = std::iter::once(key)
+        .chain(
+            ["tier", "route_class"]
+                .iter()
+                .filter_map(|c| schema.index_of(c).ok()),
+        )
+        .map(|i| arrow::compute::SortColumn {
+            values: Arc::clone(all.column(i)),
+            options: None,
+        })
+        .collect();
+    let indices = arrow::compute::lexsort_to_indices(&order, None)?;
+    Ok(vec![arrow::compute::take_record_batch(&all, &indices)?])
 }
 
 /// Removes `days` from a level's table `def` in one commit (days the raw table no longer
