@@ -54,6 +54,9 @@ pub struct Engine {
     budget: Budget,
     answers: Arc<Answers>,
     parts: Arc<Parts>,
+    /// What "now" is for the reports' default ranges and the closed days (the system's
+    /// clock; a test's own with [`Engine::with_clock`]).
+    clock: verdict_lake::Clock,
 }
 
 /// A job over the parts (see [`Engine::warm_parts`]): its place in the budget, its session,
@@ -175,7 +178,21 @@ impl Engine {
             parts,
             limits,
             policies,
+            clock: Arc::new(verdict_schemas::SystemClock),
         })
+    }
+
+    /// The same engine with `clock` as its "now" (the reports' default ranges, the raw
+    /// table's window, the closed days): a lake of fixed dates answers the same whatever the
+    /// day.
+    pub fn with_clock(mut self, clock: verdict_lake::Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Now, by the engine's clock.
+    pub fn now(&self) -> chrono::DateTime<chrono::Utc> {
+        chrono::DateTime::from_timestamp_millis(self.clock.now_ms()).unwrap_or_default()
     }
 
     /// The named reports' kept answers (see [`crate::answers`]).
@@ -189,7 +206,7 @@ impl Engine {
     /// for a place in the budget and runs in a session of its own under one listing of the
     /// lake, each day under the time limit.
     pub async fn warm_parts(&self) -> Result<Warmed, QueryError> {
-        let job = self.parts_job(chrono::Utc::now().date_naive()).await?;
+        let job = self.parts_job(self.now().date_naive()).await?;
         let mut warmed = Warmed::default();
         for day in &job.closed_days {
             let made = self
@@ -526,7 +543,7 @@ impl Engine {
     ) -> Result<String, QueryError> {
         let report = crate::reports::find(name)?;
         let names = self.names().await?;
-        report.render(params, &names, chrono::Utc::now(), form)
+        report.render(params, &names, self.now(), form)
     }
 
     /// Why a query past its count stops: its own limit, or the service's budget (busy).

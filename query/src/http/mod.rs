@@ -347,7 +347,7 @@ async fn what_if(
         let range = crate::range::Range::parse(
             params.get("from").map(String::as_str),
             params.get("to").map(String::as_str),
-            chrono::Utc::now(),
+            state.engine.now(),
             7,
         )?;
         let candidate = crate::whatif::candidate(&body)?;
@@ -382,7 +382,7 @@ async fn recommendations(
     let answer = async {
         let keys = keys_param(params.remove("keys").as_ref())?;
         let replayed =
-            crate::recommend::replay(&state.engine, &params, chrono::Utc::now(), keys).await?;
+            crate::recommend::replay(&state.engine, &params, state.engine.now(), keys).await?;
         let policy = verdict_limiter::policy::to_toml(&replayed.candidate)
             .map_err(|e| QueryError::Invalid(format!("the recommended policy as TOML: {e}")))?;
         let mut body = serde_json::to_value(&replayed)
