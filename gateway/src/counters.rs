@@ -33,12 +33,12 @@ impl CounterStore for GatewayStore {
     async fn check_located(
         &self,
         key: &LimitKey,
-        slot: u16,
+        place: Self::Place,
         limits: &Limits,
         hits: u32,
     ) -> Checked {
         match self {
-            Self::Redis(r) => r.check_located(key, slot, limits, hits).await,
+            Self::Redis(r) => r.check_located(key, place, limits, hits).await,
             Self::Memory(m) => m.check(key, limits, hits).await,
             Self::Moving(m) => m.check(key, limits, hits).await,
         }

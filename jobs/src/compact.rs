@@ -17,18 +17,18 @@ use arrow::compute::{concat_batches, take_record_batch};
 use arrow::row::{RowConverter, SortField};
 use bytes::Bytes;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{ObjectStoreExt, PutPayload};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use rand::RngCore;
 use verdict_lake::files::encode_raw_parquet;
 use verdict_lake::tables::{RAW, hour_partition};
-use verdict_lake::{Action, Add, Clock, Commit, Conflict, LakeError, Snapshot, Table};
+use verdict_lake::{Action, Add, Commit, Conflict, LakeError, Snapshot, Table};
 use verdict_rollup::{RawFile, hour_files_in, hours_in};
 use verdict_schemas::tables::raw;
 use verdict_schemas::{HourPartition, raw_schema};
 
+use crate::Lake;
 use crate::error::MaintenanceError;
-use crate::windows::Windows;
 
 /// One compaction done.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,13 +61,8 @@ pub struct CompactReport {
 
 /// Compacts every closed raw hour (within the raw window) that has at least `min_files`
 /// files.
-pub async fn run(
-    store: &Arc<dyn ObjectStore>,
-    clock: &Clock,
-    now_ms: i64,
-    windows: &Windows,
-    min_files: usize,
-) -> Result<CompactReport, MaintenanceError> {
+pub async fn run(lake: Lake<'_>, min_files: usize) -> Result<CompactReport, MaintenanceError> {
+    let (store, clock, windows, now_ms) = (lake.store, lake.clock, lake.windows, lake.now_ms);
     let mut report = CompactReport::default();
     let table = RAW.table_at(Arc::clone(store), Arc::clone(clock));
     let Some(mut snapshot) = table.snapshot_if_any().await? else {

@@ -20,13 +20,12 @@ use verdict_schemas::layout::QUARANTINE_PREFIX;
 
 use verdict_lake::tables::{DEMAND_HOURLY, DENIED_HOURLY, OVERAGE, RAW, RECONCILE_ROUNDS};
 use verdict_lake::vacuum;
-use verdict_lake::{
-    Action, Add, Clock, Commit, LakeError, PartitionValues, Snapshot, Table, TableDef,
-};
+use verdict_lake::{Action, Add, Commit, LakeError, PartitionValues, Snapshot, Table, TableDef};
 use verdict_rollup::{hour_files_in, hours_in};
 use verdict_schemas::HourPartition;
 use verdict_schemas::layout::{parse_date_segment, parse_hour_segment};
 
+use crate::Lake;
 use crate::error::MaintenanceError;
 use crate::partitions::{day_folders, delete_under, objects_under};
 use crate::windows::{DAY, Windows, day_start_ms, ms};
@@ -277,14 +276,9 @@ fn raw_expired(snapshot: &Snapshot, now_ms: i64, windows: &Windows) -> Vec<Expir
 }
 
 /// Removes the partitions past their window (or, with `dry_run`, only lists them) and
-/// vacuums the Delta tables, as of `now_ms`; the commits are stamped by `clock`.
-pub async fn run(
-    store: &Arc<dyn ObjectStore>,
-    clock: &Clock,
-    now_ms: i64,
-    windows: &Windows,
-    dry_run: bool,
-) -> Result<RetentionReport, MaintenanceError> {
+/// vacuums the Delta tables, as of the lake's `now_ms`; the commits are stamped by its clock.
+pub async fn run(lake: Lake<'_>, dry_run: bool) -> Result<RetentionReport, MaintenanceError> {
+    let (store, clock, windows, now_ms) = (lake.store, lake.clock, lake.windows, lake.now_ms);
     let expired = plan(store, now_ms, windows).await?;
     let mut report = RetentionReport::default();
     for e in &expired {

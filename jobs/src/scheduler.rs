@@ -17,7 +17,7 @@ use verdict_rollup::Rollup;
 
 use crate::metrics::JobMetrics;
 use crate::windows::Windows;
-use crate::{compact, late, overage, retention};
+use crate::{Lake, compact, late, overage, retention};
 
 /// A job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -218,20 +218,19 @@ impl Jobs {
             .await
             .map_err(JobError::NoRawTable)?;
         let w = &self.cfg.windows;
+        let lake = Lake {
+            store: &self.store,
+            clock: &self.cfg.clock,
+            windows: w,
+            now_ms,
+        };
         Ok(match job {
             Job::Rollup => {
                 let reports = late::run(&self.rollup, now_ms, w).await?;
                 JobOutcome::wrote(reports.len(), reports.iter().map(|r| r.bytes as u64).sum())
             }
             Job::Compact => {
-                let r = compact::run(
-                    &self.store,
-                    &self.cfg.clock,
-                    now_ms,
-                    w,
-                    self.cfg.compact_min_files,
-                )
-                .await?;
+                let r = compact::run(lake, self.cfg.compact_min_files).await?;
                 JobOutcome {
                     written: r.compacted.len(),
                     bytes_written: r.compacted.iter().map(|c| c.bytes_out as u64).sum(),
@@ -245,7 +244,7 @@ impl Jobs {
                 JobOutcome::wrote(reports.len(), reports.iter().map(|r| r.bytes as u64).sum())
             }
             Job::Retention => {
-                let r = retention::run(&self.store, &self.cfg.clock, now_ms, w, dry_run).await?;
+                let r = retention::run(lake, dry_run).await?;
                 JobOutcome {
                     removed: r.expired.len(),
                     bytes_removed: r.expired.iter().map(|e| e.bytes).sum(),

@@ -483,21 +483,22 @@ mod tests {
         let ctx = SessionContext::new_with_state(state);
         ctx.add_analyzer_rule(Arc::new(CheckedConstants));
         ctx.register_udaf(checked_sum());
-        for sql in [
-            "SELECT CAST(9223372036854775807 AS BIGINT) + value AS v FROM generate_series(1, 2)",
-            "SELECT value FROM generate_series(1, 2) WHERE value * 9223372036854775807 > 0",
-            // Folded while planning.
-            "SELECT 9223372036854775807 + 1 AS v",
-            "SELECT (-9223372036854775807 - 1) - 1 AS v",
-            "SELECT 4611686018427387904 * 2 AS v",
-            "SELECT value FROM generate_series(1, 2) WHERE value > 9223372036854775807 + 1",
-            // Sums, with and without groups, and unsigned.
-            "SELECT SUM(value * 4611686018427387904) AS s FROM generate_series(1, 2)",
-            "SELECT value % 2 AS g, SUM(value * 3074457345618258602) AS s \
-             FROM generate_series(1, 8) GROUP BY value % 2",
-            "SELECT SUM(CAST(value AS BIGINT UNSIGNED) + CAST(9223372036854775807 AS BIGINT UNSIGNED)) \
-             AS s FROM generate_series(1, 2)",
-        ] {
+        // One statement a line, each past a BIGINT's range somewhere.
+        let overflowing = r"
+            SELECT CAST(9223372036854775807 AS BIGINT) + value AS v FROM generate_series(1, 2)
+            SELECT value FROM generate_series(1, 2) WHERE value * 9223372036854775807 > 0
+            -- Folded while planning.
+            SELECT 9223372036854775807 + 1 AS v
+            SELECT (-9223372036854775807 - 1) - 1 AS v
+            SELECT 4611686018427387904 * 2 AS v
+            SELECT value FROM generate_series(1, 2) WHERE value > 9223372036854775807 + 1
+            -- Sums, with and without groups, and unsigned.
+            SELECT SUM(value * 4611686018427387904) AS s FROM generate_series(1, 2)
+            SELECT value % 2 AS g, SUM(value * 3074457345618258602) AS s FROM generate_series(1, 8) GROUP BY value % 2
+            SELECT SUM(CAST(value AS BIGINT UNSIGNED) + CAST(9223372036854775807 AS BIGINT UNSIGNED)) AS s FROM generate_series(1, 2)
+        ";
+        let statements = overflowing.lines().map(str::trim);
+        for sql in statements.filter(|l| !l.is_empty() && !l.starts_with("--")) {
             let err = ctx.sql(sql).await.unwrap().collect().await.unwrap_err();
             assert!(
                 err.to_string().to_lowercase().contains("overflow"),

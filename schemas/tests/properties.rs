@@ -43,23 +43,24 @@ prop_compose! {
         policy_version in 0..=i64::MAX as u64,
         (sub_key, sub_keys) in (1u8..=255).prop_flat_map(|n| (0..n, Just(n))),
     ) -> DecisionEvent {
+        // Who and where, then what was decided, then the counters it reports.
         DecisionEvent {
             event_time_ms,
             key_id: KeyId(key),
+            sub_key,
+            sub_keys,
             route_class: RouteClassId(route_class),
             tier: TierId(tier),
             region: RegionId(region),
             gateway_instance,
+            policy_version,
             verdict,
             denied_by,
             source,
+            retry_after_ms,
             remaining_tokens,
             remaining_window,
-            retry_after_ms,
             window_quota,
-            policy_version,
-            sub_key,
-            sub_keys,
         }
     }
 }

@@ -234,6 +234,29 @@ fn verdict_child(name: &str, log: &str, args: &[&str]) -> (Child, Lines) {
     (child, lines)
 }
 
+/// `verdict ingest` of consumer group `group` from `topic` into the lake `store` names (its
+/// `--store`, and `--s3-endpoint` on S3), flushing each second, as `instance`.
+fn ingest_child(name: &str, store: &[&str], topic: &str, group: &str, instance: &str) -> Child {
+    let brokers = kafka_brokers();
+    let mut args = vec!["ingest"];
+    args.extend_from_slice(store);
+    args.extend(["--brokers", &brokers, "--topic", topic]);
+    args.extend(["--group", group, "--instance-id", instance]);
+    args.extend(["--flush-max-age-secs", "1"]);
+    verdict_child(name, "warn,verdict_ingest=info", &args).0
+}
+
+/// `verdict query serve` over the lake `store` names with the policy `policy` names (a
+/// `--policy-file` or `--policy-postgres`), listening on `port`.
+fn query_child(store: &[&str], policy: &[&str], port: u16) -> Child {
+    let listen = format!("127.0.0.1:{port}");
+    let mut args = vec!["query", "serve"];
+    args.extend_from_slice(store);
+    args.extend_from_slice(policy);
+    args.extend(["--listen", &listen]);
+    verdict_child("query", "warn", &args).0
+}
+
 /// `verdict gateway` in front of the upstream on port `up`, with the keys of `keys_file`,
 /// its events on `topic` of the real Kafka, listening on `port`; the caller adds the policy.
 fn gateway_args(up: u16, keys_file: &std::path::Path, topic: &str, port: u16) -> Vec<String> {
@@ -312,25 +335,11 @@ async fn the_whole_flow_on_the_real_services() {
     // The query service over the lake and the policy, from the start.
     let http = reqwest::Client::new();
     let query_port = spare_port();
-    let mut services = Children(vec![
-        verdict_child(
-            "query",
-            "warn",
-            &[
-                "query",
-                "serve",
-                "--store",
-                &lake,
-                "--s3-endpoint",
-                &s3_endpoint(),
-                "--policy-postgres",
-                &pg,
-                "--listen",
-                &format!("127.0.0.1:{query_port}"),
-            ],
-        )
-        .0,
-    ]);
+    let mut services = Children(vec![query_child(
+        &["--store", &lake, "--s3-endpoint", &s3_endpoint()],
+        &["--policy-postgres", &pg],
+        query_port,
+    )]);
     let base = format!("http://127.0.0.1:{query_port}");
 
     let up = verdict_demo::spawn_upstream().await.unwrap().port();
@@ -439,28 +448,13 @@ async fn the_whole_flow_on_the_real_services() {
     let mut workers = Children(
         (0..2)
             .map(|i| {
-                verdict_child(
+                ingest_child(
                     &format!("ingest {i}"),
-                    "warn,verdict_ingest=info",
-                    &[
-                        "ingest",
-                        "--store",
-                        &lake,
-                        "--s3-endpoint",
-                        &s3_endpoint(),
-                        "--brokers",
-                        &kafka_brokers(),
-                        "--topic",
-                        &topic,
-                        "--group",
-                        &group,
-                        "--instance-id",
-                        &format!("worker-{i}"),
-                        "--flush-max-age-secs",
-                        "1",
-                    ],
+                    &["--store", &lake, "--s3-endpoint", &s3_endpoint()],
+                    &topic,
+                    &group,
+                    &format!("worker-{i}"),
                 )
-                .0
             })
             .collect(),
     );
@@ -651,41 +645,14 @@ async fn behind_envoy_nginx_and_caddy_every_decision_reaches_the_raw_table_and_t
     let query_port = spare_port();
     let base = format!("http://127.0.0.1:{query_port}");
     let mut services = Children(vec![
-        verdict_child(
+        ingest_child(
             "ingest",
-            "warn,verdict_ingest=info",
-            &[
-                "ingest",
-                "--store",
-                &lake,
-                "--brokers",
-                &kafka_brokers(),
-                "--topic",
-                &topic,
-                "--group",
-                &unique_name("proxies-ingest"),
-                "--instance-id",
-                "worker-0",
-                "--flush-max-age-secs",
-                "1",
-            ],
-        )
-        .0,
-        verdict_child(
-            "query",
-            "warn",
-            &[
-                "query",
-                "serve",
-                "--store",
-                &lake,
-                "--policy-file",
-                &policy,
-                "--listen",
-                &format!("127.0.0.1:{query_port}"),
-            ],
-        )
-        .0,
+            &["--store", &lake],
+            &topic,
+            &unique_name("proxies-ingest"),
+            "worker-0",
+        ),
+        query_child(&["--store", &lake], &["--policy-file", &policy], query_port),
     ]);
     // One event per request, from all three proxies: 120, of which 30 refused.
     let totals = "SELECT COUNT(*) AS n, SUM(CASE WHEN verdict = 1 THEN 1 ELSE 0 END) AS denied \

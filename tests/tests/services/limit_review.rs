@@ -808,15 +808,13 @@ async fn the_levels_stored_once_are_read_by_a_new_service_and_stored_again_when_
     // Retention takes the first day from the raw table: its stored parts go too; the files
     // replaced a moment ago stay for the queries planned with them (an hour).
     let now = START_MS + 7 * 86_400_000 + 12 * 3_600_000;
-    verdict_jobs::retention::run(
-        &store,
-        &clock,
-        now,
-        &verdict_jobs::Windows::default(),
-        false,
-    )
-    .await
-    .unwrap();
+    let lake = verdict_jobs::Lake {
+        store: &store,
+        clock: &clock,
+        windows: &verdict_jobs::Windows::default(),
+        now_ms: now,
+    };
+    verdict_jobs::retention::run(lake, false).await.unwrap();
     let done = store_levels().await.unwrap();
     assert_eq!(
         (done.written, done.unchanged, done.removed, done.deleted),
