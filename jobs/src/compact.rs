@@ -27,8 +27,8 @@ use verdict_rollup::{RawFile, hour_files_in, hours_in};
 use verdict_schemas::tables::raw;
 use verdict_schemas::{HourPartition, raw_schema};
 
-use crate::Lake;
 use crate::error::MaintenanceError;
+use crate::lake::Lake;
 
 /// One compaction done.
 #[derive(Debug, Clone, PartialEq, Eq)]

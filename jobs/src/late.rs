@@ -180,7 +180,7 @@ where
 
 /// Rolls up every due hour and commits them with the job's progress; returns what each
 /// rollup did. When another run commits first (another scheduler), this one looks again
-/// at what is due then (see [`again_on_conflict`]).
+/// at what is due then, up to three attempts in all.
 pub async fn run(
     rollup: &Rollup,
     now_ms: i64,

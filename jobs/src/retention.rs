@@ -25,8 +25,8 @@ use verdict_rollup::{hour_files_in, hours_in};
 use verdict_schemas::HourPartition;
 use verdict_schemas::layout::{parse_date_segment, parse_hour_segment};
 
-use crate::Lake;
 use crate::error::MaintenanceError;
+use crate::lake::Lake;
 use crate::partitions::{day_folders, delete_under, objects_under};
 use crate::windows::{DAY, Windows, day_start_ms, ms};
 

@@ -15,9 +15,10 @@ use object_store::ObjectStore;
 use verdict_lake::Clock;
 use verdict_rollup::Rollup;
 
+use crate::lake::Lake;
 use crate::metrics::JobMetrics;
 use crate::windows::Windows;
-use crate::{Lake, compact, late, overage, retention};
+use crate::{compact, late, overage, retention};
 
 /// A job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
