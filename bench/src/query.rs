@@ -747,7 +747,8 @@ fn named(queries: &[(String, &'static str, String)]) -> Vec<NamedQuery> {
         .collect()
 }
 
-/// The engine over a lake `bench query` wrote, its policy in `policy.toml`.
+/// The engine over a lake `bench query` wrote, its policy in `policy.toml`, with the
+/// service's default limits and spilling as `verdict query serve` does by default.
 fn lake_engine(root: &std::path::Path, threads: usize) -> anyhow::Result<Engine> {
     let source: Arc<dyn PolicySource> = Arc::new(FileSource::new(root.join("policy.toml")));
     Ok(Engine::new(
@@ -755,7 +756,8 @@ fn lake_engine(root: &std::path::Path, threads: usize) -> anyhow::Result<Engine>
         PoliciesTable::new(Some(source)),
         threads,
         Limits::default(),
-    )?)
+    )?
+    .with_spill(&verdict_query::spill::Spill::default())?)
 }
 
 /// `verdict-bench query-peer`: runs the spec's query named on each line of standard input

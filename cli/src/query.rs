@@ -11,6 +11,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use futures::StreamExt;
 use verdict_query::http::{AppState, QueryMetrics, load_tokens};
 use verdict_query::reports::Form;
+use verdict_query::spill::Spill;
 use verdict_query::{Engine, Limits, PoliciesTable, ReaderView, RunOptions};
 
 use crate::policy_args::PolicyArgs;
@@ -69,6 +70,18 @@ pub struct EngineArgs {
     /// Partitions each query runs on (default: the machine's cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// The directory queries spill to: a sort or an aggregation that needs more than half
+    /// of its query's --memory-mib writes sorted runs here and merges them back instead of
+    /// failing. The service makes a directory of its own inside it (`datafusion-…`),
+    /// removed when it stops. Default: `verdict-query-spill` in the system's temporary
+    /// directory.
+    #[arg(long)]
+    pub spill_dir: Option<PathBuf>,
+    /// Disk all queries together may hold in the spill directory, GiB: past it, the query
+    /// that needed more ends with memory_limit. 0: no spilling (a query past its memory
+    /// limit ends then).
+    #[arg(long, default_value_t = Spill::DEFAULT_GIB)]
+    pub spill_gib: u64,
 }
 
 impl EngineArgs {
@@ -91,6 +104,7 @@ impl EngineArgs {
             part_cache_bytes: self.part_cache_mib << 20,
             connections: self.max_connections.max(1),
             idle: Duration::from_secs(self.idle_timeout_s.max(1)),
+            spill_bytes: 0,
         };
         let threads = self
             .threads
@@ -101,12 +115,13 @@ impl EngineArgs {
         } else {
             ReaderView::new(self.store.open()?)
         };
-        Ok(Engine::new(
-            lake,
-            PoliciesTable::new(source),
-            threads,
-            limits,
-        )?)
+        let spill = Spill {
+            dir: self.spill_dir.clone().unwrap_or_else(Spill::default_dir),
+            max_bytes: self.spill_gib << 30,
+        };
+        Engine::new(lake, PoliciesTable::new(source), threads, limits)?
+            .with_spill(&spill)
+            .with_context(|| format!("the spill directory {}", spill.dir.display()))
     }
 
     /// [`Self::engine`], with every table of the lake checked readable first (its

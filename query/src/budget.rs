@@ -28,6 +28,9 @@ pub struct Budget {
     shared: Arc<GreedyMemoryPool>,
     slots: Arc<Semaphore>,
     per_query: usize,
+    /// What a query's operators may reserve from its pool (`per_query`, or less when they
+    /// spill: see [`crate::spill`]).
+    operators: usize,
     wait: Duration,
 }
 
@@ -41,8 +44,16 @@ impl Budget {
             shared: Arc::new(GreedyMemoryPool::new(budget_bytes)),
             slots: Arc::new(Semaphore::new((budget_bytes / per_query).max(1))),
             per_query,
+            operators: per_query,
             wait,
         }
+    }
+
+    /// The same budget, its queries' operators reserving at most `share` of each query's
+    /// limit from its pool (the rest of the limit still counts every allocation).
+    pub fn with_operator_share(mut self, share: f64) -> Self {
+        self.operators = ((self.per_query as f64 * share.clamp(0.0, 1.0)) as usize).max(1);
+        self
     }
 
     /// Queries that may run at once.
@@ -67,7 +78,7 @@ impl Budget {
     /// The pool of one query.
     pub fn pool(&self) -> QueryPool {
         QueryPool {
-            own: GreedyMemoryPool::new(self.per_query),
+            own: GreedyMemoryPool::new(self.operators),
             shared: Arc::clone(&self.shared),
         }
     }

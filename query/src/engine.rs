@@ -37,6 +37,7 @@ use crate::pack::PACK_GROUP_KEYS;
 use crate::parts::{LevelsWritten, Parts, PartsExec, Warmed};
 use crate::pruning::RAW_SCAN_PRUNING;
 use crate::reports::Form;
+use crate::spill::{Spill, SpillCounters, Spilled};
 use crate::tables::{LAKE_URL, PoliciesTable, register};
 use crate::view::{AsOf, ReaderView};
 use bytes::Bytes;
@@ -57,6 +58,8 @@ pub struct Engine {
     /// What "now" is for the reports' default ranges and the closed days (the system's
     /// clock; a test's own with [`Engine::with_clock`]).
     clock: verdict_lake::Clock,
+    /// What the queries spilled (see [`crate::spill`]).
+    spilled: SpillCounters,
 }
 
 /// A job over the parts (see [`Engine::warm_parts`]): its place in the budget, its session,
@@ -179,7 +182,52 @@ impl Engine {
             limits,
             policies,
             clock: Arc::new(verdict_schemas::SystemClock),
+            spilled: SpillCounters::new(),
         })
+    }
+
+    /// The same engine spilling as `spill` says: its sorts and aggregations write to disk
+    /// past [`crate::spill::OPERATOR_SHARE`] of a query's memory limit instead of failing
+    /// (see [`crate::spill`]). Without it, an engine does not spill.
+    pub fn with_spill(mut self, spill: &Spill) -> Result<Self, DataFusionError> {
+        let disk_manager = crate::spill::shared(spill)?;
+        let base = self.base.runtime_env();
+        let runtime = RuntimeEnv {
+            memory_pool: Arc::clone(&base.memory_pool),
+            disk_manager,
+            cache_manager: Arc::clone(&base.cache_manager),
+            object_store_registry: Arc::clone(&base.object_store_registry),
+        };
+        // A sort sets aside what merging its spilled runs takes before it spills (10 MiB
+        // by default, per partition): a part of the operators' share here, so that a query
+        // of a small limit can spill at all.
+        // (The catalog is kept: a new default one would replace it, tables and all.)
+        let mut config = self
+            .base
+            .copied_config()
+            .with_create_default_catalog_and_schema(false);
+        let operators = self.limits.memory_bytes as f64 * crate::spill::OPERATOR_SHARE;
+        let partitions = config.target_partitions().max(1) as f64;
+        config.options_mut().execution.sort_spill_reservation_bytes =
+            (operators / (4.0 * partitions)).min(10.0 * 1024.0 * 1024.0) as usize;
+        let state = SessionStateBuilder::new_from_existing(self.base.state())
+            .with_config(config)
+            .with_runtime_env(Arc::new(runtime))
+            .build();
+        // The catalog, the functions and the rules are the state's, and kept.
+        self.base = SessionContext::new_with_state(state);
+        self.limits.spill_bytes = spill.max_bytes;
+        if spill.max_bytes > 0 {
+            self.budget = self
+                .budget
+                .with_operator_share(crate::spill::OPERATOR_SHARE);
+        }
+        Ok(self)
+    }
+
+    /// What the queries spilled, to show in the service's metrics.
+    pub fn spill_counters(&self) -> &SpillCounters {
+        &self.spilled
     }
 
     /// The same engine with `clock` as its "now" (the reports' default ranges, the raw
@@ -495,6 +543,7 @@ impl Engine {
     /// Starts a planned query; the rows come from the returned stream, which ends with
     /// [`QueryError::TimeLimit`] if the deadline passes.
     fn start(&self, planned: Planned) -> Result<QueryStream, QueryError> {
+        let plan = Arc::clone(&planned.plan);
         let inner = planned
             .memory
             .run(|| datafusion::physical_plan::execute_stream(planned.plan, planned.ctx.task_ctx()))
@@ -502,6 +551,7 @@ impl Engine {
         Ok(QueryStream {
             schema: inner.schema(),
             inner,
+            plan: Some((plan, self.spilled.clone())),
             memory: Some(planned.memory),
             permit: Some(planned.permit),
             deadline: Box::pin(tokio::time::sleep_until(planned.deadline)),
@@ -718,6 +768,11 @@ fn scanned_rows(plan: &dyn datafusion::physical_plan::ExecutionPlan) -> u64 {
 pub struct QueryStream {
     schema: SchemaRef,
     inner: SendableRecordBatchStream,
+    /// The plan running, and where to count what it spilled when it ends.
+    plan: Option<(
+        Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+        SpillCounters,
+    )>,
     /// What the query's allocations count against (see [`crate::memory`]).
     memory: Option<QueryMemory>,
     /// The query's place in the budget, given back when the query ends or is dropped.
@@ -737,6 +792,9 @@ impl QueryStream {
     /// line are dropped now, not when the stream is.
     fn finish(&mut self) {
         self.done = true;
+        if let Some((plan, counters)) = self.plan.take() {
+            counters.add(Spilled::of(plan.as_ref()));
+        }
         self.inner = Box::pin(datafusion::physical_plan::EmptyRecordBatchStream::new(
             Arc::clone(&self.schema),
         ));

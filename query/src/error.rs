@@ -26,6 +26,16 @@ pub enum QueryError {
         /// The limit.
         limit_mib: usize,
     },
+    /// The query needed more memory than its pool, and its operators more of the spill
+    /// directory than the service's queries may hold there together (see [`crate::spill`]).
+    #[error(
+        "the query needs more than its memory limit and the spill directory's {limit_mib} MiB: \
+         narrow the time range, filter on date/hour, or aggregate before sorting"
+    )]
+    SpillLimit {
+        /// The spill directory's limit.
+        limit_mib: u64,
+    },
     /// The query ran past its deadline and was cancelled.
     #[error(
         "the query ran past its time limit of {seconds} s and was cancelled: narrow the time range or filter on date/hour"
@@ -74,6 +84,10 @@ pub enum QueryError {
     Internal,
 }
 
+/// What DataFusion's refusal to spill more says (the limit on the spill directory, an I/O
+/// error that would tell the client to change a setting it cannot).
+const SPILL_EXHAUSTED: &str = "during the spilling process has exceeded the allowable limit";
+
 impl QueryError {
     /// A short machine-readable name.
     pub fn kind(&self) -> &'static str {
@@ -83,7 +97,7 @@ impl QueryError {
             Self::TooLarge(_) => "query_too_large",
             Self::ValueTooLarge(_) => "value_too_large",
             Self::NotFound(_) => "not_found",
-            Self::MemoryLimit { .. } => "memory_limit",
+            Self::MemoryLimit { .. } | Self::SpillLimit { .. } => "memory_limit",
             Self::TimeLimit { .. } => "time_limit",
             Self::RowLimit { .. } => "row_limit",
             Self::AnswerTooLarge { .. } => "answer_too_large",
@@ -102,6 +116,8 @@ impl QueryError {
             Self::NotFound(_) => "42P01",
             // out_of_memory
             Self::MemoryLimit { .. } => "53200",
+            // disk_full
+            Self::SpillLimit { .. } => "53100",
             // query_canceled
             Self::TimeLimit { .. } => "57014",
             // program_limit_exceeded
@@ -121,6 +137,11 @@ impl QueryError {
         let root = e.find_root();
         if let Some(problem) = regex_problem(&root.message()) {
             return Self::Invalid(problem);
+        }
+        if root.message().contains(SPILL_EXHAUSTED) {
+            return Self::SpillLimit {
+                limit_mib: limits.spill_bytes >> 20,
+            };
         }
         match root {
             DataFusionError::ResourcesExhausted(m)

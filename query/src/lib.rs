@@ -27,6 +27,7 @@ pub mod recommendation;
 pub mod reports;
 pub mod rules;
 pub mod shares;
+pub mod spill;
 pub mod stored;
 pub mod tables;
 pub mod view;

@@ -32,6 +32,9 @@ pub struct Limits {
     /// its whole head is in; PostgreSQL: until its startup message is in, a session then
     /// waiting up to [`crate::pg::IDLE_SESSION`] between statements).
     pub idle: Duration,
+    /// Bytes all queries together may hold in the spill directory (see [`crate::spill`]);
+    /// 0: the engine does not spill. Set by `Engine::with_spill`.
+    pub spill_bytes: u64,
 }
 
 impl Default for Limits {
@@ -47,6 +50,7 @@ impl Default for Limits {
             part_cache_bytes: 256 << 20,
             connections: 1_000,
             idle: Duration::from_secs(30),
+            spill_bytes: 0,
         }
     }
 }

@@ -26,6 +26,7 @@ pub(super) fn status_of(e: &QueryError) -> StatusCode {
         }
         QueryError::NotFound(_) => StatusCode::NOT_FOUND,
         QueryError::MemoryLimit { .. }
+        | QueryError::SpillLimit { .. }
         | QueryError::RowLimit { .. }
         | QueryError::AnswerTooLarge { .. }
         | QueryError::ValueTooLarge(_) => StatusCode::UNPROCESSABLE_ENTITY,

@@ -206,10 +206,12 @@ pub async fn bind(state: &AppState, addr: SocketAddr) -> std::io::Result<tokio::
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
-    )
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], {
+        let spilled = state.engine.spill_counters();
+        state
+            .metrics
+            .render_with(&[&spilled.queries, &spilled.spills, &spilled.bytes])
+    })
         .into_response()
 }
 

@@ -1,5 +1,6 @@
 //! What the HTTP handlers share: the engine, the accepted tokens and the service's metrics.
 
+use prometheus::core::Collector;
 use prometheus::{
     HistogramVec, IntCounterVec, Registry, TextEncoder, register_histogram_vec_with_registry,
     register_int_counter_vec_with_registry,
@@ -69,8 +70,15 @@ impl QueryMetrics {
 
     /// The metrics in Prometheus's text format.
     pub fn render(&self) -> String {
+        self.render_with(&[])
+    }
+
+    /// The metrics with `more` (the engine's own, such as what its queries spilled).
+    pub fn render_with(&self, more: &[&dyn Collector]) -> String {
+        let mut families = self.registry.gather();
+        families.extend(more.iter().flat_map(|c| c.collect()));
         TextEncoder::new()
-            .encode_to_string(&self.registry.gather())
+            .encode_to_string(&families)
             .unwrap_or_default()
     }
 }

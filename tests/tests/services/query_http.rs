@@ -10,6 +10,7 @@ use reqwest::StatusCode;
 use serde_json::Value;
 use verdict_query::Limits;
 use verdict_query::http::{AppState, QueryMetrics, check_exposure, spawn};
+use verdict_query::spill::Spill;
 use verdict_tests::query_fixture::{known_engine, long_or, long_sum, long_union};
 
 const TOKEN: &str = "analyst-token-1";
@@ -421,6 +422,113 @@ async fn every_statement_that_writes_defines_or_reads_files_is_refused() {
     );
     // The tables are still whole.
     let (status, _, body) = post_sql(&base, "SELECT COUNT(*) AS n FROM overage", "").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(json(&body)["rows"][0]["n"], 1);
+}
+
+/// The service on the known lake with `limits`, spilling to `spill`.
+async fn spilling_service(
+    name: &str,
+    limits: Limits,
+    spill: &Spill,
+) -> (String, tempfile::TempDir) {
+    let (engine, _store, dir) = known_engine(name, limits).await;
+    let state = Arc::new(AppState {
+        engine: engine.with_spill(spill).expect("the spill directory"),
+        tokens: Vec::new(),
+        metrics: QueryMetrics::new(),
+    });
+    let (addr, _task) = spawn(state, SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .expect("the service binds");
+    (format!("http://{addr}"), dir)
+}
+
+/// A metric's value in the service's `/metrics`.
+async fn metric(base: &str, name: &str) -> f64 {
+    let text = client()
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}
+
+/// The files under `dir`, at any depth.
+fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().map(Result::unwrap) {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(files_under(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sort_past_its_memory_spills_to_the_services_directory_and_answers_whole() {
+    // The sort that `memory_time_and_row_limits_…` sees refused at 16 MiB without spilling.
+    let sql = "SELECT value FROM generate_series(1, 5000000) ORDER BY value DESC";
+    let limits = Limits {
+        memory_bytes: 16 << 20,
+        ..Limits::default()
+    };
+    let root = tempfile::tempdir().unwrap();
+    let spill = Spill {
+        dir: root.path().join("spill"),
+        max_bytes: 512 << 20,
+    };
+    let (base, _dir) = spilling_service("http-spill", limits, &spill).await;
+    let (status, _, body) = post_sql(&base, sql, "?format=csv").await;
+    let text = String::from_utf8_lossy(&body);
+    assert_eq!(status, StatusCode::OK, "{}", &text[..text.len().min(500)]);
+    let values: Vec<&str> = text.lines().collect();
+    assert_eq!(values.len(), 5_000_001, "the header and every row");
+    assert_eq!(values[..3], ["value", "5000000", "4999999"]);
+    assert_eq!(values[5_000_000], "1");
+    assert!(
+        values[1..]
+            .windows(2)
+            .all(|w| w[0].parse::<i64>().unwrap() == w[1].parse::<i64>().unwrap() + 1),
+        "every value once, in order"
+    );
+    // It spilled, the metrics say so, and its files are gone once it answered; the
+    // directory the service made for itself stays inside the operator's.
+    assert_eq!(
+        metric(&base, "verdict_query_spilled_queries_total").await,
+        1.0
+    );
+    assert!(metric(&base, "verdict_query_spills_total").await >= 2.0);
+    // At least the rows that did not fit in the operators' 8 MiB, at 8 bytes a value.
+    let bytes = metric(&base, "verdict_query_spilled_bytes_total").await;
+    assert!(bytes >= 4.0e6 * 8.0 / 2.0, "{bytes}");
+    let own: Vec<_> = std::fs::read_dir(&spill.dir).unwrap().collect();
+    assert_eq!(own.len(), 1, "the service's own directory: {own:?}");
+    assert_eq!(files_under(&spill.dir), Vec::<std::path::PathBuf>::new());
+
+    // Past the directory's limit: memory_limit, naming the spill directory's limit.
+    let small = Spill {
+        dir: root.path().join("small"),
+        max_bytes: 1 << 20,
+    };
+    let (base, _dir) = spilling_service("http-spill-small", limits, &small).await;
+    let (status, _, body) = post_sql(&base, sql, "?format=csv").await;
+    let v = json(&body);
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert_eq!(v["error"]["kind"], "memory_limit");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("the spill directory's 1 MiB"), "{v}");
+    assert_eq!(files_under(&small.dir), Vec::<std::path::PathBuf>::new());
+    // The service keeps serving.
+    let (status, _, body) = post_sql(&base, "SELECT 1 AS n", "").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(json(&body)["rows"][0]["n"], 1);
 }
