@@ -486,10 +486,9 @@ async fn stored_levels(
 ) -> anyhow::Result<()> {
     use futures::TryStreamExt;
     let writer = lake_engine(root, threads)?;
-    let clock: verdict_lake::Clock = Arc::new(verdict_schemas::SystemClock);
     let started = Instant::now();
     let done = writer
-        .write_levels(Arc::clone(store), clock)
+        .write_levels(Arc::clone(store))
         .await
         .context("storing the reports' levels")?;
     let write_seconds = started.elapsed().as_secs_f64();

@@ -198,12 +198,11 @@ pub async fn run(cmd: QueryCommand) -> anyhow::Result<()> {
 async fn levels(args: LevelsArgs) -> anyhow::Result<()> {
     let engine = args.engine.open().await?;
     let lake = args.engine.store.open()?;
-    let clock: verdict_lake::Clock = Arc::new(verdict_schemas::SystemClock);
     let mut shutdown = std::pin::pin!(crate::signals::shutdown_signal()?);
     loop {
         let started = std::time::Instant::now();
         let done = engine
-            .write_levels(Arc::clone(&lake), Arc::clone(&clock))
+            .write_levels(Arc::clone(&lake))
             .await
             .with_context(|| {
                 format!("storing the reports' levels in {}", args.engine.store.store)

@@ -272,19 +272,17 @@ impl Engine {
     }
 
     /// Stores in `lake` (the lake this engine reads, writable) every level's part of every
-    /// closed day (before `clock`'s today, UTC) that is not stored for the day's files and
-    /// policy, newest day first, and removes the stored parts of the days the raw table no
-    /// longer holds (see [`crate::stored`]): `verdict query levels`. One query, as
-    /// [`Self::warm_parts`] is, each day under the time limit.
+    /// closed day (before today, UTC, by the engine's clock, which stamps the commits too)
+    /// that is not stored for the day's files and policy, newest day first, and removes the
+    /// stored parts of the days the raw table no longer holds (see [`crate::stored`]):
+    /// `verdict query levels`. One query, as [`Self::warm_parts`] is, each day under the
+    /// time limit.
     pub async fn write_levels(
         &self,
         lake: Arc<dyn ObjectStore>,
-        clock: verdict_lake::Clock,
     ) -> Result<LevelsWritten, QueryError> {
-        let today = chrono::DateTime::from_timestamp_millis(clock.now_ms())
-            .unwrap_or_default()
-            .date_naive();
-        let job = self.parts_job(today).await?;
+        let clock = Arc::clone(&self.clock);
+        let job = self.parts_job(self.now().date_naive()).await?;
         let mut done = LevelsWritten::default();
         for day in &job.closed_days {
             let day_done = self

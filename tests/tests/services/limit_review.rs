@@ -730,7 +730,7 @@ async fn the_levels_stored_once_are_read_by_a_new_service_and_stored_again_when_
         Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
     let clock: verdict_lake::Clock = Arc::new(verdict_schemas::SystemClock);
     let levels = verdict_query::reports::levels::LEVELS.len();
-    let store_levels = || engine.write_levels(Arc::clone(&store), Arc::clone(&clock));
+    let store_levels = || engine.write_levels(Arc::clone(&store));
     let done = store_levels().await.unwrap();
     assert_eq!(
         (done.written, done.unchanged, done.removed),
