@@ -84,12 +84,17 @@ struct QueryResult {
     min_ms: Option<f64>,
     rows: Option<usize>,
     rows_scanned: Option<u64>,
+    /// The most memory ours held at once on that statement's first run, MiB (the query's
+    /// own count, see `verdict_query::memory`).
+    peak_mib: Option<f64>,
     /// Why ours failed on that statement (a report's portable form past the memory limit
     /// at a large size, say); the bench goes on.
     error: Option<String>,
     /// A report as the query service answers it (its first levels kept in parts): the first
     /// run, computing the parts, then the median of the runs that find them kept.
     served_first_ms: Option<f64>,
+    /// The most memory the first served run held at once, MiB.
+    served_first_peak_mib: Option<f64>,
     served_p50_ms: Option<f64>,
     /// served_p50_ms ÷ duckdb_p50_ms.
     served_vs_duckdb: Option<f64>,
@@ -375,9 +380,9 @@ pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
         // Ours on the statement DuckDB runs; a failure (past the memory limit, say) is
         // reported and the bench goes on.
         let first = engine.collect(sql, &RunOptions::default()).await;
-        let (ours, error) = match first {
-            Ok(c) => (Some((c.rows(), c.rows_read)), None),
-            Err(e) => (None, Some(e.to_string())),
+        let (ours, error, peak) = match first {
+            Ok(c) => (Some((c.rows(), c.rows_read)), None, Some(mib(c.peak_bytes))),
+            Err(e) => (None, Some(e.to_string()), None),
         };
         let mut duck_rows = None;
         if let Some(d) = duck.as_mut() {
@@ -406,7 +411,7 @@ pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
         }
         // A report as the service answers it: the first run computes its parts, the others
         // find them kept. Its rows are the portable statement's.
-        let (mut served_first, mut served_times) = (None, Vec::new());
+        let (mut served_first, mut served_peak, mut served_times) = (None, None, Vec::new());
         if let Some(served) = served {
             for run in 0..=args.runs {
                 let t = Instant::now();
@@ -417,6 +422,7 @@ pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
                 let ms = t.elapsed().as_secs_f64() * 1000.0;
                 if run == 0 {
                     served_first = Some(ms);
+                    served_peak = Some(mib(c.peak_bytes));
                     if let Some((rows, _)) = ours {
                         anyhow::ensure!(
                             c.rows() == rows,
@@ -445,8 +451,10 @@ pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
                 .then(|| times.iter().copied().fold(f64::INFINITY, f64::min)),
             rows: ours.map(|(rows, _)| rows),
             rows_scanned: ours.map(|(_, scanned)| scanned),
+            peak_mib: peak,
             error,
             served_first_ms: served_first,
+            served_first_peak_mib: served_peak,
             served_p50_ms: served_p50,
             served_vs_duckdb: served_p50.zip(duck_p50).map(|(s, d)| s / d),
             duckdb_p50_ms: duck_p50,
@@ -467,6 +475,11 @@ pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
     }
     stored_levels(&store, &root, threads, &bench_queries, &answered, &set).await?;
     replay(&engine, &root, &args).await
+}
+
+/// Bytes as MiB.
+fn mib(bytes: usize) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
 }
 
 /// Where `verdict query levels` stores the reports' first levels.
@@ -539,6 +552,7 @@ async fn stored_levels(
                 "query": q.name,
                 "kind": "stored",
                 "served_stored_first_ms": started.elapsed().as_secs_f64() * 1000.0,
+                "served_stored_first_peak_mib": mib(c.peak_bytes),
                 "rows": c.rows(),
                 "rows_scanned": c.rows_read,
             })

@@ -555,6 +555,7 @@ impl Engine {
             deadline: Box::pin(tokio::time::sleep_until(planned.deadline)),
             limits: self.limits,
             done: false,
+            peak_bytes: 0,
         })
     }
 
@@ -666,6 +667,9 @@ pub struct Collected {
     pub batches: Vec<RecordBatch>,
     /// Rows the scans read.
     pub rows_read: u64,
+    /// The most memory the query held at once, bytes, as its count saw it (see
+    /// [`crate::memory`]; 0 when it ran uncounted).
+    pub peak_bytes: usize,
 }
 
 impl Collected {
@@ -724,6 +728,7 @@ async fn collect_stream(
         schema,
         batches,
         rows_read: 0,
+        peak_bytes: stream.peak_bytes,
     })
 }
 
@@ -778,9 +783,17 @@ pub struct QueryStream {
     deadline: Pin<Box<tokio::time::Sleep>>,
     limits: Limits,
     done: bool,
+    /// The most memory the query held at once, known when it has ended.
+    peak_bytes: usize,
 }
 
 impl QueryStream {
+    /// The most memory the query held at once, bytes: known once its last row is read (0
+    /// before, and when it ran uncounted).
+    pub fn peak_bytes(&self) -> usize {
+        self.peak_bytes
+    }
+
     /// The schema of the rows.
     pub fn schema(&self) -> SchemaRef {
         Arc::clone(&self.schema)
@@ -797,7 +810,9 @@ impl QueryStream {
             Arc::clone(&self.schema),
         ));
         self.permit = None;
-        self.memory = None;
+        if let Some(memory) = self.memory.take() {
+            self.peak_bytes = memory.peak();
+        }
     }
 }
 

@@ -43,6 +43,8 @@ struct Slot {
     busy: AtomicBool,
     generation: AtomicU32,
     used: AtomicI64,
+    /// The most `used` has been since the query claimed the slot.
+    peak: AtomicI64,
     limit: AtomicI64,
     exceeded: AtomicBool,
     /// Set when the queries together passed the service's budget (not the query's own).
@@ -56,6 +58,7 @@ impl Slot {
             busy: AtomicBool::new(false),
             generation: AtomicU32::new(0),
             used: AtomicI64::new(0),
+            peak: AtomicI64::new(0),
             limit: AtomicI64::new(i64::MAX),
             exceeded: AtomicBool::new(false),
             service: AtomicBool::new(false),
@@ -146,6 +149,9 @@ fn add(tag: u64, bytes: i64) {
     let Some(slot) = slot_of(tag) else { return };
     let used = slot.used.fetch_add(bytes, Ordering::Relaxed) + bytes;
     let total = TOTAL.fetch_add(bytes, Ordering::Relaxed) + bytes;
+    if bytes > 0 {
+        slot.peak.fetch_max(used, Ordering::Relaxed);
+    }
     if bytes > 0 && !slot.exceeded.load(Ordering::Relaxed) {
         if used > slot.limit.load(Ordering::Relaxed) {
             slot.exceeded.store(true, Ordering::Relaxed);
@@ -324,6 +330,7 @@ impl QueryMemory {
                 .is_ok()
             {
                 slot.used.store(0, Ordering::Relaxed);
+                slot.peak.store(0, Ordering::Relaxed);
                 slot.exceeded.store(false, Ordering::Relaxed);
                 slot.service.store(false, Ordering::Relaxed);
                 slot.limit
@@ -360,6 +367,11 @@ impl QueryMemory {
     /// Bytes the query holds now.
     pub fn used(&self) -> usize {
         slot_of(self.tag).map_or(0, |s| s.used.load(Ordering::Relaxed).max(0) as usize)
+    }
+
+    /// The most bytes the query has held at once so far (0 when it runs uncounted).
+    pub fn peak(&self) -> usize {
+        slot_of(self.tag).map_or(0, |s| s.peak.load(Ordering::Relaxed).max(0) as usize)
     }
 
     /// Why the query must stop: `Some(false)` past its own limit, `Some(true)` past the
@@ -509,9 +521,13 @@ mod tests {
         count(q.tag, kib(10));
         count(other.tag, kib(1));
         assert_eq!(q.used(), 310 << 10);
+        // Freed: the count goes down, its peak stays.
+        count(q.tag, -kib(300));
+        assert_eq!((q.used(), q.peak()), (10 << 10, 310 << 10));
         // A block past the limit is counted at once and marks the query.
-        count(q.tag, kib(800));
+        count(q.tag, kib(1100));
         assert_eq!(q.state(), Some(false));
+        assert_eq!(q.peak(), 1110 << 10);
     }
 
     #[test]
