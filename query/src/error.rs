@@ -149,9 +149,13 @@ impl QueryError {
             {
                 Self::Busy { retry_after_s: 5 }
             }
-            DataFusionError::ResourcesExhausted(_) => Self::MemoryLimit {
-                limit_mib: limits.memory_bytes >> 20,
-            },
+            DataFusionError::ResourcesExhausted(m) => {
+                // Which operator asked for more, for the operator of the service.
+                tracing::info!(reason = %m, "a query past its memory limit");
+                Self::MemoryLimit {
+                    limit_mib: limits.memory_bytes >> 20,
+                }
+            }
             // The parser's own words, not DataFusion's debug form of them.
             DataFusionError::SQL(..)
             | DataFusionError::Plan(_)
