@@ -95,6 +95,8 @@ struct QueryResult {
     served_first_ms: Option<f64>,
     /// The most memory the first served run held at once, MiB.
     served_first_peak_mib: Option<f64>,
+    /// Why the served report failed; the bench goes on.
+    served_error: Option<String>,
     served_p50_ms: Option<f64>,
     /// served_p50_ms ÷ duckdb_p50_ms.
     served_vs_duckdb: Option<f64>,
@@ -412,13 +414,19 @@ pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
         // A report as the service answers it: the first run computes its parts, the others
         // find them kept. Its rows are the portable statement's.
         let (mut served_first, mut served_peak, mut served_times) = (None, None, Vec::new());
+        let mut served_error = None;
         if let Some(served) = served {
             for run in 0..=args.runs {
                 let t = Instant::now();
-                let c = engine
-                    .collect(served, &RunOptions::default())
-                    .await
-                    .with_context(|| format!("query {name}, served"))?;
+                // A failure (past the memory limit at a large size, say) is reported and
+                // the bench goes on, as for the portable statement.
+                let c = match engine.collect(served, &RunOptions::default()).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        served_error = Some(e.to_string());
+                        break;
+                    }
+                };
                 let ms = t.elapsed().as_secs_f64() * 1000.0;
                 if run == 0 {
                     served_first = Some(ms);
@@ -455,6 +463,7 @@ pub async fn run(args: QueryBenchArgs) -> anyhow::Result<()> {
             error,
             served_first_ms: served_first,
             served_first_peak_mib: served_peak,
+            served_error,
             served_p50_ms: served_p50,
             served_vs_duckdb: served_p50.zip(duck_p50).map(|(s, d)| s / d),
             duckdb_p50_ms: duck_p50,
@@ -500,10 +509,17 @@ async fn stored_levels(
     use futures::TryStreamExt;
     let writer = lake_engine(root, threads)?;
     let started = Instant::now();
-    let done = writer
-        .write_levels(Arc::clone(store))
-        .await
-        .context("storing the reports' levels")?;
+    let done = match writer.write_levels(Arc::clone(store)).await {
+        Ok(done) => done,
+        Err(e) => {
+            // Said, and the bench goes on to the what-if.
+            println!(
+                "{}",
+                serde_json::json!({"bench": "query", "levels": true, "error": e.to_string()})
+            );
+            return Ok(());
+        }
+    };
     let write_seconds = started.elapsed().as_secs_f64();
     let (mut bytes, mut data_bytes) = (0u64, 0u64);
     let mut listed = store.list(Some(&Path::from(LEVELS_PREFIX)));
@@ -533,10 +549,23 @@ async fn stored_levels(
     for q in queries {
         let Some(served) = &q.served else { continue };
         let started = Instant::now();
-        let c = fresh
-            .collect(served, &RunOptions::default())
-            .await
-            .with_context(|| format!("query {}, served from the stored levels", q.name))?;
+        let c = match fresh.collect(served, &RunOptions::default()).await {
+            Ok(c) => c,
+            Err(e) => {
+                let error = e.to_string();
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "bench": "query",
+                        "query": q.name,
+                        "kind": "stored",
+                        "served_stored_first_ms": started.elapsed().as_secs_f64() * 1000.0,
+                        "error": error,
+                    })
+                );
+                continue;
+            }
+        };
         if let Some(rows) = answered.get(&q.name) {
             anyhow::ensure!(
                 c.rows() == *rows,
