@@ -70,7 +70,7 @@ pub struct EngineArgs {
     /// Partitions each query runs on (default: the machine's cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// The directory queries spill to: a sort or an aggregation that needs more than half
+    /// The directory queries spill to: a sort or an aggregation that needs more than 3/4
     /// of its query's --memory-mib writes sorted runs here and merges them back instead of
     /// failing. The service makes a directory of its own inside it (`datafusion-…`),
     /// removed when it stops. Default: `verdict-query-spill` in the system's temporary

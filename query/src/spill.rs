@@ -27,7 +27,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use prometheus::IntCounter;
 
 /// The part of a query's memory limit its spilling operators may reserve, with spilling on.
-pub const OPERATOR_SHARE: f64 = 0.5;
+pub const OPERATOR_SHARE: f64 = 0.75;
 
 /// Where and how much the service spills.
 #[derive(Debug, Clone, PartialEq, Eq)]
