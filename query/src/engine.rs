@@ -190,7 +190,7 @@ impl Engine {
     /// past [`crate::spill::OPERATOR_SHARE`] of a query's memory limit instead of failing
     /// (see [`crate::spill`]). Without it, an engine does not spill.
     pub fn with_spill(mut self, spill: &Spill) -> Result<Self, DataFusionError> {
-        let disk_manager = crate::spill::shared(spill)?;
+        let disk_manager = Arc::new(spill.disk_manager()?);
         let base = self.base.runtime_env();
         let runtime = RuntimeEnv {
             memory_pool: Arc::clone(&base.memory_pool),

@@ -19,7 +19,6 @@
 //! service's metrics ([`SpillCounters`]).
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use datafusion::common::Result as DfResult;
 use datafusion::execution::disk_manager::{DiskManager, DiskManagerBuilder, DiskManagerMode};
@@ -148,9 +147,4 @@ impl Default for SpillCounters {
     fn default() -> Self {
         Self::new()
     }
-}
-
-/// The disk manager of `spill`, shared by every query of an engine.
-pub(crate) fn shared(spill: &Spill) -> DfResult<Arc<DiskManager>> {
-    Ok(Arc::new(spill.disk_manager()?))
 }
