@@ -42,6 +42,9 @@ pub struct IngestMetrics {
     /// `verdict_ingest_fenced_flushes_total`: flushes the raw table refused because another
     /// worker had committed the partition since (the partition is given up).
     pub fenced: IntCounter,
+    /// `verdict_ingest_stalls_total`: partitions read again because their log in Kafka went
+    /// past the next expected offset and nothing had arrived for the stall interval.
+    pub stalls: IntCounter,
     /// `verdict_ingest_flush_seconds`: one flush, from its first file to its Delta commit.
     pub flush_seconds: Histogram,
 }
@@ -108,6 +111,10 @@ impl IngestMetrics {
             fenced: counter(
                 "verdict_ingest_fenced_flushes_total",
                 "Flushes refused by the raw table's log: another worker owns the partition now.",
+            ),
+            stalls: counter(
+                "verdict_ingest_stalls_total",
+                "Partitions read again from the next expected offset: their log in Kafka went past it and nothing had arrived for the stall interval.",
             ),
             flush_seconds: register_histogram_with_registry!(
                 "verdict_ingest_flush_seconds",

@@ -62,6 +62,11 @@ pub struct IngestConfig {
     pub retry: StoreCalls,
     /// How often the Kafka client reports statistics (the consumer lag gauges).
     pub stats_interval: Duration,
+    /// A partition none of whose records has arrived for this long is checked against
+    /// Kafka: if its log goes past the next offset expected, the partition is read again
+    /// from there, once for each next offset (the client has been seen to deliver the first
+    /// part of a partition after a rebalance and nothing more of it).
+    pub stall_after: Duration,
     /// The time: event times are judged against it, and the raw table's commits, files and
     /// progress are stamped with it.
     pub clock: Clock,
@@ -81,6 +86,7 @@ impl Default for IngestConfig {
             max_event_lead: Duration::from_secs(3600),
             retry: StoreCalls::default(),
             stats_interval: Duration::from_secs(5),
+            stall_after: Duration::from_secs(10),
             clock: Arc::new(verdict_schemas::SystemClock),
         }
     }
@@ -155,6 +161,9 @@ struct Rebalances {
     /// partitions it fetched before a rebalance took them away, with their last lag; only
     /// these get a gauge, so a partition is reported by the worker that owns it.
     assigned: Mutex<BTreeSet<i32>>,
+    /// The client's own view of each partition in its last statistics (fetch state and
+    /// offsets), said in a stall's warning so the log tells where the client stood.
+    views: Mutex<HashMap<i32, String>>,
     metrics: IngestMetrics,
     topic: String,
 }
@@ -192,6 +201,23 @@ impl ClientContext for Rebalances {
                     .filter(|(p, _)| assigned.contains(p))
                     .map(|(p, stats)| (*p, stats.consumer_lag)),
             );
+            let mut views = self.views.lock().unwrap_or_else(|e| e.into_inner());
+            views.clear();
+            views.extend(topic.partitions.iter().map(|(p, s)| {
+                (
+                    *p,
+                    format!(
+                        "fetch_state={} next_offset={} app_offset={} hi_offset={} ls_offset={} fetchq_cnt={} rx_ver_drops={}",
+                        s.fetch_state,
+                        s.next_offset,
+                        s.app_offset,
+                        s.hi_offset,
+                        s.ls_offset,
+                        s.fetchq_cnt,
+                        s.rx_ver_drops
+                    ),
+                )
+            }));
         }
     }
 }
@@ -222,6 +248,12 @@ struct Owned {
     next: Option<i64>,
     /// The offset the worker last sought back to because a record arrived past `next`.
     gap_sought: Option<i64>,
+    /// When a record of the partition last arrived (or the partition was recovered, or last
+    /// checked for a stall): see [`IngestConfig::stall_after`].
+    heard: Instant,
+    /// The offset the worker last sought back to because Kafka held records past `next`
+    /// and none arrived ([`IngestWorker::unstall`]).
+    stall_sought: Option<i64>,
     /// The partition's progress in the raw table's log as this worker last saw it (from
     /// the resume or its own last commit): the next flush's commit expects exactly this.
     committed: Option<i64>,
@@ -278,6 +310,7 @@ impl IngestWorker {
             .create_with_context(Rebalances {
                 changes: Mutex::default(),
                 assigned: Mutex::default(),
+                views: Mutex::default(),
                 metrics: metrics.clone(),
                 topic: cfg.topic.clone(),
             })?;
@@ -338,6 +371,7 @@ impl IngestWorker {
                 Event::Tick => {
                     self.recover_refused().await?;
                     self.flush_aged().await?;
+                    self.unstall();
                     self.commit_owed();
                 }
                 Event::Record {
@@ -444,6 +478,8 @@ impl IngestWorker {
             buf: PartitionBuffer::default(),
             next: at,
             gap_sought: None,
+            heard: Instant::now(),
+            stall_sought: None,
             committed: r.committed,
             owed_commit: r.at.filter(|&at| committed.is_none_or(|c| c < at)),
             undecided,
@@ -520,6 +556,7 @@ impl IngestWorker {
             // after the partition's recovery and seek.
             return Ok(());
         };
+        o.heard = Instant::now();
         if o.next.is_some_and(|next| offset < next) {
             return Ok(());
         }
@@ -564,6 +601,69 @@ impl IngestWorker {
             self.flush(p).await?;
         }
         Ok(())
+    }
+
+    /// Reads again, from the next offset expected, each owned partition none of whose
+    /// records has arrived for [`IngestConfig::stall_after`] while Kafka's log goes past it
+    /// (its end as a reader of committed records sees it, the last stable offset: an open
+    /// transaction is no stall). Once for each next offset, so an offset no record fills (a
+    /// committed transaction's marker) costs one seek, not one a check.
+    fn unstall(&mut self) {
+        let quiet: Vec<i32> = self
+            .owned
+            .iter()
+            .filter(|(p, o)| o.heard.elapsed() >= self.cfg.stall_after && !self.refused.contains(p))
+            .map(|(p, _)| *p)
+            .collect();
+        for p in quiet {
+            let high = self
+                .consumer
+                .fetch_watermarks(&self.cfg.topic, p, Duration::from_secs(5));
+            let Some(o) = self.owned.get_mut(&p) else {
+                continue;
+            };
+            o.heard = Instant::now();
+            let high = match high {
+                Ok((_, high)) => high,
+                Err(e) => {
+                    tracing::warn!(partition = p, error = %e, "reading where a quiet partition ends in kafka; checked again later");
+                    continue;
+                }
+            };
+            let Some(next) = stalled_at(o.next, high, o.stall_sought) else {
+                continue;
+            };
+            let client = (self.consumer.context().views.lock())
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&p)
+                .cloned()
+                .unwrap_or_else(|| "no statistics yet".into());
+            tracing::warn!(
+                partition = p,
+                next,
+                kafka_end = high,
+                quiet_secs = self.cfg.stall_after.as_secs_f64(),
+                client,
+                "kafka's log goes past the next expected offset and nothing arrived; reading the partition again from there (a committed transaction's marker at a partition's end does this once)"
+            );
+            o.stall_sought = Some(next);
+            self.metrics.stalls.inc();
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition(&self.cfg.topic, p);
+            let sought = self
+                .consumer
+                .seek(
+                    &self.cfg.topic,
+                    p,
+                    Offset::Offset(next),
+                    Duration::from_secs(10),
+                )
+                .and_then(|()| self.consumer.resume(&tpl));
+            if let Err(e) = sought {
+                tracing::warn!(partition = p, error = %e, "reading a stalled partition again; tried again later");
+                o.stall_sought = None;
+            }
+        }
     }
 
     async fn flush_aged(&mut self) -> Result<(), IngestError> {
@@ -706,5 +806,31 @@ impl IngestWorker {
             delete_orphans(raw, &covered, &self.cfg.retry).await?;
         }
         Ok(())
+    }
+}
+
+/// The offset to read a quiet partition again from: its next expected offset `next`, when
+/// the end of the partition's log in Kafka, `high`, is past it and the worker has not already sought back there
+/// (`sought`). `None` while nothing is expected yet (the first record delivered sets it).
+fn stalled_at(next: Option<i64>, high: i64, sought: Option<i64>) -> Option<i64> {
+    next.filter(|&next| high > next && sought != Some(next))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stalled_at;
+
+    #[test]
+    fn a_quiet_partition_is_read_again_from_its_next_offset_once_while_kafka_holds_more() {
+        // Kafka holds offsets 26..=29 past the next expected, 26: read again from 26.
+        assert_eq!(stalled_at(Some(26), 30, None), Some(26));
+        // Already sought back to 26 and still nothing: not again.
+        assert_eq!(stalled_at(Some(26), 30, Some(26)), None);
+        // Records arrived since (next moved on) and it went quiet again: read again.
+        assert_eq!(stalled_at(Some(28), 30, Some(26)), Some(28));
+        // Everything Kafka holds was delivered: a quiet partition, not a stalled one.
+        assert_eq!(stalled_at(Some(30), 30, None), None);
+        // Nothing expected yet: the first record delivered sets where the partition is.
+        assert_eq!(stalled_at(None, 30, None), None);
     }
 }

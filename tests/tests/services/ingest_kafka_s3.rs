@@ -455,3 +455,90 @@ async fn two_kafka_clusters_with_the_same_topic_and_partitions_feed_one_table_ex
     println!("main: {sa:?}\neast: {sb:?}");
     assert_exactly_once_from(&store, &BTreeMap::from([("east", &east), ("main", &main)])).await;
 }
+
+/// A partition is quiet with offsets past its next one in two ways that are not a client
+/// that lost its place: a transaction left open (the worker reads the last stable offset,
+/// as a consumer of committed records must, so that is no stall) and a committed
+/// transaction's marker after its last record (an offset no record fills: read again once,
+/// then never while the next offset stays). Nothing of the transaction is lost or doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_partition_behind_a_transaction_is_read_again_at_most_once_and_loses_nothing() {
+    use rdkafka::ClientConfig;
+    use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+
+    require(Service::Kafka);
+    verdict_tests::capture_logs();
+    let store = s3_store("verdict-ingest-test").await;
+    let run = unique_name("ingest-quiet");
+    let store: Arc<dyn ObjectStore> = Arc::new(verdict_lake::Prefixed::new(store, &run));
+    let topic = unique_name("decisions-quiet");
+    create_topic(&topic, 1).await;
+    let group = unique_name("ingest-group");
+
+    // 200 events, then 100 more in a transaction left open.
+    let mut produced = produce(&topic, recent_events(200, 7)).await;
+    let tx: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .set("transactional.id", unique_name("quiet-tx"))
+        .create()
+        .unwrap();
+    tx.init_transactions(Duration::from_secs(30)).unwrap();
+    tx.begin_transaction().unwrap();
+    for v in recent_events(100, 8) {
+        let d = tx
+            .send(
+                FutureRecord::to(&topic).key(&v[16..32]).payload(&v),
+                Duration::from_secs(30),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .expect("delivered");
+        produced.insert((d.partition, d.offset), v);
+    }
+
+    let stall_after = Duration::from_secs(1);
+    let worker = Running::start(
+        IngestConfig {
+            stall_after,
+            ..config(&topic, &group)
+        },
+        Arc::clone(&store),
+    );
+    let stalls = worker.metrics.stalls.clone();
+    let first: BTreeMap<_, _> = produced
+        .range(..(0, 200))
+        .map(|(k, v)| (*k, v.clone()))
+        .collect();
+    eventually(
+        Duration::from_secs(60),
+        "the 200 events before the transaction flushed",
+        || all_flushed(&store, "main", &topic, &first),
+    )
+    .await;
+    // Quiet behind the open transaction for four stall intervals: not a stall.
+    tokio::time::sleep(4 * stall_after).await;
+    assert_eq!(stalls.get(), 0, "an open transaction is not a stall");
+
+    tx.commit_transaction(Duration::from_secs(30)).unwrap();
+    eventually(
+        Duration::from_secs(60),
+        "the transaction's events flushed once it committed",
+        || all_flushed(&store, "main", &topic, &produced),
+    )
+    .await;
+    // Its marker is the one offset past the last event: read again once, then no more.
+    eventually(
+        Duration::from_secs(30),
+        "the partition quiet before the marker read again",
+        || async { stalls.get() >= 1 },
+    )
+    .await;
+    tokio::time::sleep(4 * stall_after).await;
+    assert_eq!(
+        stalls.get(),
+        1,
+        "read again once for its next offset, not once a check"
+    );
+    worker.stop().await;
+    assert_exactly_once(&store, &produced).await;
+}
