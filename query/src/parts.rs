@@ -37,7 +37,7 @@ use datafusion::catalog::{Session, TableFunctionImpl, TableProvider};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result as DfResult, ScalarValue};
 use datafusion::datasource::TableType;
-use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::datasource::memory::{MemTable, MemorySourceConfig};
 use datafusion::execution::{SendableRecordBatchStream, SessionState, TaskContext};
 use datafusion::logical_expr::Expr;
 use datafusion::physical_expr::PhysicalExpr;
@@ -68,12 +68,29 @@ pub struct Level {
     pub function: &'static str,
     /// The columns of its rows, as [`columns`] reads them (`tier u8, key_id key, …`).
     pub columns: &'static str,
-    /// The SQL of its part over the decisions within a piece (never crossing a midnight),
-    /// unfiltered, so that one part serves every filter.
-    pub sql: fn(&Range) -> String,
+    /// The SQL of its rows over the decisions within the first range, unfiltered, so that
+    /// one part serves every filter, for a part of the second range (a piece, never
+    /// crossing a midnight; the first is the piece itself or one of its hours). What holds
+    /// over the whole part (whether the reconcile ran) is read over the second.
+    pub sql: fn(&Range, &Range) -> String,
+    /// How its rows merge, when a part is best computed an hour at a time and folded (its
+    /// rows per key: memory for an hour's decisions rather than the day's); `None`: a part is
+    /// computed at once.
+    pub fold: Option<Fold>,
     /// Its table in the lake, where `verdict query levels` stores its parts of closed days
     /// (see [`crate::stored`]).
     pub table: TableDef,
+}
+
+/// How a level's rows merge: grouped by `group`, `aggregates` over them, in the level's
+/// column order (`SUM(requests) AS requests, MAX(demand) AS demand, …`). Exact because what
+/// lies below the level's row (a key's hour, a bucket's span) lies within one hour.
+#[derive(Debug, Clone, Copy)]
+pub struct Fold {
+    /// The columns the rows are grouped by (`tier, route_class, key_id`).
+    pub group: &'static str,
+    /// The aggregates of the other columns, each named as its column.
+    pub aggregates: &'static str,
 }
 
 impl Level {
@@ -290,7 +307,7 @@ impl Parts {
             if piece_files.is_empty() {
                 continue;
             }
-            let sql = (level.sql)(piece);
+            let sql = (level.sql)(piece, piece);
             let key = AnswerKey::new(&sql, piece_files.clone(), listing.policy.clone());
             files.extend(piece_files);
             if let Some((body, _)) = self.kept.get(&key) {
@@ -303,13 +320,8 @@ impl Parts {
                     part
                 }
                 None => {
-                    let plan = ctx.sql(&sql).await?.create_physical_plan().await?;
                     made.computed += 1;
-                    datafusion::physical_plan::collect(plan, ctx.task_ctx())
-                        .await?
-                        .into_iter()
-                        .map(|b| conform(&schema, b))
-                        .collect::<DfResult<Vec<_>>>()?
+                    compute(ctx, level, piece, listing).await?
                 }
             };
             if self.kept.enabled() {
@@ -396,8 +408,8 @@ impl Parts {
             if piece_files.is_empty() {
                 continue;
             }
-            let source = AnswerKey::new(&(level.sql)(&piece), piece_files, listing.policy.clone())
-                .fingerprint();
+            let sql = (level.sql)(&piece, &piece);
+            let source = AnswerKey::new(&sql, piece_files, listing.policy.clone()).fingerprint();
             if listing
                 .stored
                 .get(&(level.table.name, day))
@@ -461,6 +473,77 @@ impl Parts {
             );
         }
     }
+}
+
+/// `level`'s rows of `piece`, computed in `ctx`: an hour at a time (the hours `listing` has
+/// files of), each folded into the rows so far, when the level folds; else at once.
+async fn compute(
+    ctx: &SessionContext,
+    level: &Level,
+    piece: &Range,
+    listing: &Listing,
+) -> DfResult<Vec<RecordBatch>> {
+    let schema = level.schema();
+    let Some(fold) = level.fold else {
+        return rows(ctx, &(level.sql)(piece, piece), &schema).await;
+    };
+    // The merge runs in a session of its own, on the query's memory pool and settings: its
+    // table is no one else's.
+    let scratch = SessionContext::new_with_config_rt(
+        ctx.copied_config()
+            .with_create_default_catalog_and_schema(true),
+        ctx.runtime_env(),
+    );
+    let merge = format!(
+        "SELECT {group}, {aggregates} FROM folded GROUP BY {group}",
+        group = fold.group,
+        aggregates = fold.aggregates
+    );
+    let mut folded: Vec<RecordBatch> = Vec::new();
+    for hour in hours(piece) {
+        if listing.files(&hour).is_empty() {
+            continue;
+        }
+        let hour_rows = rows(ctx, &(level.sql)(&hour, piece), &schema).await?;
+        if folded.is_empty() {
+            folded = hour_rows;
+            continue;
+        }
+        folded.extend(hour_rows);
+        let table = MemTable::try_new(Arc::clone(&schema), vec![std::mem::take(&mut folded)])?;
+        scratch.register_table("folded", Arc::new(table))?;
+        let merged = rows(&scratch, &merge, &schema).await;
+        scratch.deregister_table("folded")?;
+        folded = merged?;
+    }
+    Ok(folded)
+}
+
+/// The rows `sql` answers in `ctx`, with `schema`'s types.
+async fn rows(ctx: &SessionContext, sql: &str, schema: &SchemaRef) -> DfResult<Vec<RecordBatch>> {
+    let plan = ctx.sql(sql).await?.create_physical_plan().await?;
+    datafusion::physical_plan::collect(plan, ctx.task_ctx())
+        .await?
+        .into_iter()
+        .map(|b| conform(schema, b))
+        .collect()
+}
+
+/// The whole hours of `piece`, in order, the first and last cut to it.
+fn hours(piece: &Range) -> Vec<Range> {
+    let mut out = Vec::new();
+    let mut from = piece.from;
+    while from < piece.to {
+        let hour = from
+            .with_minute(0)
+            .and_then(|t| t.with_second(0))
+            .and_then(|t| t.with_nanosecond(0))
+            .unwrap_or(from);
+        let to = (hour + Duration::hours(1)).min(piece.to);
+        out.push(Range { from, to });
+        from = to;
+    }
+    out
 }
 
 /// The range of the whole `day`.
@@ -668,5 +751,49 @@ impl ExecutionPlan for PartsExec {
         context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
         self.inner.execute(partition, context)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(text: &str) -> DateTime<Utc> {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn a_piece_is_cut_into_its_hours_the_first_and_last_cut_to_it() {
+        let piece = Range {
+            from: at("2026-11-29T22:30:00Z"),
+            to: at("2026-11-30T00:00:00Z"),
+        };
+        let cut: Vec<(String, String)> = hours(&piece)
+            .iter()
+            .map(|h| (literal(h.from), literal(h.to)))
+            .collect();
+        assert_eq!(
+            cut,
+            [
+                (
+                    literal(at("2026-11-29T22:30:00Z")),
+                    literal(at("2026-11-29T23:00:00Z"))
+                ),
+                (
+                    literal(at("2026-11-29T23:00:00Z")),
+                    literal(at("2026-11-30T00:00:00Z"))
+                ),
+            ]
+        );
+        let day = day_range(NaiveDate::from_ymd_opt(2026, 11, 29).unwrap()).unwrap();
+        let cut = hours(&day);
+        assert_eq!(cut.len(), 24);
+        assert_eq!((cut[0].from, cut[23].to), (day.from, day.to));
+        assert!(cut.windows(2).all(|w| w[0].to == w[1].from));
+        let inside = Range {
+            from: at("2026-11-29T10:15:00Z"),
+            to: at("2026-11-29T10:45:00Z"),
+        };
+        assert_eq!(hours(&inside), [inside]);
     }
 }

@@ -12,18 +12,19 @@
 //! the bench's 8.4 M rows past its 1 GiB per query. How a key's need and peak span are taken
 //! against its region's share is described in [`super::wrong_limits`].
 
-use crate::parts::{Level, columns};
+use crate::parts::{Fold, Level, columns};
 use crate::range::Range;
 use crate::stored::level_table;
 
 /// A level: its table function, its columns and its SQL, and its table in the lake under
 /// `levels/<function>/` (see [`crate::stored`]).
 macro_rules! level {
-    ($function:literal, $columns:expr, $sql:expr) => {
+    ($function:literal, $columns:expr, $sql:expr, $fold:expr) => {
         Level {
             function: $function,
             columns: $columns,
             sql: $sql,
+            fold: $fold,
             table: level_table($function, concat!("levels/", $function, "/"), || {
                 columns($columns)
             }),
@@ -42,17 +43,44 @@ const REVIEW_COLUMNS: &str = "tier u8, route_class u8, key_id key, requests i64,
 
 /// The limit review's (`wrong-limits`, `limit-outliers`): each key's requests, demand,
 /// peaks, quotas and refusals.
-pub const REVIEW: Level = level!("review_parts", REVIEW_COLUMNS, review_part);
+pub const REVIEW: Level = level!(
+    "review_parts",
+    REVIEW_COLUMNS,
+    review_part,
+    Some(REVIEW_FOLD)
+);
+
+/// How [`REVIEW`]'s rows merge: a key's requests and refusals add up, its demand and peaks
+/// are the largest, its lowest quota the smallest (see [`review_part`]).
+pub const REVIEW_FOLD: Fold = Fold {
+    group: "tier, route_class, key_id",
+    aggregates: "SUM(requests) AS requests, MAX(demand) AS demand,
+    MAX(peak_hour) AS peak_hour, MAX(need) AS need, MAX(peak_span) AS peak_span,
+    MIN(quota_low) AS quota_low,
+    MAX(quota_high) AS quota_high, MIN(quota_ceiling) AS quota_ceiling,
+    MAX(enforced) AS enforced, SUM(denied) AS denied, SUM(would_deny) AS would_deny,
+    SUM(by_bucket) AS by_bucket, SUM(by_window) AS by_window, MAX(home) AS home",
+};
 
 /// The columns of [`SHADOW`]'s rows.
 const SHADOW_COLUMNS: &str = "tier u8, route_class u8, key_id key, requests i64, would_deny i64, \
               would_deny_by_bucket i64, would_deny_by_window i64";
 
 /// `shadow-impact`'s: each key of a shadow limit, its requests and would-deny.
-pub const SHADOW: Level = level!("shadow_parts", SHADOW_COLUMNS, |piece| shadow_keys(
-    &piece.sql("event_time", true),
-    ""
-));
+pub const SHADOW: Level = level!(
+    "shadow_parts",
+    SHADOW_COLUMNS,
+    |decisions, _| shadow_keys(&decisions.sql("event_time", true), ""),
+    Some(SHADOW_FOLD)
+);
+
+/// How [`SHADOW`]'s rows merge: a key's counts add up.
+pub const SHADOW_FOLD: Fold = Fold {
+    group: "tier, route_class, key_id",
+    aggregates: "SUM(requests) AS requests, SUM(would_deny) AS would_deny,
+    SUM(would_deny_by_bucket) AS would_deny_by_bucket,
+    SUM(would_deny_by_window) AS would_deny_by_window",
+};
 
 /// The columns of [`VERSIONS`]'s rows.
 const VERSIONS_COLUMNS: &str = "tier u8, route_class u8, policy_version i64, requests i64, refused i64, \
@@ -60,32 +88,36 @@ const VERSIONS_COLUMNS: &str = "tier u8, route_class u8, policy_version i64, req
 
 /// `policy-changes`' (and the review's quota in force): each limit's requests, refusals,
 /// first decision and largest regional quota per policy version.
-pub const VERSIONS: Level = level!("version_parts", VERSIONS_COLUMNS, |piece| version_counts(
-    &piece.sql("event_time", true),
-    ""
-));
+pub const VERSIONS: Level = level!(
+    "version_parts",
+    VERSIONS_COLUMNS,
+    |decisions, _| version_counts(&decisions.sql("event_time", true), ""),
+    None
+);
 
 /// The columns of [`DEGRADED`]'s rows.
 const DEGRADED_COLUMNS: &str = "date date, hour i32, region u16, decisions i64, local_fallback i64, \
               kill_switch i64";
 
 /// `degraded`'s: each hour and region's decisions, of the fallback and the kill switch.
-pub const DEGRADED: Level = level!("degraded_parts", DEGRADED_COLUMNS, |piece| degraded_counts(
-    &piece.sql("event_time", true),
-    "",
-    ""
-));
+pub const DEGRADED: Level = level!(
+    "degraded_parts",
+    DEGRADED_COLUMNS,
+    |decisions, _| degraded_counts(&decisions.sql("event_time", true), "", ""),
+    None
+);
 
 /// The columns of [`RATES`]'s rows.
 const RATES_COLUMNS: &str = "hour time, tier u8, route_class u8, requests i64, denied i64, would_deny i64, \
               policy_version i64";
 
 /// `denial-rate`'s (over raw decisions, without a key): each limit's hourly counts.
-pub const RATES: Level = level!("rate_parts", RATES_COLUMNS, |piece| hourly_counts(
-    &piece.sql("event_time", true),
-    "",
-    ""
-));
+pub const RATES: Level = level!(
+    "rate_parts",
+    RATES_COLUMNS,
+    |decisions, _| hourly_counts(&decisions.sql("event_time", true), "", ""),
+    None
+);
 
 /// `level`'s kept parts of `range` merged: `aggregates` over them (`k`, with `AND k.…`
 /// `filters`) grouped by `group`, a report's first level as its portable statement has it.
@@ -202,18 +234,20 @@ pub(super) fn per_key_from_decisions(range: &str, rounds: &str, filters: &str) -
 /// The SQL of one part of the review: every key's row over the decisions within `range` (a
 /// condition on `x`, the decisions), unfiltered, so that one part serves every filter.
 ///
-/// Parts merge: a key's row over a range split at midnights is the sum of its requests and
-/// refusals and the maximum of its demand and peaks (the minimum of its lowest quota) over
-/// the parts, because every level below the key (the hour, the bucket's span) lies within
-/// one part. [`crate::parts`] keeps each day's part.
-fn review_part(range: &Range) -> String {
+/// Parts merge ([`REVIEW_FOLD`]): a key's row over a range split at midnights is the sum of
+/// its requests and refusals and the maximum of its demand and peaks (the minimum of its
+/// lowest quota) over the parts, because every level below the key (the hour, the bucket's
+/// span) lies within one part; a day's part is so folded from its hours' rows. Whether the
+/// reconcile ran is read over the whole `part`, so an hour's rows are the day's part's.
+/// [`crate::parts`] keeps each day's part.
+fn review_part(decisions: &Range, part: &Range) -> String {
     format!(
         "WITH {}\nSELECT tier, route_class, key_id, requests, demand, peak_hour, need, peak_span, \
          quota_low, quota_high, quota_ceiling, enforced, denied, would_deny, by_bucket, \
          by_window, home FROM per_key",
         per_key_from_decisions(
-            &range.sql("x.event_time", true),
-            &range.sql("round_time", false),
+            &decisions.sql("x.event_time", true),
+            &part.sql("round_time", false),
             ""
         )
     )

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 
-use super::levels::{self, LIM, REVIEW, merged, per_key_from_decisions, version_counts};
+use super::levels::{
+    self, LIM, REVIEW, REVIEW_FOLD, merged, per_key_from_decisions, version_counts,
+};
 use super::params::{Args, Names, ParamSpec};
 use crate::error::QueryError;
 use crate::range::Range;
@@ -130,13 +132,8 @@ fn per_key_from_parts(range: &Range, filters: &str) -> String {
     let merged = merged(
         &REVIEW,
         range,
-        "tier, route_class, key_id",
-        "SUM(requests) AS requests, MAX(demand) AS demand,
-    MAX(peak_hour) AS peak_hour, MAX(need) AS need, MAX(peak_span) AS peak_span,
-    MIN(quota_low) AS quota_low,
-    MAX(quota_high) AS quota_high, MIN(quota_ceiling) AS quota_ceiling,
-    MAX(enforced) AS enforced, SUM(denied) AS denied, SUM(would_deny) AS would_deny,
-    SUM(by_bucket) AS by_bucket, SUM(by_window) AS by_window, MAX(home) AS home",
+        REVIEW_FOLD.group,
+        REVIEW_FOLD.aggregates,
         filters,
     );
     format!("{LIM}, per_key AS (\n  {merged}\n)")

@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::levels::{SHADOW, merged, shadow_keys};
+use super::levels::{SHADOW, SHADOW_FOLD, merged, shadow_keys};
 use super::params::{Args, FROM, ROUTE, Report, TIER, TO};
 use crate::error::QueryError;
 
@@ -28,10 +28,8 @@ fn sql(a: &Args<'_>, now: DateTime<Utc>) -> Result<String, QueryError> {
         merged(
             &SHADOW,
             &range,
-            "tier, route_class, key_id",
-            "SUM(requests) AS requests, SUM(would_deny) AS would_deny,
-    SUM(would_deny_by_bucket) AS would_deny_by_bucket,
-    SUM(would_deny_by_window) AS would_deny_by_window",
+            SHADOW_FOLD.group,
+            SHADOW_FOLD.aggregates,
             &a.filters("k.")?,
         )
     };
