@@ -164,6 +164,7 @@ impl Engine {
         // `crate::parts`).
         let parts = Arc::new(Parts::new(
             limits.part_cache_bytes,
+            limits.part_block_bytes,
             Arc::clone(&policies),
             crate::reports::levels::LEVELS,
             view.lake(),

@@ -25,6 +25,10 @@ pub struct Limits {
     /// Bytes of the reports' parts kept while what they read is unchanged (see
     /// [`crate::parts`]); 0 keeps none, and every report reads its whole range.
     pub part_cache_bytes: usize,
+    /// Raw Parquet bytes a part of a report's first level is computed from at once; a day
+    /// holding more is computed in blocks of whole hours folded together (see
+    /// [`crate::parts::BLOCK_BYTES`]).
+    pub part_block_bytes: u64,
     /// Connections each front end (HTTP, PostgreSQL) keeps open at once; past it an idle
     /// one is closed to make room, or, when none is idle, the new one is refused.
     pub connections: usize,
@@ -48,6 +52,7 @@ impl Default for Limits {
             queue_timeout: Duration::from_secs(10),
             answer_cache_bytes: 64 << 20,
             part_cache_bytes: 256 << 20,
+            part_block_bytes: crate::parts::BLOCK_BYTES,
             connections: 1_000,
             idle: Duration::from_secs(30),
             spill_bytes: 0,

@@ -37,10 +37,14 @@ use datafusion::catalog::{Session, TableFunctionImpl, TableProvider};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result as DfResult, ScalarValue};
 use datafusion::datasource::TableType;
+use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::memory::{MemTable, MemorySourceConfig};
+use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, ParquetSource};
+use datafusion::datasource::source::DataSourceExec;
 use datafusion::execution::{SendableRecordBatchStream, SessionState, TaskContext};
 use datafusion::logical_expr::Expr;
 use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, ReplaceChildrenOptions,
 };
@@ -56,7 +60,7 @@ use crate::answers::{AnswerKey, Answers, describe};
 use crate::range::{Range, literal, parse_time, pieces};
 use crate::stored::StoredPart;
 use crate::tables::{LAKE_URL, PoliciesTable};
-use object_store::ObjectStore;
+use object_store::{ObjectStore, ObjectStoreExt};
 use verdict_lake::{Clock, TableDef};
 
 /// One report's first level, kept in parts: its table function, its columns and the SQL of
@@ -137,6 +141,8 @@ pub fn columns(spec: &str) -> SchemaRef {
 #[derive(Debug)]
 pub struct Parts {
     kept: Answers,
+    /// Raw bytes a part is computed from at once (see [`compute`]).
+    block_bytes: u64,
     policies: Arc<PoliciesTable>,
     levels: &'static [Level],
     /// The lake, where the levels' stored parts are (see [`crate::stored`]).
@@ -165,6 +171,19 @@ pub struct Made {
     pub computed: usize,
 }
 
+/// A level's rows over some pieces, as [`Parts::parts`] found them.
+#[derive(Debug, Default)]
+pub struct Found {
+    /// The rows held in memory: parts kept, and parts computed now.
+    pub batches: Vec<RecordBatch>,
+    /// The stored parts to read (a plan scans their files).
+    pub stored: Vec<StoredPart>,
+    /// The files the parts were computed from (path, size, time and tag).
+    pub files: Vec<String>,
+    /// How many parts were found stored and how many computed.
+    pub made: Made,
+}
+
 /// What `verdict query levels` did (see `Engine::write_levels`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct LevelsWritten {
@@ -183,7 +202,8 @@ pub struct LevelsWritten {
 #[derive(Debug)]
 pub struct Listing {
     policy: Option<Arc<verdict_limiter::PolicySnapshot>>,
-    by_day: HashMap<NaiveDate, Vec<(u8, String)>>,
+    /// Each day's raw files: hour, description ([`describe`]) and size in bytes.
+    by_day: HashMap<NaiveDate, Vec<(u8, String, u64)>>,
     /// The files of the reconcile's rounds, by day: the review counts a key's need by
     /// whether the reconcile ran, so a day's part is computed again when its rounds change.
     rounds_by_day: HashMap<NaiveDate, Vec<String>>,
@@ -209,13 +229,25 @@ impl Listing {
             .get(&day)
             .into_iter()
             .flatten()
-            .filter(|(hour, _)| hours.contains(&u32::from(*hour)))
-            .map(|(_, file)| file.clone())
+            .filter(|(hour, _, _)| hours.contains(&u32::from(*hour)))
+            .map(|(_, file, _)| file.clone())
             .collect();
         if !files.is_empty() {
             files.extend(self.rounds_by_day.get(&day).into_iter().flatten().cloned());
         }
         files
+    }
+
+    /// The bytes of raw files of the hour starting at `hour` (within one day).
+    fn hour_bytes(&self, hour: &Range) -> u64 {
+        let at = hour.from.hour();
+        self.by_day
+            .get(&hour.from.date_naive())
+            .into_iter()
+            .flatten()
+            .filter(|(h, _, _)| u32::from(*h) == at)
+            .map(|(_, _, size)| size)
+            .sum()
     }
 }
 
@@ -224,12 +256,14 @@ impl Parts {
     /// parts), under the policy of `policies`, reading stored parts from `lake`.
     pub fn new(
         max_bytes: usize,
+        block_bytes: u64,
         policies: Arc<PoliciesTable>,
         levels: &'static [Level],
         lake: Arc<dyn ObjectStore>,
     ) -> Self {
         Self {
             kept: Answers::new(max_bytes),
+            block_bytes,
             policies,
             levels,
             lake,
@@ -245,14 +279,15 @@ impl Parts {
         let url = ObjectStoreUrl::parse(LAKE_URL)?;
         let store = ctx.runtime_env().object_store(&url)?;
         let mut listed = store.list(Some(&object_store::path::Path::from(RAW_PREFIX)));
-        let mut by_day: HashMap<NaiveDate, Vec<(u8, String)>> = HashMap::new();
+        let mut by_day: HashMap<NaiveDate, Vec<(u8, String, u64)>> = HashMap::new();
         while let Some(meta) = listed.next().await {
             let meta = meta?;
             if let Ok(hour) = HourPartition::from_path(meta.location.as_ref()) {
-                by_day
-                    .entry(hour.date())
-                    .or_default()
-                    .push((hour.hour(), describe(&meta)));
+                by_day.entry(hour.date()).or_default().push((
+                    hour.hour(),
+                    describe(&meta),
+                    meta.size,
+                ));
             }
         }
         for files in by_day.values_mut() {
@@ -298,9 +333,9 @@ impl Parts {
         level: &Level,
         pieces: &[Range],
         listing: &Listing,
-    ) -> DfResult<(Vec<RecordBatch>, Vec<String>, Made)> {
+    ) -> DfResult<Found> {
         let schema = level.schema();
-        let (mut batches, mut files, mut made) = (Vec::new(), Vec::new(), Made::default());
+        let mut found = Found::default();
         for piece in pieces {
             let piece_files = listing.files(piece);
             // No files in those hours: no rows, nothing to plan.
@@ -309,47 +344,45 @@ impl Parts {
             }
             let sql = (level.sql)(piece, piece);
             let key = AnswerKey::new(&sql, piece_files.clone(), listing.policy.clone());
-            files.extend(piece_files);
+            found.files.extend(piece_files);
             if let Some((body, _)) = self.kept.get(&key) {
-                batches.extend(decode(body)?);
+                found.batches.extend(decode(body)?);
                 continue;
             }
-            let part = match self.read_stored(level, piece, &key, listing).await {
-                Some(part) => {
-                    made.read += 1;
-                    part
-                }
-                None => {
-                    made.computed += 1;
-                    compute(ctx, level, piece, listing).await?
-                }
-            };
+            if let Some(stored) = self.stored_part(level, piece, &key, listing).await {
+                found.made.read += 1;
+                found.stored.push(stored);
+                continue;
+            }
+            found.made.computed += 1;
+            let part = compute(ctx, level, piece, listing, self.block_bytes).await?;
             if self.kept.enabled() {
                 let rows = part.iter().map(RecordBatch::num_rows).sum();
                 self.kept.put(key, encode(&schema, &part)?, rows);
             }
-            batches.extend(part);
+            found.batches.extend(part);
         }
-        Ok((batches, files, made))
+        Ok(found)
     }
 
     /// `level`'s part of `piece` as stored in the lake, when `piece` is a whole day and the
-    /// stored part was computed from what `key` names; a stored part that cannot be read
-    /// is said in the log and computed instead.
-    async fn read_stored(
+    /// stored part was computed from what `key` names, for the plan to read (it is never
+    /// held in memory whole: a week of the review's parts at 134 M decisions is 8 M rows);
+    /// a stored part whose file is gone is said in the log and computed instead.
+    async fn stored_part(
         &self,
         level: &Level,
         piece: &Range,
         key: &AnswerKey,
         listing: &Listing,
-    ) -> Option<Vec<RecordBatch>> {
+    ) -> Option<StoredPart> {
         let day = whole_day(piece)?;
         let stored = listing
             .stored
             .get(&(level.table.name, day))
             .filter(|s| s.source == key.fingerprint())?;
-        match crate::stored::read_part(&self.lake, stored, &level.schema()).await {
-            Ok(part) => Some(part),
+        match self.lake.head(&stored.path).await {
+            Ok(_) => Some(stored.clone()),
             Err(e) => {
                 tracing::warn!(path = %stored.path, error = %e, "a stored part cannot be read; computing it");
                 self.stored.forget(level.table.name).await;
@@ -372,7 +405,7 @@ impl Parts {
         let started = std::time::Instant::now();
         let mut made = Made::default();
         for level in self.levels {
-            let m = self.parts(ctx, level, &[piece], listing).await?.2;
+            let m = self.parts(ctx, level, &[piece], listing).await?.made;
             made.read += m.read;
             made.computed += m.computed;
         }
@@ -419,7 +452,13 @@ impl Parts {
                 continue;
             }
             let started = std::time::Instant::now();
-            let (part, _, _) = self.parts(ctx, level, &[piece], listing).await?;
+            let found = self.parts(ctx, level, &[piece], listing).await?;
+            if !found.stored.is_empty() {
+                // Stored for these files and policy since the listing was read.
+                done.unchanged += 1;
+                continue;
+            }
+            let part = found.batches;
             let path = crate::stored::write_part(lake, clock, &level.table, day, &source, &part)
                 .await
                 .map_err(|e| DataFusionError::External(Box::new(e)))?;
@@ -475,17 +514,27 @@ impl Parts {
     }
 }
 
-/// `level`'s rows of `piece`, computed in `ctx`: an hour at a time (the hours `listing` has
-/// files of), each folded into the rows so far, when the level folds; else at once.
+/// Raw Parquet bytes a part is computed from at once: about 5 M decisions in the bench's
+/// files (12.8 bytes each). A day of its 33.6 M decisions (61 MB) is computed at once
+/// within the 1 GiB a query has; a day of its 134 M (245 MB) is not.
+pub const BLOCK_BYTES: u64 = 64 << 20;
+
+/// `level`'s rows of `piece`, computed in `ctx`: at once when the piece's raw files hold
+/// at most `block_bytes` ([`BLOCK_BYTES`] by default) or the level does not fold; else in blocks of whole hours of
+/// about that many bytes (the hours `listing` has files of), each folded into the rows so
+/// far.
 async fn compute(
     ctx: &SessionContext,
     level: &Level,
     piece: &Range,
     listing: &Listing,
+    block_bytes: u64,
 ) -> DfResult<Vec<RecordBatch>> {
     let schema = level.schema();
-    let Some(fold) = level.fold else {
-        return rows(ctx, &(level.sql)(piece, piece), &schema).await;
+    let blocks = blocks(piece, listing, block_bytes);
+    let fold = match level.fold {
+        Some(fold) if blocks.len() > 1 => fold,
+        _ => return rows(ctx, &(level.sql)(piece, piece), &schema).await,
     };
     // The merge runs in a session of its own, on the query's memory pool and settings: its
     // table is no one else's.
@@ -500,16 +549,13 @@ async fn compute(
         aggregates = fold.aggregates
     );
     let mut folded: Vec<RecordBatch> = Vec::new();
-    for hour in hours(piece) {
-        if listing.files(&hour).is_empty() {
-            continue;
-        }
-        let hour_rows = rows(ctx, &(level.sql)(&hour, piece), &schema).await?;
+    for block in blocks {
+        let block_rows = rows(ctx, &(level.sql)(&block, piece), &schema).await?;
         if folded.is_empty() {
-            folded = hour_rows;
+            folded = block_rows;
             continue;
         }
-        folded.extend(hour_rows);
+        folded.extend(block_rows);
         let table = MemTable::try_new(Arc::clone(&schema), vec![std::mem::take(&mut folded)])?;
         scratch.register_table("folded", Arc::new(table))?;
         let merged = rows(&scratch, &merge, &schema).await;
@@ -517,6 +563,27 @@ async fn compute(
         folded = merged?;
     }
     Ok(folded)
+}
+
+/// `piece` cut into blocks of whole hours with raw files in `listing`, each of at most
+/// `bytes` of them (or one hour, if that hour alone holds more); hours without files are
+/// left out.
+fn blocks(piece: &Range, listing: &Listing, bytes: u64) -> Vec<Range> {
+    let mut out: Vec<(Range, u64)> = Vec::new();
+    for hour in hours(piece) {
+        let size = listing.hour_bytes(&hour);
+        if size == 0 {
+            continue;
+        }
+        match out.last_mut() {
+            Some((block, held)) if block.to == hour.from && *held + size <= bytes => {
+                block.to = hour.to;
+                *held += size;
+            }
+            _ => out.push((hour, size)),
+        }
+    }
+    out.into_iter().map(|(block, _)| block).collect()
 }
 
 /// The rows `sql` answers in `ctx`, with `schema`'s types.
@@ -674,18 +741,43 @@ impl TableProvider for PartsTable {
         let threads = state.config().target_partitions().max(1);
         let mut partitions = vec![Vec::new(); threads];
         let listing = self.parts.listing(&ctx).await?;
-        let (batches, files, _) = self
+        let found = self
             .parts
             .parts(&ctx, &self.level, &pieces(self.range), &listing)
             .await?;
-        for (i, batch) in batches.into_iter().enumerate() {
+        for (i, batch) in found.batches.into_iter().enumerate() {
             partitions[i % threads].push(batch);
         }
-        let inner: Arc<dyn ExecutionPlan> = MemorySourceConfig::try_new_exec(
+        let schema = self.level.schema();
+        let mut inputs: Vec<Arc<dyn ExecutionPlan>> = vec![MemorySourceConfig::try_new_exec(
             &partitions,
-            self.level.schema(),
+            Arc::clone(&schema),
             projection.cloned(),
-        )?;
+        )?];
+        if !found.stored.is_empty() {
+            // The stored parts' files, read as the plan runs: a batch at a time, in as many
+            // groups as the session has threads.
+            let mut groups: Vec<Vec<PartitionedFile>> = vec![Vec::new(); threads];
+            for (i, part) in found.stored.iter().enumerate() {
+                groups[i % threads].push(PartitionedFile::new(part.path.to_string(), part.size));
+            }
+            let config = FileScanConfigBuilder::new(
+                ObjectStoreUrl::parse(LAKE_URL)?,
+                Arc::new(ParquetSource::new(Arc::clone(&schema))),
+            )
+            .with_file_groups(
+                groups
+                    .into_iter()
+                    .filter(|g| !g.is_empty())
+                    .map(FileGroup::new)
+                    .collect(),
+            )
+            .with_projection_indices(projection.cloned())?
+            .build();
+            inputs.push(DataSourceExec::from_data_source(config));
+        }
+        let inner = UnionExec::try_new(inputs)?;
+        let files = found.files;
         Ok(Arc::new(PartsExec { inner, files }))
     }
 }

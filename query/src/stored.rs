@@ -16,7 +16,9 @@
 //! `delta.deletedFileRetentionDuration` (an hour), far longer than a query reads them.
 //! The stored parts are an optimisation: a table that cannot be read (another schema, a
 //! protocol verdict does not read) is said in the log and passed over, never a report's
-//! error.
+//! error; so is a stored part whose file is gone. A report's plan scans the stored parts'
+//! files as it runs, a batch at a time, never holding a part whole in memory (a week of the
+//! review's parts at 134 M decisions is 8 M rows).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -65,6 +67,8 @@ pub const fn level_table(
 pub struct StoredPart {
     /// The file, from the lake's root.
     pub path: Path,
+    /// Its size in bytes.
+    pub size: u64,
     /// The fingerprint of its SQL, raw files and policy.
     pub source: String,
 }
@@ -128,6 +132,7 @@ impl StoredTables {
                         (def.name, day),
                         StoredPart {
                             path: data_path(&root, &add.path),
+                            size: u64::try_from(add.size).unwrap_or(0),
                             source,
                         },
                     );
@@ -137,31 +142,6 @@ impl StoredTables {
         }
         out
     }
-}
-
-/// The rows of a stored part, as `schema` has them.
-pub async fn read_part(
-    lake: &Arc<dyn ObjectStore>,
-    part: &StoredPart,
-    schema: &SchemaRef,
-) -> Result<Vec<RecordBatch>, StoredError> {
-    let body = lake.get(&part.path).await?.bytes().await?;
-    let reader =
-        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(body)?.build()?;
-    let mut batches = Vec::new();
-    for batch in reader {
-        let batch = batch?;
-        if batch.schema().fields() != schema.fields() {
-            return Err(StoredError::Schema(format!(
-                "{} holds {:?}, the level has {:?}",
-                part.path,
-                batch.schema().fields(),
-                schema.fields()
-            )));
-        }
-        batches.push(batch);
-    }
-    Ok(batches)
 }
 
 /// Writes `batches`, a level's part of `day` computed from what `source` fingerprints, as
@@ -267,7 +247,7 @@ pub enum StoredError {
     /// The table's log refused.
     #[error("{0}")]
     Lake(#[from] LakeError),
-    /// The file is not Parquet of the level's columns.
+    /// The rows could not be written as Parquet.
     #[error("parquet: {0}")]
     Parquet(#[from] parquet::errors::ParquetError),
     /// Arrow refused the rows.
@@ -276,7 +256,4 @@ pub enum StoredError {
     /// The rows could not be encoded.
     #[error("encoding: {0}")]
     Encode(#[from] verdict_lake::files::EncodeError),
-    /// The file holds other columns than the level.
-    #[error("{0}")]
-    Schema(String),
 }

@@ -38,6 +38,16 @@ async fn lake_of(
     policy: &str,
     rounds: &[RoundRecord],
 ) -> (Engine, tempfile::TempDir) {
+    lake_limited(events, policy, rounds, Limits::default()).await
+}
+
+/// [`lake_of`] with the engine's `limits`.
+async fn lake_limited(
+    events: &[DecisionEvent],
+    policy: &str,
+    rounds: &[RoundRecord],
+    limits: Limits,
+) -> (Engine, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a temporary folder");
     let store: Arc<dyn ObjectStore> =
         Arc::new(LocalFileSystem::new_with_prefix(dir.path()).expect("a local store"));
@@ -57,7 +67,7 @@ async fn lake_of(
         Arc::clone(&store),
         PoliciesTable::new(Some(source)),
         2,
-        Limits::default(),
+        limits,
     )
     .expect("an engine");
     (engine, dir)
@@ -820,6 +830,35 @@ async fn the_levels_stored_once_are_read_by_a_new_service_and_stored_again_when_
         (done.written, done.unchanged, done.removed, done.deleted),
         (0, levels, levels, 0)
     );
+}
+
+/// A day's part computed an hour at a time (each hour a block of its own, as a day of the
+/// design's traffic is computed in blocks) and folded gives the rows of the part computed at
+/// once, and so the review of the decisions: in a world of regions with the reconcile
+/// running (whether it ran is read over the whole day, not the hour).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_day_computed_an_hour_at_a_time_and_folded_is_the_day_computed_at_once() {
+    let w = world_in(1, 1, Some(Regions::three().reconciled()));
+    let events = w.events().await;
+    let limits = Limits {
+        part_block_bytes: 1,
+        ..Limits::default()
+    };
+    let (engine, _dir) = lake_limited(&events, &w.policy_toml(2), &rounds_of(&w), limits).await;
+    let warmed = engine.warm_parts().await.unwrap();
+    assert!(warmed.computed > 0, "{warmed:?}");
+    let range = world_range();
+    let (from, to) = (range.from.to_rfc3339(), range.to.to_rfc3339());
+    for name in ["wrong-limits", "limit-outliers"] {
+        let params: Vec<(&str, &str)> = if name == "wrong-limits" {
+            vec![("min_keys", "2")]
+        } else {
+            vec![]
+        };
+        let (served, portable) = served_and_portable(&engine, name, &from, &to, &params).await;
+        assert!(!portable.is_empty(), "{name}: no rows");
+        assert_eq!(served, portable, "{name}");
+    }
 }
 
 /// The review from the kept parts of a range cut at midnights gives the rows of the review
