@@ -514,15 +514,10 @@ impl Parts {
     }
 }
 
-/// Raw Parquet bytes a part is computed from at once: about 5 M decisions in the bench's
-/// files (12.8 bytes each). A day of its 33.6 M decisions (61 MB) is computed at once
-/// within the 1 GiB a query has; a day of its 134 M (245 MB) is not.
-pub const BLOCK_BYTES: u64 = 64 << 20;
-
 /// `level`'s rows of `piece`, computed in `ctx`: at once when the piece's raw files hold
-/// at most `block_bytes` ([`BLOCK_BYTES`] by default) or the level does not fold; else in blocks of whole hours of
-/// about that many bytes (the hours `listing` has files of), each folded into the rows so
-/// far.
+/// at most `block_bytes` ([`crate::limits::PART_BLOCK_BYTES`] by default) or the level
+/// does not fold; else in blocks of whole hours of about that many bytes (the hours
+/// `listing` has files of), each folded into the rows so far.
 async fn compute(
     ctx: &SessionContext,
     level: &Level,
