@@ -19,7 +19,13 @@ use crate::stored::level_table;
 /// A level: its table function, its columns and its SQL, and its table in the lake under
 /// `levels/<function>/` (see [`crate::stored`]).
 macro_rules! level {
+    ($function:literal, $columns:expr, $sql:expr) => {
+        level!(@ $function, $columns, $sql, None)
+    };
     ($function:literal, $columns:expr, $sql:expr, $fold:expr) => {
+        level!(@ $function, $columns, $sql, Some($fold))
+    };
+    (@ $function:literal, $columns:expr, $sql:expr, $fold:expr) => {
         Level {
             function: $function,
             columns: $columns,
@@ -43,12 +49,7 @@ const REVIEW_COLUMNS: &str = "tier u8, route_class u8, key_id key, requests i64,
 
 /// The limit review's (`wrong-limits`, `limit-outliers`): each key's requests, demand,
 /// peaks, quotas and refusals.
-pub const REVIEW: Level = level!(
-    "review_parts",
-    REVIEW_COLUMNS,
-    review_part,
-    Some(REVIEW_FOLD)
-);
+pub const REVIEW: Level = level!("review_parts", REVIEW_COLUMNS, review_part, REVIEW_FOLD);
 
 /// How [`REVIEW`]'s rows merge: a key's requests and refusals add up, its demand and peaks
 /// are the largest, its lowest quota the smallest (see [`review_part`]).
@@ -67,12 +68,7 @@ const SHADOW_COLUMNS: &str = "tier u8, route_class u8, key_id key, requests i64,
               would_deny_by_bucket i64, would_deny_by_window i64";
 
 /// `shadow-impact`'s: each key of a shadow limit, its requests and would-deny.
-pub const SHADOW: Level = level!(
-    "shadow_parts",
-    SHADOW_COLUMNS,
-    |decisions, _| shadow_keys(&decisions.sql("event_time", true), ""),
-    Some(SHADOW_FOLD)
-);
+pub const SHADOW: Level = level!("shadow_parts", SHADOW_COLUMNS, shadow_part, SHADOW_FOLD);
 
 /// How [`SHADOW`]'s rows merge: a key's counts add up.
 pub const SHADOW_FOLD: Fold = Fold {
@@ -88,36 +84,41 @@ const VERSIONS_COLUMNS: &str = "tier u8, route_class u8, policy_version i64, req
 
 /// `policy-changes`' (and the review's quota in force): each limit's requests, refusals,
 /// first decision and largest regional quota per policy version.
-pub const VERSIONS: Level = level!(
-    "version_parts",
-    VERSIONS_COLUMNS,
-    |decisions, _| version_counts(&decisions.sql("event_time", true), ""),
-    None
-);
+pub const VERSIONS: Level = level!("version_parts", VERSIONS_COLUMNS, version_part);
 
 /// The columns of [`DEGRADED`]'s rows.
 const DEGRADED_COLUMNS: &str = "date date, hour i32, region u16, decisions i64, local_fallback i64, \
               kill_switch i64";
 
 /// `degraded`'s: each hour and region's decisions, of the fallback and the kill switch.
-pub const DEGRADED: Level = level!(
-    "degraded_parts",
-    DEGRADED_COLUMNS,
-    |decisions, _| degraded_counts(&decisions.sql("event_time", true), "", ""),
-    None
-);
+pub const DEGRADED: Level = level!("degraded_parts", DEGRADED_COLUMNS, degraded_part);
 
 /// The columns of [`RATES`]'s rows.
 const RATES_COLUMNS: &str = "hour time, tier u8, route_class u8, requests i64, denied i64, would_deny i64, \
               policy_version i64";
 
 /// `denial-rate`'s (over raw decisions, without a key): each limit's hourly counts.
-pub const RATES: Level = level!(
-    "rate_parts",
-    RATES_COLUMNS,
-    |decisions, _| hourly_counts(&decisions.sql("event_time", true), "", ""),
-    None
-);
+pub const RATES: Level = level!("rate_parts", RATES_COLUMNS, rate_part);
+
+/// [`SHADOW`]'s rows over the `decisions` of a block (what holds over the part is not read).
+fn shadow_part(decisions: &Range, _: &Range) -> String {
+    shadow_keys(&decisions.sql("event_time", true), "")
+}
+
+/// [`VERSIONS`]' rows over the `decisions` of a block.
+fn version_part(decisions: &Range, _: &Range) -> String {
+    version_counts(&decisions.sql("event_time", true), "")
+}
+
+/// [`DEGRADED`]'s rows over the `decisions` of a block.
+fn degraded_part(decisions: &Range, _: &Range) -> String {
+    degraded_counts(&decisions.sql("event_time", true), "", "")
+}
+
+/// [`RATES`]' rows over the `decisions` of a block.
+fn rate_part(decisions: &Range, _: &Range) -> String {
+    hourly_counts(&decisions.sql("event_time", true), "", "")
+}
 
 /// `level`'s kept parts of `range` merged: `aggregates` over them (`k`, with `AND k.…`
 /// `filters`) grouped by `group`, a report's first level as its portable statement has it.
