@@ -102,7 +102,7 @@ impl EngineArgs {
             queue_timeout: Duration::from_secs(self.queue_timeout_s),
             answer_cache_bytes: self.answer_cache_mib << 20,
             part_cache_bytes: self.part_cache_mib << 20,
-            part_block_bytes: Limits::default().part_block_bytes,
+            part_block_bytes: verdict_query::limits::PART_BLOCK_BYTES,
             connections: self.max_connections.max(1),
             idle: Duration::from_secs(self.idle_timeout_s.max(1)),
             spill_bytes: 0,

@@ -810,8 +810,9 @@ impl IngestWorker {
 }
 
 /// The offset to read a quiet partition again from: its next expected offset `next`, when
-/// the end of the partition's log in Kafka, `high`, is past it and the worker has not already sought back there
-/// (`sought`). `None` while nothing is expected yet (the first record delivered sets it).
+/// the end of the partition's log in Kafka, `high`, is past it and the worker has not
+/// already sought back there (`sought`). `None` while nothing is expected yet (the first
+/// record delivered sets it).
 fn stalled_at(next: Option<i64>, high: i64, sought: Option<i64>) -> Option<i64> {
     next.filter(|&next| high > next && sought != Some(next))
 }

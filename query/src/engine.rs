@@ -250,10 +250,10 @@ impl Engine {
     }
 
     /// Makes sure that every level's part (see [`crate::parts::Level`]) of every closed day
-    /// (before today, UTC) the raw table holds is kept, reading the stored ones (see
-    /// [`crate::stored`]) and computing the others, newest first, as one query: it waits
-    /// for a place in the budget and runs in a session of its own under one listing of the
-    /// lake, each day under the time limit.
+    /// (before today, UTC) the raw table holds is kept or stored (see [`crate::stored`]; a
+    /// stored part is read by the plans that need it), computing the others, newest first,
+    /// as one query: it waits for a place in the budget and runs in a session of its own
+    /// under one listing of the lake, each day under the time limit.
     pub async fn warm_parts(&self) -> Result<Warmed, QueryError> {
         let job = self.parts_job(self.now().date_naive()).await?;
         let mut warmed = Warmed::default();

@@ -57,7 +57,7 @@ use verdict_schemas::layout::{
 };
 
 use crate::answers::{AnswerKey, Answers, describe};
-use crate::range::{Range, literal, parse_time, pieces};
+use crate::range::{Range, hours, literal, parse_time, pieces};
 use crate::stored::StoredPart;
 use crate::tables::{LAKE_URL, PoliciesTable};
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -156,7 +156,7 @@ pub struct Parts {
 pub struct Warmed {
     /// Days whose parts were all kept already.
     pub kept: usize,
-    /// Days with a part read from the lake's stored parts, none computed.
+    /// Days with a part found stored in the lake (the plans read it), none computed.
     pub read: usize,
     /// Days with a part computed.
     pub computed: usize,
@@ -165,7 +165,7 @@ pub struct Warmed {
 /// How the parts of a query came to be (see [`Parts::parts`]).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Made {
-    /// Parts read from the lake's stored parts.
+    /// Parts found stored in the lake (a plan scans their files).
     pub read: usize,
     /// Parts computed from the decisions.
     pub computed: usize,
@@ -219,35 +219,31 @@ impl Listing {
         days
     }
 
-    /// The raw files of `piece`'s hours (it never crosses a midnight), then the files of its
-    /// day's reconcile rounds; none when it has no raw files.
-    fn files(&self, piece: &Range) -> Vec<String> {
+    /// The raw files of `piece`'s hours (it never crosses a midnight): hour, description and
+    /// size.
+    fn raw(&self, piece: &Range) -> impl Iterator<Item = &(u8, String, u64)> {
         let hours = piece.from.hour()..=(piece.to - Duration::milliseconds(1)).hour();
-        let day = piece.from.date_naive();
-        let mut files: Vec<String> = self
-            .by_day
-            .get(&day)
+        self.by_day
+            .get(&piece.from.date_naive())
             .into_iter()
             .flatten()
-            .filter(|(hour, _, _)| hours.contains(&u32::from(*hour)))
-            .map(|(_, file, _)| file.clone())
-            .collect();
+            .filter(move |(hour, _, _)| hours.contains(&u32::from(*hour)))
+    }
+
+    /// The raw files of `piece`'s hours, then the files of its day's reconcile rounds; none
+    /// when it has no raw files.
+    fn files(&self, piece: &Range) -> Vec<String> {
+        let mut files: Vec<String> = self.raw(piece).map(|(_, file, _)| file.clone()).collect();
         if !files.is_empty() {
+            let day = piece.from.date_naive();
             files.extend(self.rounds_by_day.get(&day).into_iter().flatten().cloned());
         }
         files
     }
 
-    /// The bytes of raw files of the hour starting at `hour` (within one day).
-    fn hour_bytes(&self, hour: &Range) -> u64 {
-        let at = hour.from.hour();
-        self.by_day
-            .get(&hour.from.date_naive())
-            .into_iter()
-            .flatten()
-            .filter(|(h, _, _)| u32::from(*h) == at)
-            .map(|(_, _, size)| size)
-            .sum()
+    /// The bytes of the raw files of `piece`'s hours.
+    fn raw_bytes(&self, piece: &Range) -> u64 {
+        self.raw(piece).map(|(_, _, size)| size).sum()
     }
 }
 
@@ -391,8 +387,9 @@ impl Parts {
         }
     }
 
-    /// Makes sure every level's part of the whole `day` is kept, reading or computing
-    /// those that are not, in `ctx` under `listing`; how many were read and computed.
+    /// Makes sure every level's part of the whole `day` is kept in memory or stored in the
+    /// lake (a stored part is read by the plans that need it, not here), computing the
+    /// others, in `ctx` under `listing`; how many were found stored and computed.
     pub async fn warm_day(
         &self,
         ctx: &SessionContext,
@@ -566,7 +563,7 @@ async fn compute(
 fn blocks(piece: &Range, listing: &Listing, bytes: u64) -> Vec<Range> {
     let mut out: Vec<(Range, u64)> = Vec::new();
     for hour in hours(piece) {
-        let size = listing.hour_bytes(&hour);
+        let size = listing.raw_bytes(&hour);
         if size == 0 {
             continue;
         }
@@ -589,23 +586,6 @@ async fn rows(ctx: &SessionContext, sql: &str, schema: &SchemaRef) -> DfResult<V
         .into_iter()
         .map(|b| conform(schema, b))
         .collect()
-}
-
-/// The whole hours of `piece`, in order, the first and last cut to it.
-fn hours(piece: &Range) -> Vec<Range> {
-    let mut out = Vec::new();
-    let mut from = piece.from;
-    while from < piece.to {
-        let hour = from
-            .with_minute(0)
-            .and_then(|t| t.with_second(0))
-            .and_then(|t| t.with_nanosecond(0))
-            .unwrap_or(from);
-        let to = (hour + Duration::hours(1)).min(piece.to);
-        out.push(Range { from, to });
-        from = to;
-    }
-    out
 }
 
 /// The range of the whole `day`.
@@ -838,49 +818,5 @@ impl ExecutionPlan for PartsExec {
         context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
         self.inner.execute(partition, context)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn at(text: &str) -> DateTime<Utc> {
-        text.parse().unwrap()
-    }
-
-    #[test]
-    fn a_piece_is_cut_into_its_hours_the_first_and_last_cut_to_it() {
-        let piece = Range {
-            from: at("2026-11-29T22:30:00Z"),
-            to: at("2026-11-30T00:00:00Z"),
-        };
-        let cut: Vec<(String, String)> = hours(&piece)
-            .iter()
-            .map(|h| (literal(h.from), literal(h.to)))
-            .collect();
-        assert_eq!(
-            cut,
-            [
-                (
-                    literal(at("2026-11-29T22:30:00Z")),
-                    literal(at("2026-11-29T23:00:00Z"))
-                ),
-                (
-                    literal(at("2026-11-29T23:00:00Z")),
-                    literal(at("2026-11-30T00:00:00Z"))
-                ),
-            ]
-        );
-        let day = day_range(NaiveDate::from_ymd_opt(2026, 11, 29).unwrap()).unwrap();
-        let cut = hours(&day);
-        assert_eq!(cut.len(), 24);
-        assert_eq!((cut[0].from, cut[23].to), (day.from, day.to));
-        assert!(cut.windows(2).all(|w| w[0].to == w[1].from));
-        let inside = Range {
-            from: at("2026-11-29T10:15:00Z"),
-            to: at("2026-11-29T10:45:00Z"),
-        };
-        assert_eq!(hours(&inside), [inside]);
     }
 }

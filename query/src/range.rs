@@ -160,6 +160,18 @@ pub fn pieces(range: Range) -> Vec<Range> {
     out
 }
 
+/// The range cut at the hours: whole hours, and the pieces of hours at its ends.
+pub fn hours(range: &Range) -> Vec<Range> {
+    let mut out = Vec::new();
+    let mut from = range.from;
+    while from < range.to {
+        let to = (start_of_hour(from) + Duration::hours(1)).min(range.to);
+        out.push(Range { from, to });
+        from = to;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,5 +239,43 @@ mod tests {
         );
         let e = Range::parse(Some("2300-01-01"), Some("2400-01-01"), now, 1).unwrap_err();
         assert!(e.to_string().contains("past the times"), "{e}");
+    }
+
+    #[test]
+    fn a_range_is_cut_at_each_hour_the_first_and_last_cut_to_it() {
+        let piece = Range {
+            from: t("2026-11-29T22:30:00Z"),
+            to: t("2026-11-30T00:00:00Z"),
+        };
+        let cut: Vec<(String, String)> = hours(&piece)
+            .iter()
+            .map(|h| (literal(h.from), literal(h.to)))
+            .collect();
+        assert_eq!(
+            cut,
+            [
+                (
+                    literal(t("2026-11-29T22:30:00Z")),
+                    literal(t("2026-11-29T23:00:00Z"))
+                ),
+                (
+                    literal(t("2026-11-29T23:00:00Z")),
+                    literal(t("2026-11-30T00:00:00Z"))
+                ),
+            ]
+        );
+        let day = Range {
+            from: t("2026-11-29T00:00:00Z"),
+            to: t("2026-11-30T00:00:00Z"),
+        };
+        let cut = hours(&day);
+        assert_eq!(cut.len(), 24);
+        assert_eq!((cut[0].from, cut[23].to), (day.from, day.to));
+        assert!(cut.windows(2).all(|w| w[0].to == w[1].from));
+        let inside = Range {
+            from: t("2026-11-29T10:15:00Z"),
+            to: t("2026-11-29T10:45:00Z"),
+        };
+        assert_eq!(hours(&inside), [inside]);
     }
 }
