@@ -10,6 +10,7 @@ use clap::{Args, Subcommand};
 use verdict_jobs::windows::DAY;
 use verdict_jobs::{Job, Jobs, JobsConfig, Windows};
 
+use crate::policy_args::PolicyArgs;
 use crate::store_args::StoreArgs;
 
 /// `verdict jobs …`.
@@ -224,6 +225,32 @@ pub struct JobsRunArgs {
     /// Serve `/metrics` (Prometheus) and `/healthz` on this address.
     #[arg(long, env = "VERDICT_METRICS_ADDR")]
     pub metrics_addr: Option<SocketAddr>,
+    /// The query service's levels, stored by the schedule.
+    #[command(flatten)]
+    pub levels: JobsLevelsArgs,
+}
+
+/// `verdict jobs run --levels`: the reports' first levels stored after each round.
+#[derive(Debug, Clone, Args)]
+pub struct JobsLevelsArgs {
+    /// After each round of jobs (the rollup's, and the daily one), store the reports'
+    /// first levels of the closed days that are missing or stale, as `verdict query
+    /// levels` does, so that the query services read a day's part instead of computing it
+    /// from the day's decisions. Needs the policy they read (--policy-file or
+    /// --policy-postgres). Counted as the job `levels` in the jobs' metrics.
+    #[arg(long)]
+    pub levels: bool,
+    /// The policy the query services read (the stored levels are kept for it); read only
+    /// with --levels.
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+    /// Memory one day's levels may take, MiB (a day past it is computed in blocks of hours
+    /// and folded; see `verdict query levels`).
+    #[arg(long, default_value_t = 1024)]
+    pub levels_memory_mib: usize,
+    /// Time one day's levels may take, seconds.
+    #[arg(long, default_value_t = 900)]
+    pub levels_timeout_s: u64,
 }
 
 /// Options of `verdict jobs once`.
@@ -296,12 +323,45 @@ pub async fn run(cmd: JobsCommand) -> anyhow::Result<()> {
                 daily_every: Duration::from_secs(args.daily_every_secs),
                 ..args.common.config()
             };
-            let jobs = Jobs::new(args.common.lake.open()?, cfg);
+            let lake = args.common.lake.open()?;
+            let jobs = Jobs::new(Arc::clone(&lake), cfg);
+            let levels = if args.levels.levels {
+                Some(
+                    crate::query::levels_engine(
+                        &args.common.lake,
+                        &args.levels.policy,
+                        args.levels.levels_memory_mib,
+                        Duration::from_secs(args.levels.levels_timeout_s.max(1)),
+                        args.common.threads,
+                    )
+                    .await?,
+                )
+            } else {
+                None
+            };
             if let Some(addr) = args.metrics_addr {
                 let metrics = jobs.metrics().clone();
                 crate::serve::serve_metrics(addr, move || metrics.render()).await?;
             }
-            jobs.run_forever(shutdown).await;
+            let store = args.common.lake.store.as_str();
+            let after_round = || async {
+                let Some(engine) = &levels else { return };
+                let started = std::time::Instant::now();
+                let done = crate::query::store_levels(engine, Arc::clone(&lake), store).await;
+                if let Err(e) = &done {
+                    tracing::warn!(
+                        error = format!("{e:#}"),
+                        "the levels were not stored; the next round tries again"
+                    );
+                }
+                jobs.metrics().run.record_run(
+                    "levels",
+                    started.elapsed(),
+                    done.is_ok(),
+                    chrono::Utc::now().timestamp_millis(),
+                );
+            };
+            jobs.run_forever_then(shutdown, after_round).await;
             tracing::info!("jobs stopped");
             Ok(())
         }

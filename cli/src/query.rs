@@ -107,22 +107,11 @@ impl EngineArgs {
             idle: Duration::from_secs(self.idle_timeout_s.max(1)),
             spill_bytes: 0,
         };
-        let threads = self
-            .threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-        // A folder's ranges are read in place (see `ReaderView::folder`).
-        let lake = if verdict_lake::folder_of(&self.store.store).is_some() {
-            ReaderView::folder(verdict_lake::open_folder(&self.store.store)?)
-        } else {
-            ReaderView::new(self.store.open()?)
-        };
         let spill = Spill {
             dir: self.spill_dir.clone().unwrap_or_else(Spill::default_dir),
             max_bytes: self.spill_gib << 30,
         };
-        Engine::new(lake, PoliciesTable::new(source), threads, limits)?
-            .with_spill(&spill)
-            .with_context(|| format!("the spill directory {}", spill.dir.display()))
+        engine_over(&self.store, source, self.threads, limits, &spill)
     }
 
     /// [`Self::engine`], with every table of the lake checked readable first (its
@@ -136,6 +125,82 @@ impl EngineArgs {
             .with_context(|| format!("reading the lake at {}", self.store.store))?;
         Ok(engine)
     }
+}
+
+/// An engine over the lake `store` names, under the policy `source` and `limits`, on
+/// `threads` (default: the machine's cores), spilling to `spill`.
+fn engine_over(
+    store: &StoreArgs,
+    source: Option<Arc<dyn verdict_limiter::PolicySource>>,
+    threads: Option<usize>,
+    limits: Limits,
+    spill: &Spill,
+) -> anyhow::Result<Engine> {
+    let threads =
+        threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    // A folder's ranges are read in place (see `ReaderView::folder`).
+    let lake = if verdict_lake::folder_of(&store.store).is_some() {
+        ReaderView::folder(verdict_lake::open_folder(&store.store)?)
+    } else {
+        ReaderView::new(store.open()?)
+    };
+    Engine::new(lake, PoliciesTable::new(source), threads, limits)?
+        .with_spill(spill)
+        .with_context(|| format!("the spill directory {}", spill.dir.display()))
+}
+
+/// An engine that only stores the reports' levels (`verdict jobs run --levels`): the
+/// policy the query services read is required, since the stored parts are kept for it;
+/// each day's part may take `memory_mib` and `timeout`; the default spill directory.
+pub async fn levels_engine(
+    store: &StoreArgs,
+    policy: &PolicyArgs,
+    memory_mib: usize,
+    timeout: Duration,
+    threads: Option<usize>,
+) -> anyhow::Result<Engine> {
+    let source = policy.source().context(
+        "--levels needs the policy the query services read (--policy-file or --policy-postgres): the stored levels are kept for it",
+    )?;
+    let limits = Limits {
+        memory_bytes: memory_mib.max(1) << 20,
+        timeout,
+        ..Limits::default()
+    };
+    let spill = Spill {
+        dir: Spill::default_dir(),
+        max_bytes: Spill::DEFAULT_GIB << 30,
+    };
+    let engine = engine_over(store, Some(source), threads, limits, &spill)?;
+    engine
+        .check_tables()
+        .await
+        .with_context(|| format!("reading the lake at {}", store.store))?;
+    Ok(engine)
+}
+
+/// Stores the reports' levels of the closed days of `store`'s lake (`lake`) that are
+/// missing or stale, removes those of days the raw table no longer holds, and logs what
+/// it did: `verdict query levels` and `verdict jobs run --levels`.
+pub async fn store_levels(
+    engine: &Engine,
+    lake: Arc<dyn object_store::ObjectStore>,
+    store: &str,
+) -> anyhow::Result<verdict_query::parts::LevelsWritten> {
+    let started = std::time::Instant::now();
+    let done = engine
+        .write_levels(lake)
+        .await
+        .with_context(|| format!("storing the reports' levels in {store}"))?;
+    tracing::info!(
+        written = done.written,
+        unchanged = done.unchanged,
+        removed = done.removed,
+        deleted = done.deleted,
+        ms = started.elapsed().as_millis() as u64,
+        "the reports' levels of the closed days are stored"
+    );
+    Ok(done)
 }
 
 /// `verdict query …`.
@@ -201,21 +266,7 @@ async fn levels(args: LevelsArgs) -> anyhow::Result<()> {
     let lake = args.engine.store.open()?;
     let mut shutdown = std::pin::pin!(crate::signals::shutdown_signal()?);
     loop {
-        let started = std::time::Instant::now();
-        let done = engine
-            .write_levels(Arc::clone(&lake))
-            .await
-            .with_context(|| {
-                format!("storing the reports' levels in {}", args.engine.store.store)
-            })?;
-        tracing::info!(
-            written = done.written,
-            unchanged = done.unchanged,
-            removed = done.removed,
-            deleted = done.deleted,
-            ms = started.elapsed().as_millis() as u64,
-            "the reports' levels of the closed days are stored"
-        );
+        let done = store_levels(&engine, Arc::clone(&lake), &args.engine.store.store).await?;
         if args.every_secs == 0 {
             println!(
                 "levels: {} part(s) written, {} unchanged, {} removed (days the raw table no longer holds), {} old file(s) deleted",

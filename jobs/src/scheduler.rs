@@ -261,6 +261,21 @@ impl Jobs {
     /// `daily_every`, until `shutdown` resolves. A failed run is logged and counted; the
     /// schedule goes on.
     pub async fn run_forever(&self, shutdown: impl std::future::Future<Output = ()>) {
+        self.run_forever_then(shutdown, || async {}).await;
+    }
+
+    /// [`Self::run_forever`], with `after_round` run after each round of jobs, in turn with
+    /// them, never beside them (`verdict jobs run --levels` stores the query service's
+    /// levels of the closed days there, once the rollup and compaction have changed what
+    /// they will).
+    pub async fn run_forever_then<F, Fut>(
+        &self,
+        shutdown: impl std::future::Future<Output = ()>,
+        mut after_round: F,
+    ) where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
         tokio::pin!(shutdown);
         let mut rollup_tick = tokio::time::interval(self.cfg.rollup_every);
         let mut daily_tick = tokio::time::interval(self.cfg.daily_every);
@@ -276,6 +291,10 @@ impl Jobs {
                 let now = self.cfg.clock.now_ms();
                 // The outcome is logged and counted by run_once.
                 let _ = self.run_once(*job, now, false).await;
+            }
+            tokio::select! {
+                _ = &mut shutdown => return,
+                () = after_round() => {}
             }
         }
     }
@@ -305,7 +324,8 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_schedule_runs_every_job_at_start_and_the_rollup_again_and_again() {
+    async fn the_schedule_runs_every_job_at_start_and_the_rollup_again_each_round_then_the_work_after_it()
+     {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn ObjectStore> =
             Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
@@ -356,11 +376,18 @@ mod tests {
         let metrics = jobs.metrics().clone();
         let runs = |job: &str| metrics.run.runs.with_label_values(&[job, "ok"]).get();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let rounds = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let task = tokio::spawn({
-            let jobs = jobs.clone();
+            let (jobs, rounds) = (jobs.clone(), Arc::clone(&rounds));
             async move {
-                jobs.run_forever(async {
+                let stop = async {
                     let _ = stopped.await;
+                };
+                jobs.run_forever_then(stop, || {
+                    let rounds = Arc::clone(&rounds);
+                    async move {
+                        rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                 })
                 .await
             }
@@ -375,6 +402,14 @@ mod tests {
         }
         stop.send(()).unwrap();
         task.await.unwrap();
+        // Every round has the rollup and ends with the work after it (the last one may have
+        // been stopped between the two).
+        let after = rounds.load(std::sync::atomic::Ordering::Relaxed);
+        let rolled = runs("rollup");
+        assert!(
+            after == rolled || after + 1 == rolled,
+            "{after} runs of the work after a round, {rolled} rounds"
+        );
 
         for job in Job::ALL {
             assert!(runs(job.name()) >= 1, "{job} never ran");

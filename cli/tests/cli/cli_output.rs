@@ -122,3 +122,47 @@ fn query_levels_stores_each_closed_day_once() {
     );
     assert_eq!(stdout(&verdict(&report)), from_decisions);
 }
+
+/// `verdict jobs run --levels` over the known-answer lake: after its first round the closed
+/// day's levels are stored (counted as the job `levels`), and `verdict query levels` then
+/// finds every part unchanged; SIGTERM stops the schedule cleanly.
+#[test]
+fn jobs_run_with_levels_stores_the_closed_days_levels_after_its_round() {
+    let (dir, lake, policy) = known_lake();
+    let log = dir.path().join("jobs.log");
+    // The lake's day is a fixed date: kept whatever today is.
+    let mut jobs = std::process::Command::new(env!("CARGO_BIN_EXE_verdict"))
+        .args(["jobs", "run", "--store", &lake, "--raw-keep-days", "36500"])
+        .args(["--levels", "--policy-file", &policy, "--threads", "2"])
+        .env("RUST_LOG", "info")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("run verdict jobs run");
+    let stored = "the reports' levels of the closed days are stored";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let said = loop {
+        let said = std::fs::read_to_string(&log).unwrap();
+        if said.contains(stored) || std::time::Instant::now() > deadline {
+            break said;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &jobs.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let status = jobs.wait().unwrap();
+    let said = said + &std::fs::read_to_string(&log).unwrap();
+    let line = said.lines().find(|l| l.contains(stored));
+    assert!(
+        line.is_some_and(|l| l.contains("written=5") && l.contains("unchanged=0")),
+        "{said}"
+    );
+    assert!(status.success(), "{status}: {said}");
+    let common = ["--store", &lake, "--policy-file", &policy, "--threads", "2"];
+    assert_eq!(
+        stdout(&verdict(&[&["query", "levels"][..], &common].concat())).trim(),
+        "levels: 0 part(s) written, 5 unchanged, 0 removed (days the raw table no longer holds), 0 old file(s) deleted"
+    );
+}
