@@ -754,8 +754,13 @@ fn scanned_files(plan: &dyn datafusion::physical_plan::ExecutionPlan) -> Vec<Str
     out
 }
 
-/// Rows read by the data sources of an executed plan.
+/// Rows read by the data sources of an executed plan: a report's parts count the rows of
+/// the parts it read (stored in the lake, or kept), not the decisions a part computed
+/// inside the query read.
 fn scanned_rows(plan: &dyn datafusion::physical_plan::ExecutionPlan) -> u64 {
+    if let Some(parts) = plan.downcast_ref::<PartsExec>() {
+        return scanned_rows(parts.inner().as_ref());
+    }
     let own = if plan.name() == "DataSourceExec" {
         plan.metrics().and_then(|m| m.output_rows()).unwrap_or(0) as u64
     } else {

@@ -769,6 +769,11 @@ impl PartsExec {
     pub fn files(&self) -> &[String] {
         &self.files
     }
+
+    /// The plan that reads the parts: the kept ones from memory, the stored ones' files.
+    pub fn inner(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.inner
+    }
 }
 
 impl DisplayAs for PartsExec {

@@ -791,6 +791,22 @@ async fn the_levels_stored_once_are_read_by_a_new_service_and_stored_again_when_
         );
         assert_eq!(served, portable, "{name} from the stored parts");
     }
+    // What a query read from the stored parts is counted: their rows.
+    let count = format!(
+        "SELECT COUNT(*) AS n FROM review_parts('{}', '{}')",
+        day(0),
+        day(2)
+    );
+    let read = second
+        .collect(&count, &verdict_query::RunOptions::default())
+        .await
+        .unwrap();
+    let rows = arrow::array::AsArray::as_primitive::<arrow::datatypes::Int64Type>(
+        read.batches[0].column(0),
+    )
+    .value(0) as u64;
+    assert!(rows > 0);
+    assert_eq!(read.rows_read, rows, "the rows read of the stored parts");
 
     // A late file into the second day: a new service computes that day's parts (the stored
     // ones are stale) and reads the first day's; the next run stores the second day again.
