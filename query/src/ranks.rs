@@ -8,6 +8,15 @@
 //!   of `x` (n the rows): what `SUM(CASE WHEN ROW_NUMBER() OVER (… ORDER BY x DESC) <=
 //!   GREATEST(1, CEIL(share * n)) THEN x ELSE 0 END)` gives.
 //!
+//! - `verdict_top_sum_of(x, k)`: the sum of the group's largest `k` values of `x` (`k` the
+//!   same on every row): the limit review's outliers when its keys are sampled, `k` taken
+//!   from the estimated count of the limit's keys, not from the rows there are.
+//!
+//! And one scalar function, `verdict_key_hash(key_id)`: a key's place in the review's
+//! sample, a number in [0, 2³²) that depends on the key alone (see
+//! [`crate::reports`]' `wrong-limits`), so that a key is in the sample on every day of a
+//! range or on none.
+//!
 //! Each sorts a group's values once, where the windows sorted every key's whole row once
 //! per ranking (nine sorts of about 100,000 rows of twenty columns over the bench's week,
 //! more than half of the review's time once its first level is kept; see
@@ -15,13 +24,14 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, Float64Array, ListArray};
+use arrow::array::{Array, ArrayRef, AsArray, Float64Array, Int64Array, ListArray};
 use arrow::buffer::{OffsetBuffer, ScalarBuffer};
 use arrow::datatypes::{DataType, Field, FieldRef, Float64Type};
 use datafusion::common::{Result, ScalarValue};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::{
-    Accumulator, AggregateUDF, AggregateUDFImpl, Signature, Volatility,
+    Accumulator, AggregateUDF, AggregateUDFImpl, ColumnarValue, ScalarFunctionArgs, ScalarUDF,
+    ScalarUDFImpl, Signature, Volatility,
 };
 use datafusion::prelude::SessionContext;
 
@@ -32,6 +42,8 @@ enum Pick {
     NearestRank,
     /// The sum of the largest max(1, ⌈share·n⌉), n counting every row.
     TopSum,
+    /// The sum of the largest k.
+    TopSumOf,
 }
 
 #[derive(Debug, PartialEq, Eq, Hash)]
@@ -57,6 +69,7 @@ impl AggregateUDFImpl for Ranked {
         match self.pick {
             Pick::NearestRank => "verdict_nearest_rank",
             Pick::TopSum => "verdict_top_sum",
+            Pick::TopSumOf => "verdict_top_sum_of",
         }
     }
 
@@ -168,11 +181,14 @@ impl Accumulator for Values {
                     *v.select_nth_unstable_by(k, f64::total_cmp).1
                 })
             }
-            Pick::TopSum => {
+            Pick::TopSum | Pick::TopSumOf => {
                 if self.rows == 0 {
                     None
                 } else {
-                    let k = (q * self.rows as f64).ceil().max(1.0) as usize;
+                    let k = match self.pick {
+                        Pick::TopSum => (q * self.rows as f64).ceil().max(1.0) as usize,
+                        _ => q.max(0.0) as usize,
+                    };
                     v.sort_unstable_by(|a, b| b.total_cmp(a));
                     Some(v.iter().take(k).sum())
                 }
@@ -185,10 +201,65 @@ impl Accumulator for Values {
     }
 }
 
-/// Registers both functions in `ctx`.
+/// Registers the functions in `ctx`.
 pub fn register(ctx: &SessionContext) {
-    for pick in [Pick::NearestRank, Pick::TopSum] {
+    for pick in [Pick::NearestRank, Pick::TopSum, Pick::TopSumOf] {
         ctx.register_udaf(AggregateUDF::from(Ranked::new(pick)));
+    }
+    ctx.register_udf(ScalarUDF::from(KeyHash::new()));
+}
+
+/// A key's place in the review's sample: the 16 bytes of its id mixed (the two halves,
+/// then SplitMix64's finalizer) and the top 32 bits kept. A key id is already a hash of
+/// the API key, but a mix keeps ids with a structure (a test's, a tenant's numbering)
+/// spread evenly.
+pub fn key_hash(key: &[u8]) -> i64 {
+    let half = |b: &[u8]| {
+        let mut w = [0u8; 8];
+        let n = b.len().min(8);
+        w[..n].copy_from_slice(&b[..n]);
+        u64::from_le_bytes(w)
+    };
+    let (lo, hi) = key.split_at(key.len().min(8));
+    let mut z = half(lo) ^ half(hi).rotate_left(29) ^ 0x9e37_79b9_7f4a_7c15;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z >> 32) as i64
+}
+
+/// `verdict_key_hash(key_id)`: [`key_hash`] of a 16-byte key id, as a `BIGINT`.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct KeyHash {
+    signature: Signature,
+}
+
+impl KeyHash {
+    fn new() -> Self {
+        Self {
+            signature: Signature::exact(vec![DataType::FixedSizeBinary(16)], Volatility::Immutable),
+        }
+    }
+}
+
+impl ScalarUDFImpl for KeyHash {
+    fn name(&self) -> &str {
+        "verdict_key_hash"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Int64)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let keys = args.args[0].to_array(args.number_rows)?;
+        let keys = keys.as_fixed_size_binary();
+        let hashed: Int64Array = keys.iter().map(|k| k.map(key_hash)).collect();
+        Ok(ColumnarValue::Array(Arc::new(hashed)))
     }
 }
 
@@ -229,6 +300,35 @@ mod tests {
         let sparse = [None, Some(3.0), None, Some(1.0), Some(2.0), None];
         assert_eq!(run(Pick::NearestRank, &sparse, 0.5), Some(2.0));
         assert_eq!(run(Pick::NearestRank, &[None, None], 0.5), None);
+    }
+
+    #[test]
+    fn the_top_sum_of_k_adds_the_largest_k_whatever_the_rows() {
+        let x: Vec<Option<f64>> = (0..200).map(|i| Some(f64::from(i % 100))).collect();
+        assert_eq!(run(Pick::TopSumOf, &x, 3.0), Some(99.0 + 99.0 + 98.0));
+        assert_eq!(run(Pick::TopSumOf, &x[..10], 20.0), Some(45.0));
+    }
+
+    #[test]
+    fn the_key_hash_spreads_numbered_keys_evenly_over_its_range() {
+        // Keys numbered in their last bytes, as the tests' and a tenant's are: a sample of
+        // a quarter of the range holds about a quarter of them.
+        let keys: Vec<[u8; 16]> = (0..100_000u32)
+            .map(|i| {
+                let mut k = [0u8; 16];
+                k[0] = 0xa0;
+                k[12..].copy_from_slice(&i.to_be_bytes());
+                k
+            })
+            .collect();
+        let cut = 1i64 << 30;
+        let under = keys.iter().filter(|k| key_hash(&k[..]) < cut).count();
+        assert!((24_000..26_000).contains(&under), "{under} of 100,000");
+        assert!(
+            keys.iter()
+                .all(|k| (0..1i64 << 32).contains(&key_hash(&k[..])))
+        );
+        assert_eq!(key_hash(&keys[7][..]), key_hash(&keys[7][..]));
     }
 
     #[test]

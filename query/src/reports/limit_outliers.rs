@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 
 use super::params::{Args, FROM, ROUTE, Report, TIER, TO};
-use super::review::{LIMIT, ReviewParams, keyed, review_keys};
+use super::review::{LIMIT, ReviewParams, keyed, review_keys, sample_param};
 use crate::error::QueryError;
 
 /// The report.
@@ -17,7 +17,7 @@ pub(super) fn report() -> Report {
             their demand and burst. They are override or abuse candidates, not evidence \
             against the limit.",
         tables: &["decisions", "policies", "regions"],
-        params: vec![FROM, TO, TIER, ROUTE],
+        params: vec![FROM, TO, TIER, ROUTE, sample_param()],
     }
 }
 

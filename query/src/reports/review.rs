@@ -109,10 +109,29 @@ impl ReviewParams {
     }
 }
 
+/// Keys of a tier × route class the review's percentiles are taken from, by default: past
+/// it, a sample of the keys (see [`per_key_from_parts`]).
+pub const SAMPLE_KEYS: i64 = 65_536;
+
+/// The review's sample, as a parameter.
+pub(super) fn sample_param() -> ParamSpec {
+    ParamSpec::integer(
+        "sample_keys",
+        "65536",
+        "keys of a tier × route class the demand and burst percentiles are taken from: past it, a sample of them chosen by key (`sampled_keys`, `percentile_bound`); refusals, constrained keys and outliers stay exact",
+    )
+}
+
 /// Where the limit review reads each key's row from: the kept parts of its range, or (when
 /// portable) the decisions.
 pub(super) fn review_keys(a: &Args<'_>, now: DateTime<Utc>) -> Result<KeysFrom, QueryError> {
     let range = a.range(now, 7)?;
+    let sample = a.integer("sample_keys")?.unwrap_or(SAMPLE_KEYS);
+    if !(2..=1_000_000_000).contains(&sample) {
+        return Err(QueryError::Invalid(format!(
+            "parameter sample_keys: {sample} is out of range (2 to 1000000000)"
+        )));
+    }
     Ok(if a.portable {
         KeysFrom::Decisions {
             range,
@@ -122,21 +141,74 @@ pub(super) fn review_keys(a: &Args<'_>, now: DateTime<Utc>) -> Result<KeysFrom, 
         KeysFrom::Parts {
             range,
             filters: a.filters("k.")?,
+            sample,
         }
     })
 }
 
-/// The `per_key` CTE over the review's kept parts of `range`, with `filters` (`AND k.…`
-/// conditions).
-fn per_key_from_parts(range: &Range, filters: &str) -> String {
-    let merged = merged(
-        &REVIEW,
-        range,
-        REVIEW_FOLD.group,
-        REVIEW_FOLD.aggregates,
-        filters,
-    );
-    format!("{LIM}, per_key AS (\n  {merged}\n)")
+/// The CTEs over the review's kept parts of `range`, with `filters` (`AND k.…` conditions),
+/// up to `per_key`, each key's row, and `totals`, each limit's:
+///
+/// - `totals`: per tier × route class and key with an override, over every key's rows, what
+///   the review says of all of them: the keys (estimated, `approx_distinct`), requests,
+///   the largest demand and span, the quotas;
+/// - `cut`: the part of the range of `verdict_key_hash` a tier × route class's sample
+///   takes, `sample` keys over its keys (1 when it has no more: every key);
+/// - `refusing`: every key refused at least once in the range;
+/// - `per_key`: the rows of the keys in the sample, of the keys refused and of the keys
+///   with an override, merged; `sampled` says which are in the sample, `weight` how many
+///   keys each sampled one stands for ([`STANDS_FOR`]).
+///
+/// So the refusals, the constrained keys and the outliers are exact (every refused key is
+/// read whole), the percentiles are those of the sample, and the rows merged are the
+/// sample's and the refused keys', not every key's: the memory and the sorts are bounded
+/// by the sample, whatever the keys. A key is in the sample on every day of the range or
+/// on none, since its hash is its own.
+fn per_key_from_parts(range: &Range, filters: &str, sample: i64) -> String {
+    let parts = REVIEW.call(range);
+    let over = "LEFT JOIN policies o ON o.kind = 'override' AND o.key_id = k.key_id
+    AND o.route_class_id = k.route_class";
+    let in_sample = "o.key_id IS NOT NULL \
+        OR verdict_key_hash(k.key_id) < COALESCE(c.rate, 1.0) * 4294967296.0";
+    format!(
+        "{LIM}, totals AS (
+  SELECT k.tier, k.route_class, o.key_id AS override_key,
+    approx_distinct(verdict_key_hash(k.key_id)) AS key_estimate, SUM(k.requests) AS requests,
+    MAX(k.demand) AS demand_max, MAX(k.peak_span) AS peak_span_max,
+    MIN(k.quota_low) AS quota_low, MAX(k.quota_high) AS quota_high,
+    MIN(k.quota_ceiling) AS quota_ceiling, MAX(k.enforced) AS enforced
+  FROM {parts} k
+  {over}
+  WHERE TRUE{filters}
+  GROUP BY k.tier, k.route_class, o.key_id
+), cut AS (
+  SELECT tier, route_class,
+    LEAST(1.0, {sample}.0 / GREATEST(CAST(SUM(key_estimate) AS DOUBLE), 1.0)) AS rate
+  FROM totals
+  WHERE override_key IS NULL
+  GROUP BY tier, route_class
+), refusing AS (
+  SELECT DISTINCT k.tier, k.route_class, k.key_id
+  FROM {parts} k
+  WHERE k.denied + k.would_deny > 0{filters}
+), chosen AS (
+  SELECT k.*, CASE WHEN {in_sample} THEN 1 ELSE 0 END AS in_sample,
+    CASE WHEN o.key_id IS NOT NULL THEN 1.0 ELSE 1.0 / COALESCE(c.rate, 1.0) END AS key_weight
+  FROM {parts} k
+  LEFT JOIN cut c ON c.tier = k.tier AND c.route_class = k.route_class
+  LEFT JOIN refusing r ON r.tier = k.tier AND r.route_class = k.route_class
+    AND r.key_id = k.key_id
+  {over}
+  WHERE ({in_sample} OR r.key_id IS NOT NULL){filters}
+), per_key AS (
+  SELECT {group}, {aggregates},
+    MAX(in_sample) = 1 AS sampled, MAX(key_weight) AS weight
+  FROM chosen
+  GROUP BY {group}
+)",
+        group = REVIEW_FOLD.group,
+        aggregates = REVIEW_FOLD.aggregates,
+    )
 }
 
 /// Where the review reads each key's row from.
@@ -145,8 +217,13 @@ pub(super) enum KeysFrom {
     /// The decisions within a range with `AND x.…` filters: one statement, portable to
     /// DuckDB.
     Decisions { range: Range, filters: String },
-    /// The query service's kept parts of a range, with `AND k.…` filters.
-    Parts { range: Range, filters: String },
+    /// The query service's kept parts of a range, with `AND k.…` filters; the percentiles
+    /// of a tier × route class with more than `sample` keys from a sample of them.
+    Parts {
+        range: Range,
+        filters: String,
+        sample: i64,
+    },
 }
 
 impl KeysFrom {
@@ -172,8 +249,18 @@ impl KeysFrom {
                 &range.sql("round_time", false),
                 filters,
             ),
-            Self::Parts { range, filters } => per_key_from_parts(range, filters),
+            Self::Parts {
+                range,
+                filters,
+                sample,
+            } => per_key_from_parts(range, filters, *sample),
         }
+    }
+
+    /// Whether the keys' rows are a sample with `totals` beside them (the kept parts), not
+    /// every key's (the decisions).
+    pub(super) fn sampled(&self) -> bool {
+        matches!(self, Self::Parts { .. })
     }
 }
 
@@ -195,7 +282,7 @@ pub(super) fn flagged(keys: &KeysFrom, p: &ReviewParams) -> String {
     COALESCE(o.refill_per_s, l.refill_per_s) AS refill_per_s,
     COALESCE(o.hourly_quota, l.hourly_quota) AS hourly_quota,
     COALESCE(o.mode, l.mode) AS mode,
-    k.peak_span / GREATEST(1, COALESCE(o.capacity, l.capacity)) AS burst
+    k.peak_span / GREATEST(1, COALESCE(o.capacity, l.capacity)) AS burst{sample}
   FROM per_key k
   JOIN lim l ON l.tier_id = k.tier AND l.route_class_id = k.route_class
   LEFT JOIN policies o ON o.kind = 'override' AND o.key_id = k.key_id
@@ -208,6 +295,11 @@ pub(super) fn flagged(keys: &KeysFrom, p: &ReviewParams) -> String {
 )",
         ctes = keys.ctes(),
         home_base = levels::HOME_BASE,
+        sample = if keys.sampled() {
+            ", k.sampled, k.weight"
+        } else {
+            ""
+        },
     )
 }
 
@@ -215,11 +307,20 @@ pub(super) fn flagged(keys: &KeysFrom, p: &ReviewParams) -> String {
 /// ranked AS (…` (the last CTE left open, for the caller to close).
 pub(super) fn keyed(keys: &KeysFrom, p: &ReviewParams) -> String {
     let limit = LIMIT;
+    let over = format!(" OVER (PARTITION BY {limit})");
+    let (n, n_engaged) = if keys.sampled() {
+        (estimated("TRUE", &over), estimated("engaged", &over))
+    } else {
+        (
+            format!("COUNT(*){over}"),
+            format!("SUM(CASE WHEN engaged THEN 1 ELSE 0 END){over}"),
+        )
+    };
     format!(
         "{flagged}, ranked AS (
   SELECT *,
-    COUNT(*) OVER (PARTITION BY {limit}) AS n,
-    SUM(CASE WHEN engaged THEN 1 ELSE 0 END) OVER (PARTITION BY {limit}) AS n_engaged,
+    {n} AS n,
+    {n_engaged} AS n_engaged,
     ROW_NUMBER() OVER (PARTITION BY {limit} ORDER BY demand, key_id) AS rn_demand,
     ROW_NUMBER() OVER (PARTITION BY {limit} ORDER BY burst, key_id) AS rn_burst,
     ROW_NUMBER() OVER (PARTITION BY {limit}, engaged ORDER BY demand, key_id) AS rn_e_demand,
@@ -229,6 +330,22 @@ pub(super) fn keyed(keys: &KeysFrom, p: &ReviewParams) -> String {
     ROW_NUMBER() OVER (PARTITION BY {limit} ORDER BY refused DESC, key_id) AS rn_refused
   FROM flagged",
         flagged = flagged(keys, p),
+    )
+}
+
+/// How many of a limit's keys a key's row stands for when the rows are a sample's and the
+/// refused keys' (see `per_key_from_parts`): a refused key itself (every one is read), a
+/// key of the sample `weight` keys (its refused ones counted apart), another none. So the
+/// keys are estimated from the sample where they were never refused and counted where they
+/// were, and a share of constrained keys is never above the whole.
+pub(super) const STANDS_FOR: &str =
+    "CASE WHEN refused > 0 THEN 1.0 WHEN sampled THEN weight ELSE 0.0 END";
+
+/// The keys of the limit where `condition` holds ([`STANDS_FOR`]), rounded: an aggregate,
+/// or a window with `over` (` OVER (…)`, or empty).
+pub(super) fn estimated(condition: &str, over: &str) -> String {
+    format!(
+        "CAST(ROUND(SUM(CASE WHEN {condition} THEN {STANDS_FOR} ELSE 0.0 END){over}) AS BIGINT)"
     )
 }
 

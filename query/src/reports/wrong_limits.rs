@@ -29,7 +29,10 @@ use chrono::{DateTime, Utc};
 
 use super::levels::HOME_BASE;
 use super::params::{Args, FROM, ROUTE, Report, TIER, TO};
-use super::review::{KeysFrom, LIMIT, ReviewParams, flagged, keyed, review_keys, thresholds};
+use super::review::{
+    KeysFrom, LIMIT, ReviewParams, STANDS_FOR, estimated, flagged, keyed, review_keys,
+    sample_param, thresholds,
+};
 use crate::error::QueryError;
 
 /// The report.
@@ -67,11 +70,20 @@ pub(super) fn report() -> Report {
             largest), bursts against the region's share of the bucket (`regions`), so the \
             recommendation is a global limit of which each region's share covers its \
             keys. Decisions of the kill switch and of \
-            mode off count nothing and are left out.",
+            mode off count nothing and are left out. The percentiles are taken over \
+            `sampled_keys`: every active key up to `sample_keys` per tier × route class, \
+            past it a sample of them chosen by key (a key is in it on every day or on \
+            none); `percentile_bound` is then how far the sampled p99 may lie from all \
+            keys' p99, in percentile points (two standard errors), and 0 when every key is \
+            in the sample. The keys, engaged keys and keys per region never refused are then \
+            estimated from the sample (the refused ones counted); refusals, constrained \
+            keys, the outliers' refusals, requests, the largest demand and burst and the \
+            quotas are always over every key.",
         tables: &["decisions", "policies", "regions"],
         params: [FROM, TO, TIER, ROUTE]
             .into_iter()
             .chain(thresholds())
+            .chain([sample_param()])
             .collect(),
     }
 }
@@ -120,10 +132,12 @@ fn nearest_rank(windows: bool, v: &str, q: f64, engaged: bool) -> String {
         };
         return format!("MIN(CASE WHEN {cond}{rn} >= CEIL({q} * {n}) THEN {v} END)");
     }
+    // The sampled keys' values (every key's where the limit has no more keys than the
+    // sample takes).
     let x = if engaged {
-        format!("CASE WHEN engaged THEN CAST({v} AS DOUBLE) END")
+        format!("CASE WHEN sampled AND engaged THEN CAST({v} AS DOUBLE) END")
     } else {
-        format!("CAST({v} AS DOUBLE)")
+        format!("CASE WHEN sampled THEN CAST({v} AS DOUBLE) END")
     };
     format!("verdict_nearest_rank({x}, {q})")
 }
@@ -145,13 +159,64 @@ fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
     // the same values (see `crate::ranks`).
     let windows = matches!(keys, KeysFrom::Decisions { .. });
     let nearest = |v: &str, q: f64, engaged: bool| nearest_rank(windows, v, q, engaged);
+    // Over kept parts the keys' rows are the sample's and the refused keys' (see
+    // `review::per_key_from_parts`): what is said of every key of a limit (its keys, their
+    // requests, the largest demand and burst, the quotas) comes from `totals`, joined to
+    // each row as `limit_…`; the keys are the sample's, each standing for `weight` keys.
+    let sampled = keys.sampled();
+    let whole = |portable: &str, from_totals: &str| -> String {
+        if sampled {
+            from_totals.to_owned()
+        } else {
+            portable.to_owned()
+        }
+    };
+    let maxima = [
+        whole("MAX(demand)", "MAX(limit_demand_max)"),
+        whole(
+            "MAX(burst)",
+            "MAX(limit_span_max) / GREATEST(1, MAX(capacity))",
+        ),
+    ];
     let mut dist = String::new();
-    for v in ["demand", "burst"] {
+    for (v, max) in ["demand", "burst"].into_iter().zip(maxima) {
         for (suffix, q) in [("p50", 0.5), ("p90", 0.9), ("p99", 0.99)] {
             dist += &format!(",\n    {} AS {v}_{suffix}", nearest(v, q, false));
         }
-        dist += &format!(",\n    MAX({v}) AS {v}_max");
+        dist += &format!(",\n    {max} AS {v}_max");
     }
+    let over_limit = format!(" OVER (PARTITION BY {limit})");
+    let in_region = whole(
+        &format!("COUNT(*) OVER (PARTITION BY {limit}, home_region)"),
+        &format!("SUM({STANDS_FOR}) OVER (PARTITION BY {limit}, home_region)"),
+    );
+    let key_count = whole("COUNT(*)", &estimated("TRUE", ""));
+    let engaged_count = whole(
+        "SUM(CASE WHEN engaged THEN 1 ELSE 0 END)",
+        &estimated("engaged", ""),
+    );
+    let sampled_count = whole("COUNT(*)", "SUM(CASE WHEN sampled THEN 1 ELSE 0 END)");
+    let limit_rows = whole(
+        "",
+        &format!(",\n    {} AS key_estimate", estimated("TRUE", &over_limit)),
+    );
+    let totals_join = whole(
+        "",
+        "\n  JOIN (SELECT tier AS t_tier, route_class AS t_route_class, override_key AS t_override,
+      requests AS limit_requests, demand_max AS limit_demand_max,
+      peak_span_max AS limit_span_max, quota_low AS limit_quota_low,
+      quota_high AS limit_quota_high, quota_ceiling AS limit_quota_ceiling,
+      enforced AS limit_enforced
+    FROM totals) t ON t.t_tier = tier AND t.t_route_class = route_class
+    AND t.t_override IS NOT DISTINCT FROM override_key",
+    );
+    let quotas = whole(
+        "MIN(quota_low) AS quota_low, MAX(quota_high) AS quota_high,
+    MIN(quota_ceiling) AS quota_ceiling, MAX(enforced) AS enforced",
+        "MIN(limit_quota_low) AS quota_low, MAX(limit_quota_high) AS quota_high,
+    MIN(limit_quota_ceiling) AS quota_ceiling, MAX(limit_enforced) AS enforced",
+    );
+    let requests = whole("SUM(requests)", "MAX(limit_requests)");
     let typical_demand = nearest("demand", percentile, true);
     let typical_burst = nearest("burst", percentile, true);
     let need_p99 = nearest("need", 0.99, true);
@@ -161,15 +226,23 @@ fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
         (
             format!("{}\n)", keyed(keys, p)),
             "ranked",
-            "CAST(MAX(GREATEST(1, CEIL(0.01 * n))) AS BIGINT)",
-            "SUM(CASE WHEN rn_refused <= GREATEST(1, CEIL(0.01 * n)) THEN refused ELSE 0 END)",
+            "CAST(MAX(GREATEST(1, CEIL(0.01 * n))) AS BIGINT)".to_owned(),
+            "SUM(CASE WHEN rn_refused <= GREATEST(1, CEIL(0.01 * n)) THEN refused ELSE 0 END)"
+                .to_owned(),
         )
     } else {
+        // The top 1 % of the limit's keys by refusals: of its keys estimated, from the
+        // refused keys, every one of which is read.
         (
             flagged(keys, p),
             "flagged",
-            "CAST(GREATEST(1, CEIL(0.01 * COUNT(*))) AS BIGINT)",
-            "CAST(verdict_top_sum(CAST(refused AS DOUBLE), 0.01) AS BIGINT)",
+            format!(
+                "CAST(GREATEST(1, CEIL(0.01 * {})) AS BIGINT)",
+                estimated("TRUE", "")
+            ),
+            "CAST(verdict_top_sum_of(CAST(refused AS DOUBLE), \
+             GREATEST(1.0, CEIL(0.01 * key_estimate))) AS BIGINT)"
+                .to_owned(),
         )
     };
     let verdict = format!(
@@ -262,10 +335,10 @@ fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
     format!(
         "{ctes}, regional AS (
   SELECT *,
-    COUNT(*) OVER (PARTITION BY {limit}, home_region) AS in_region,
+    {in_region} AS in_region,
     SUM(CASE WHEN constrained THEN 1 ELSE 0 END) OVER (PARTITION BY {limit}, home_region)
-      AS constrained_in_region
-  FROM {source}
+      AS constrained_in_region{limit_rows}
+  FROM {source}{totals_join}
 ), driven AS (
   SELECT *,
     MAX({top}) OVER (PARTITION BY {limit}) AS top
@@ -273,11 +346,10 @@ fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
 ), per_limit AS (
   SELECT {limit}, MAX(mode) AS mode, MAX(capacity) AS capacity,
     MAX(refill_per_s) AS refill_per_s, MAX(hourly_quota) AS hourly_quota, MAX(span_s) AS span_s,
-    MIN(quota_low) AS quota_low, MAX(quota_high) AS quota_high,
-    MIN(quota_ceiling) AS quota_ceiling, MAX(enforced) AS enforced,
-    COUNT(*) AS keys, SUM(CASE WHEN engaged THEN 1 ELSE 0 END) AS engaged_keys,
+    {quotas},
+    {key_count} AS keys, {engaged_count} AS engaged_keys, {sampled_count} AS sampled_keys,
     SUM(CASE WHEN constrained THEN 1 ELSE 0 END) AS constrained_keys,
-    SUM(requests) AS requests, SUM(denied) AS denied, SUM(would_deny) AS would_deny,
+    {requests} AS requests, SUM(denied) AS denied, SUM(would_deny) AS would_deny,
     SUM(by_bucket) AS refused_by_bucket, SUM(by_window) AS refused_by_window,
     SUM(refused) AS refused,
     {outlier_keys} AS outlier_keys,
@@ -317,7 +389,10 @@ SELECT v.tier AS tier_id, p.tier, v.route_class AS route_class_id, p.route_class
   CASE WHEN {judged} THEN {rec_quota} ELSE v.hourly_quota END AS recommended_quota,
   CASE WHEN {judged} THEN {rec_capacity} ELSE v.capacity END AS recommended_capacity,
   CASE WHEN {judged} THEN v.refill_per_s * {rec_capacity} / GREATEST(v.capacity, 1)
-       ELSE v.refill_per_s END AS recommended_refill_per_s
+       ELSE v.refill_per_s END AS recommended_refill_per_s,
+  v.sampled_keys,
+  CASE WHEN v.sampled_keys < v.keys
+    THEN 200.0 * SQRT(0.99 * 0.01 / v.sampled_keys) ELSE 0.0 END AS percentile_bound
 FROM judged v
 LEFT JOIN policies p ON p.kind = 'limit' AND p.tier_id = v.tier AND p.route_class_id = v.route_class
 ORDER BY v.tier, v.route_class, v.override_key NULLS FIRST"

@@ -128,15 +128,82 @@ async fn the_review_names_the_truth_of_every_limit_in_a_world_of_regions() {
     }
 }
 
+/// With a sample of 45 keys per tier × route class, about half of each of the worlds' tiers
+/// of 90 keys: the review still names every limit's truth (with its recommended quota
+/// within ±20 % of the world's p99 need), says the sample and its bound, estimates the keys,
+/// and what it says of the refusals (requests, refusals, constrained keys, outliers, the
+/// largest demand and burst, the quotas) is what the review of every key says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_review_of_a_sample_of_the_keys_names_the_truth_and_counts_the_refusals_exactly() {
+    let exact = [
+        "tier",
+        "override_key",
+        "requests",
+        "denied",
+        "would_deny",
+        "refused_by_bucket",
+        "refused_by_window",
+        "constrained_keys",
+        "demand_max",
+        "burst_max",
+        "enforced_quota",
+    ];
+    for seed in [1, 2, 3] {
+        let w = world(seed, 3);
+        let label = format!("seed {seed}, a sample of 45 keys");
+        let sampled = names_the_truth_with(&w, &label, &[("sample_keys", "45")]).await;
+        let whole = names_the_truth_with(&w, &format!("seed {seed}"), &[]).await;
+        for (s, a) in sampled.iter().zip(&whole) {
+            for column in exact {
+                assert_eq!(s[column], a[column], "{label}: {column}\n{s}\n{a}");
+            }
+            // The outliers are the top 1 % of the keys estimated: where that is as many
+            // keys, the same keys and the same share of the refusals.
+            if s["outlier_keys"] == a["outlier_keys"] {
+                assert_eq!(
+                    s["outlier_refusal_share"], a["outlier_refusal_share"],
+                    "{label}\n{s}\n{a}"
+                );
+            }
+            let (keys, in_sample) = (
+                a["keys"].as_i64().unwrap(),
+                s["sampled_keys"].as_i64().unwrap(),
+            );
+            assert_eq!(a["sampled_keys"].as_i64(), Some(keys), "{a}");
+            assert_eq!(a["percentile_bound"].as_f64(), Some(0.0), "{a}");
+            if keys > 45 {
+                // About half of the keys, chosen by key; the keys estimated from them.
+                assert!((20..=70).contains(&in_sample), "{label}: {s}");
+                let estimate = s["keys"].as_i64().unwrap();
+                assert!(
+                    (estimate - keys).abs() <= keys / 4,
+                    "{label}: {estimate} keys estimated of {keys}: {s}"
+                );
+                let bound = s["percentile_bound"].as_f64().unwrap();
+                let want = 200.0 * (0.99 * 0.01 / in_sample as f64).sqrt();
+                assert!((bound - want).abs() < 1e-9, "{label}: {s}");
+            } else {
+                assert_eq!(s["sampled_keys"], a["sampled_keys"], "{label}: {s}");
+                assert_eq!(s["percentile_bound"].as_f64(), Some(0.0), "{label}: {s}");
+            }
+        }
+    }
+}
+
 /// The review of `w` names its truth: every limit's verdict, a reason, a recommended quota
 /// within ±20 % of the world's p99 need, and the quota said to have changed only where the
 /// policy changed it.
 async fn names_the_truth(w: &World, label: &str) {
+    names_the_truth_with(w, label, &[]).await;
+}
+
+/// [`names_the_truth`] with the review's `params`; its rows.
+async fn names_the_truth_with(w: &World, label: &str, params: &[(&str, &str)]) -> Vec<Value> {
     let events = w.events().await;
     let (engine, _dir) = lake_of(&events, &w.policy_toml(2), &rounds_of(w)).await;
     let range = world_range();
     let (from, to) = (range.from.to_rfc3339(), range.to.to_rfc3339());
-    let got = report_in(&engine, "wrong-limits", &from, &to, &[]).await;
+    let got = report_in(&engine, "wrong-limits", &from, &to, params).await;
     println!(
         "{label}: {} decisions, {} keys",
         events.len(),
@@ -167,8 +234,8 @@ async fn names_the_truth(w: &World, label: &str) {
     for (row, t) in got.iter().zip(&w.truth) {
         let recommended = row["recommended_quota"].as_f64().unwrap();
         println!(
-            "  {:<8} {:<9} {:<16} p90 demand {:>5.2} p99 {:>5.2} burst p99 {:>5.2}  \
-             recommended quota {:>5} (world p99 need {:>5})  {}",
+            "  {:<8} {:<9} {:<16} keys {:>3} (sampled {:>3}) p90 demand {:>5.2} p99 {:>5.2} \
+             burst p99 {:>5.2}  recommended quota {:>5} (world p99 need {:>5})  {}",
             t.tier,
             if t.override_key.is_some() {
                 "override"
@@ -176,6 +243,8 @@ async fn names_the_truth(w: &World, label: &str) {
                 "tier"
             },
             t.verdict,
+            row["keys"],
+            row["sampled_keys"],
             row["demand_p90"].as_f64().unwrap_or(f64::NAN),
             row["demand_p99"].as_f64().unwrap_or(f64::NAN),
             row["burst_p99"].as_f64().unwrap_or(f64::NAN),
@@ -198,6 +267,7 @@ async fn names_the_truth(w: &World, label: &str) {
             );
         }
     }
+    got
 }
 
 /// A limit too low only for the keys of one region (two regions of equal weight; 30 keys

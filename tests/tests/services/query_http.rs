@@ -127,7 +127,8 @@ async fn every_endpoint_answers_in_every_format() {
             "constrained_share",
             "engaged_use",
             "min_keys",
-            "headroom"
+            "headroom",
+            "sample_keys"
         ]
     );
 

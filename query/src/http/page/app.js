@@ -519,6 +519,7 @@ async function reviewView(c, range, params) {
       ["burst p99", (r) => r.burst_p99, ratio],
       ["burst max", (r) => r.burst_max, ratio],
       ["keys", (r) => r.keys],
+      ["keys sampled (percentiles)", (r) => r.sampled_keys],
       ["constrained keys", (r) => r.constrained_keys],
       ["refusal rate", (r) => r.refusal_rate, pct],
       ["recommended quota", (r) => r.recommended_quota],
