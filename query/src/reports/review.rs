@@ -166,40 +166,50 @@ pub(super) fn review_keys(a: &Args<'_>, now: DateTime<Utc>) -> Result<KeysFrom, 
 /// on none, since its hash is its own.
 fn per_key_from_parts(range: &Range, filters: &str, sample: i64) -> String {
     let parts = REVIEW.call(range);
-    let over = "LEFT JOIN policies o ON o.kind = 'override' AND o.key_id = k.key_id
-    AND o.route_class_id = k.route_class";
-    let in_sample = "o.key_id IS NOT NULL \
-        OR verdict_key_hash(k.key_id) < COALESCE(c.rate, 1.0) * 4294967296.0";
+    // The parts are never a join's build side (DataFusion builds a hash join's left input,
+    // and knows no sizes here to swap them by): the small tables are on the left of RIGHT
+    // JOINs, and the parts' rows stream through them.
+    let in_sample = "d.override_key IS NOT NULL \
+        OR verdict_key_hash(d.key_id) < d.rate * 4294967296.0";
     format!(
-        "{LIM}, totals AS (
-  SELECT k.tier, k.route_class, o.key_id AS override_key,
-    approx_distinct(verdict_key_hash(k.key_id)) AS key_estimate, SUM(k.requests) AS requests,
-    MAX(k.demand) AS demand_max, MAX(k.peak_span) AS peak_span_max,
-    MIN(k.quota_low) AS quota_low, MAX(k.quota_high) AS quota_high,
-    MIN(k.quota_ceiling) AS quota_ceiling, MAX(k.enforced) AS enforced
-  FROM {parts} k
-  {over}
+        "{LIM}, overrides AS (
+  SELECT key_id AS o_key, route_class_id AS o_route_class
+  FROM policies
+  WHERE kind = 'override'
+), marked AS (
+  SELECT k.*, o.o_key AS override_key
+  FROM overrides o
+  RIGHT JOIN {parts} k ON o.o_key = k.key_id AND o.o_route_class = k.route_class
   WHERE TRUE{filters}
-  GROUP BY k.tier, k.route_class, o.key_id
+), totals AS (
+  SELECT tier, route_class, override_key,
+    approx_distinct(verdict_key_hash(key_id)) AS key_estimate, SUM(requests) AS requests,
+    MAX(demand) AS demand_max, MAX(peak_span) AS peak_span_max,
+    MIN(quota_low) AS quota_low, MAX(quota_high) AS quota_high,
+    MIN(quota_ceiling) AS quota_ceiling, MAX(enforced) AS enforced
+  FROM marked
+  GROUP BY tier, route_class, override_key
 ), cut AS (
-  SELECT tier, route_class,
+  SELECT tier AS c_tier, route_class AS c_route_class,
     LEAST(1.0, {sample}.0 / GREATEST(CAST(SUM(key_estimate) AS DOUBLE), 1.0)) AS rate
   FROM totals
   WHERE override_key IS NULL
   GROUP BY tier, route_class
 ), refusing AS (
-  SELECT DISTINCT k.tier, k.route_class, k.key_id
+  SELECT DISTINCT k.tier AS r_tier, k.route_class AS r_route_class, k.key_id AS r_key
   FROM {parts} k
   WHERE k.denied + k.would_deny > 0{filters}
+), rated AS (
+  SELECT m.*, COALESCE(c.rate, 1.0) AS rate
+  FROM cut c
+  RIGHT JOIN marked m ON c.c_tier = m.tier AND c.c_route_class = m.route_class
 ), chosen AS (
-  SELECT k.*, CASE WHEN {in_sample} THEN 1 ELSE 0 END AS in_sample,
-    CASE WHEN o.key_id IS NOT NULL THEN 1.0 ELSE 1.0 / COALESCE(c.rate, 1.0) END AS key_weight
-  FROM {parts} k
-  LEFT JOIN cut c ON c.tier = k.tier AND c.route_class = k.route_class
-  LEFT JOIN refusing r ON r.tier = k.tier AND r.route_class = k.route_class
-    AND r.key_id = k.key_id
-  {over}
-  WHERE ({in_sample} OR r.key_id IS NOT NULL){filters}
+  SELECT d.*, CASE WHEN {in_sample} THEN 1 ELSE 0 END AS in_sample,
+    CASE WHEN d.override_key IS NOT NULL THEN 1.0 ELSE 1.0 / d.rate END AS key_weight
+  FROM refusing r
+  RIGHT JOIN rated d ON r.r_tier = d.tier AND r.r_route_class = d.route_class
+    AND r.r_key = d.key_id
+  WHERE {in_sample} OR r.r_key IS NOT NULL
 ), per_key AS (
   SELECT {group}, {aggregates},
     MAX(in_sample) = 1 AS sampled, MAX(key_weight) AS weight

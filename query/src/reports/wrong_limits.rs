@@ -200,15 +200,17 @@ fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
         "",
         &format!(",\n    {} AS key_estimate", estimated("TRUE", &over_limit)),
     );
-    let totals_join = whole(
+    // The limits' totals (a row each) as the join's build side, the keys' rows streaming.
+    let keys_with_totals = whole(
         "",
-        "\n  JOIN (SELECT tier AS t_tier, route_class AS t_route_class, override_key AS t_override,
+        "(SELECT tier AS t_tier, route_class AS t_route_class, override_key AS t_override,
       requests AS limit_requests, demand_max AS limit_demand_max,
       peak_span_max AS limit_span_max, quota_low AS limit_quota_low,
       quota_high AS limit_quota_high, quota_ceiling AS limit_quota_ceiling,
       enforced AS limit_enforced
-    FROM totals) t ON t.t_tier = tier AND t.t_route_class = route_class
-    AND t.t_override IS NOT DISTINCT FROM override_key",
+    FROM totals) t
+  JOIN flagged f ON t.t_tier = f.tier AND t.t_route_class = f.route_class
+    AND t.t_override IS NOT DISTINCT FROM f.override_key",
     );
     let quotas = whole(
         "MIN(quota_low) AS quota_low, MAX(quota_high) AS quota_high,
@@ -244,6 +246,11 @@ fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
              GREATEST(1.0, CEIL(0.01 * key_estimate))) AS BIGINT)"
                 .to_owned(),
         )
+    };
+    let from = if sampled {
+        keys_with_totals
+    } else {
+        source.to_owned()
     };
     let verdict = format!(
         "CASE WHEN l.override_key IS NULL AND l.keys < {min_keys} THEN 'not enough data'
@@ -338,7 +345,7 @@ fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
     {in_region} AS in_region,
     SUM(CASE WHEN constrained THEN 1 ELSE 0 END) OVER (PARTITION BY {limit}, home_region)
       AS constrained_in_region{limit_rows}
-  FROM {source}{totals_join}
+  FROM {from}
 ), driven AS (
   SELECT *,
     MAX({top}) OVER (PARTITION BY {limit}) AS top
