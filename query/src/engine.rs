@@ -249,6 +249,11 @@ impl Engine {
         &self.answers
     }
 
+    /// The reports' parts computed from the decisions since the start.
+    pub fn parts_computed(&self) -> u64 {
+        self.parts.computed()
+    }
+
     /// Makes sure that every level's part (see [`crate::parts::Level`]) of every closed day
     /// (before today, UTC) the raw table holds is kept or stored (see [`crate::stored`]; a
     /// stored part is read by the plans that need it), computing the others, newest first,

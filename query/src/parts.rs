@@ -24,7 +24,7 @@
 //! reads the decisions all the way, as DuckDB does in the benchmark, with the same rows.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
@@ -149,7 +149,16 @@ pub struct Parts {
     lake: Arc<dyn ObjectStore>,
     /// The levels' tables there.
     stored: crate::stored::StoredTables,
+    /// The parts being computed, or held by a plan, by their key's fingerprint: a part
+    /// several scans ask for (the sampled review reads its level four times in one plan,
+    /// and DataFusion plans them at once) is computed once, whether or not it is kept.
+    shared: std::sync::Mutex<HashMap<String, Weak<SharedPart>>>,
+    /// Parts computed from the decisions since the start.
+    computed: std::sync::atomic::AtomicU64,
 }
+
+/// A part computed once for every scan that asks for it while one holds it.
+type SharedPart = tokio::sync::OnceCell<Vec<RecordBatch>>;
 
 /// What a warming did (see `Engine::warm_parts`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -182,6 +191,9 @@ pub struct Found {
     pub files: Vec<String>,
     /// How many parts were found stored and how many computed.
     pub made: Made,
+    /// The parts computed now, held while the plan that reads them lives, so that the
+    /// plan's other scans of them find them (see `Parts::shared`).
+    pub held: Vec<Arc<SharedPart>>,
 }
 
 /// What `verdict query levels` did (see `Engine::write_levels`).
@@ -264,7 +276,26 @@ impl Parts {
             levels,
             lake,
             stored: crate::stored::StoredTables::default(),
+            shared: std::sync::Mutex::new(HashMap::new()),
+            computed: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Parts computed from the decisions since the start (every level and piece).
+    pub fn computed(&self) -> u64 {
+        self.computed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The part of `fingerprint` being computed or held by a plan, or a new one to compute.
+    fn shared_part(&self, fingerprint: String) -> Arc<SharedPart> {
+        let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        shared.retain(|_, part| part.strong_count() > 0);
+        if let Some(part) = shared.get(&fingerprint).and_then(Weak::upgrade) {
+            return part;
+        }
+        let part = Arc::new(SharedPart::new());
+        shared.insert(fingerprint, Arc::downgrade(&part));
+        part
     }
 
     /// What parts computed in `ctx` now are kept under. The policy is read first: a part
@@ -350,13 +381,22 @@ impl Parts {
                 found.stored.push(stored);
                 continue;
             }
-            found.made.computed += 1;
-            let part = compute(ctx, level, piece, listing, self.block_bytes).await?;
-            if self.kept.enabled() {
-                let rows = part.iter().map(RecordBatch::num_rows).sum();
-                self.kept.put(key, encode(&schema, &part)?, rows);
-            }
-            found.batches.extend(part);
+            let shared = self.shared_part(key.fingerprint());
+            let part = shared
+                .get_or_try_init::<DataFusionError, _, _>(|| async {
+                    found.made.computed += 1;
+                    self.computed
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let part = compute(ctx, level, piece, listing, self.block_bytes).await?;
+                    if self.kept.enabled() {
+                        let rows = part.iter().map(RecordBatch::num_rows).sum();
+                        self.kept.put(key, encode(&schema, &part)?, rows);
+                    }
+                    DfResult::Ok(part)
+                })
+                .await?;
+            found.batches.extend(part.iter().cloned());
+            found.held.push(shared);
         }
         Ok(found)
     }
@@ -753,7 +793,11 @@ impl TableProvider for PartsTable {
         }
         let inner = UnionExec::try_new(inputs)?;
         let files = found.files;
-        Ok(Arc::new(PartsExec { inner, files }))
+        Ok(Arc::new(PartsExec {
+            inner,
+            files,
+            _held: found.held,
+        }))
     }
 }
 
@@ -762,6 +806,8 @@ impl TableProvider for PartsTable {
 pub struct PartsExec {
     inner: Arc<dyn ExecutionPlan>,
     files: Vec<String>,
+    /// The parts computed for this plan, for its other scans (see `Parts::shared`).
+    _held: Vec<Arc<SharedPart>>,
 }
 
 impl PartsExec {

@@ -170,3 +170,23 @@ async fn tokens_guard_the_v1_routes() {
     assert_eq!(call(&app, get("/healthz")).await.0, StatusCode::OK);
     assert_eq!(call(&app, get("/metrics")).await.0, StatusCode::OK);
 }
+
+/// The sampled review reads its level four times in one plan, and DataFusion plans the
+/// scans at once: with no part kept (`part_cache_bytes` 0), each part of the known lake's
+/// day is still computed once per report, not once per scan (the review's level and the
+/// quotas' level: two), and a second report computes them again (nothing is kept).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_several_scans_of_one_plan_read_is_computed_once() {
+    let limits = Limits {
+        part_cache_bytes: 0,
+        ..Limits::default()
+    };
+    let (engine, _dir) = known_local_engine(limits).await;
+    let (from, to) = ("2026-11-30T00:00:00Z", "2026-12-01T00:00:00Z");
+    let review =
+        verdict_tests::query_fixture::report_in(&engine, "wrong-limits", from, to, &[]).await;
+    assert_eq!(review.len(), 5, "{review:?}");
+    assert_eq!(engine.parts_computed(), 2);
+    verdict_tests::query_fixture::report_in(&engine, "wrong-limits", from, to, &[]).await;
+    assert_eq!(engine.parts_computed(), 4);
+}
