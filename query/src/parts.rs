@@ -150,7 +150,7 @@ pub struct Parts {
     /// The levels' tables there.
     stored: crate::stored::StoredTables,
     /// The parts being computed, or held by a plan, by their key's fingerprint: a part
-    /// several scans ask for (the sampled review reads its level four times in one plan,
+    /// several scans ask for (the sampled review reads its level three times in one plan,
     /// and DataFusion plans them at once) is computed once, whether or not it is kept.
     shared: std::sync::Mutex<HashMap<String, Weak<SharedPart>>>,
     /// Parts computed from the decisions since the start.

@@ -147,23 +147,29 @@ pub(super) fn review_keys(a: &Args<'_>, now: DateTime<Utc>) -> Result<KeysFrom, 
 }
 
 /// The CTEs over the review's kept parts of `range`, with `filters` (`AND k.…` conditions),
-/// up to `per_key`, each key's row, and `totals`, each limit's:
+/// up to `per_key`, each key's row:
 ///
-/// - `totals`: per tier × route class and key with an override, over every key's rows, what
-///   the review says of all of them: the keys (estimated, `approx_distinct`), requests,
-///   the largest demand and span, the quotas;
-/// - `cut`: the part of the range of `verdict_key_hash` a tier × route class's sample
-///   takes, `sample` keys over its keys (1 when it has no more: every key);
+/// - `totals`: per tier × route class, over the rows of its keys without an override, what
+///   the review says of all of them (the requests, the largest demand and span, the
+///   quotas: [`LIMIT_TOTALS`]) and `rate`, the part of the range of `verdict_key_hash` its
+///   sample takes: `sample` keys over its keys (estimated, `approx_distinct`), 1 when it
+///   has no more;
 /// - `refusing`: every key refused at least once in the range;
 /// - `per_key`: the rows of the keys in the sample, of the keys refused and of the keys
-///   with an override, merged; `sampled` says which are in the sample, `weight` how many
-///   keys each sampled one stands for ([`STANDS_FOR`]).
+///   with an override, merged, each with its limit's totals; `sampled` says which are in
+///   the sample, `weight` how many keys each sampled one stands for ([`STANDS_FOR`]).
 ///
 /// So the refusals, the constrained keys and the outliers are exact (every refused key is
 /// read whole), the percentiles are those of the sample, and the rows merged are the
 /// sample's and the refused keys', not every key's: the memory and the sorts are bounded
 /// by the sample, whatever the keys. A key is in the sample on every day of the range or
 /// on none, since its hash is its own.
+///
+/// The level is read three times: for `totals`, for the keys refused, and for the rows
+/// chosen. `totals` is referenced once (a CTE referenced twice is planned, and its scans
+/// read, twice), so its figures ride on the rows to `per_key` rather than being joined to
+/// the limits again; a limit of one key with an override needs none, its totals being its
+/// row's.
 fn per_key_from_parts(range: &Range, filters: &str, sample: i64) -> String {
     let parts = REVIEW.call(range);
     // The parts are never a join's build side (DataFusion builds a hash join's left input,
@@ -182,17 +188,13 @@ fn per_key_from_parts(range: &Range, filters: &str, sample: i64) -> String {
   RIGHT JOIN {parts} k ON o.o_key = k.key_id AND o.o_route_class = k.route_class
   WHERE TRUE{filters}
 ), totals AS (
-  SELECT tier, route_class, override_key,
-    approx_distinct(verdict_key_hash(key_id)) AS key_estimate, SUM(requests) AS requests,
-    MAX(demand) AS demand_max, MAX(peak_span) AS peak_span_max,
-    MIN(quota_low) AS quota_low, MAX(quota_high) AS quota_high,
-    MIN(quota_ceiling) AS quota_ceiling, MAX(enforced) AS enforced
-  FROM marked
-  GROUP BY tier, route_class, override_key
-), cut AS (
   SELECT tier AS c_tier, route_class AS c_route_class,
-    LEAST(1.0, {sample}.0 / GREATEST(CAST(SUM(key_estimate) AS DOUBLE), 1.0)) AS rate
-  FROM totals
+    LEAST(1.0, {sample}.0 / GREATEST(CAST(approx_distinct(verdict_key_hash(key_id)) AS DOUBLE), 1.0)) AS rate,
+    SUM(requests) AS limit_requests, MAX(demand) AS limit_demand_max,
+    MAX(peak_span) AS limit_span_max, MIN(quota_low) AS limit_quota_low,
+    MAX(quota_high) AS limit_quota_high, MIN(quota_ceiling) AS limit_quota_ceiling,
+    MAX(enforced) AS limit_enforced
+  FROM marked
   WHERE override_key IS NULL
   GROUP BY tier, route_class
 ), refusing AS (
@@ -200,9 +202,10 @@ fn per_key_from_parts(range: &Range, filters: &str, sample: i64) -> String {
   FROM {parts} k
   WHERE k.denied + k.would_deny > 0{filters}
 ), rated AS (
-  SELECT m.*, COALESCE(c.rate, 1.0) AS rate
-  FROM cut c
-  RIGHT JOIN marked m ON c.c_tier = m.tier AND c.c_route_class = m.route_class
+  SELECT m.*, COALESCE(t.rate, 1.0) AS rate, {totals}
+  FROM totals t
+  RIGHT JOIN marked m ON t.c_tier = m.tier AND t.c_route_class = m.route_class
+    AND m.override_key IS NULL
 ), chosen AS (
   SELECT d.*, CASE WHEN {in_sample} THEN 1 ELSE 0 END AS in_sample,
     CASE WHEN d.override_key IS NOT NULL THEN 1.0 ELSE 1.0 / d.rate END AS key_weight
@@ -212,13 +215,46 @@ fn per_key_from_parts(range: &Range, filters: &str, sample: i64) -> String {
   WHERE {in_sample} OR r.r_key IS NOT NULL
 ), per_key AS (
   SELECT {group}, {aggregates},
-    MAX(in_sample) = 1 AS sampled, MAX(key_weight) AS weight
+    MAX(in_sample) = 1 AS sampled, MAX(key_weight) AS weight, {limit_maxima}
   FROM chosen
   GROUP BY {group}
 )",
         group = REVIEW_FOLD.group,
         aggregates = REVIEW_FOLD.aggregates,
+        totals = LIMIT_TOTALS.map(|c| format!("t.{c}")).join(", "),
+        limit_maxima = LIMIT_TOTALS.map(|c| format!("MAX({c}) AS {c}")).join(", "),
     )
+}
+
+/// What `totals` says of every key of a limit without an override, carried on each of its
+/// keys' rows (see [`per_key_from_parts`]).
+const LIMIT_TOTALS: [&str; 7] = [
+    "limit_requests",
+    "limit_demand_max",
+    "limit_span_max",
+    "limit_quota_low",
+    "limit_quota_high",
+    "limit_quota_ceiling",
+    "limit_enforced",
+];
+
+/// A key row's [`LIMIT_TOTALS`] as `keyed` selects them from `per_key k`: a key with an
+/// override is a limit of its own, whose totals are its row's.
+fn limit_totals() -> String {
+    let own = [
+        "requests",
+        "demand",
+        "peak_span",
+        "quota_low",
+        "quota_high",
+        "quota_ceiling",
+        "enforced",
+    ];
+    LIMIT_TOTALS
+        .iter()
+        .zip(own)
+        .map(|(total, own)| format!(", COALESCE(k.{total}, k.{own}) AS {total}"))
+        .collect()
 }
 
 /// Where the review reads each key's row from.
@@ -306,9 +342,9 @@ pub(super) fn flagged(keys: &KeysFrom, p: &ReviewParams) -> String {
         ctes = keys.ctes(),
         home_base = levels::HOME_BASE,
         sample = if keys.sampled() {
-            ", k.sampled, k.weight"
+            format!(", k.sampled, k.weight{}", limit_totals())
         } else {
-            ""
+            String::new()
         },
     )
 }

@@ -160,9 +160,9 @@ fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
     let windows = matches!(keys, KeysFrom::Decisions { .. });
     let nearest = |v: &str, q: f64, engaged: bool| nearest_rank(windows, v, q, engaged);
     // Over kept parts the keys' rows are the sample's and the refused keys' (see
-    // `review::per_key_from_parts`): what is said of every key of a limit (its keys, their
-    // requests, the largest demand and burst, the quotas) comes from `totals`, joined to
-    // each row as `limit_…`; the keys are the sample's, each standing for `weight` keys.
+    // `review::per_key_from_parts`): what is said of every key of a limit (its requests,
+    // the largest demand and burst, the quotas) comes from `totals`, carried on each row as
+    // `limit_…`; the keys are the sample's, each standing for `weight` keys.
     let sampled = keys.sampled();
     let whole = |portable: &str, from_totals: &str| -> String {
         if sampled {
@@ -200,18 +200,6 @@ fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
         "",
         &format!(",\n    {} AS key_estimate", estimated("TRUE", &over_limit)),
     );
-    // The limits' totals (a row each) as the join's build side, the keys' rows streaming.
-    let keys_with_totals = whole(
-        "",
-        "(SELECT tier AS t_tier, route_class AS t_route_class, override_key AS t_override,
-      requests AS limit_requests, demand_max AS limit_demand_max,
-      peak_span_max AS limit_span_max, quota_low AS limit_quota_low,
-      quota_high AS limit_quota_high, quota_ceiling AS limit_quota_ceiling,
-      enforced AS limit_enforced
-    FROM totals) t
-  JOIN flagged f ON t.t_tier = f.tier AND t.t_route_class = f.route_class
-    AND t.t_override IS NOT DISTINCT FROM f.override_key",
-    );
     let quotas = whole(
         "MIN(quota_low) AS quota_low, MAX(quota_high) AS quota_high,
     MIN(quota_ceiling) AS quota_ceiling, MAX(enforced) AS enforced",
@@ -246,11 +234,6 @@ fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
              GREATEST(1.0, CEIL(0.01 * key_estimate))) AS BIGINT)"
                 .to_owned(),
         )
-    };
-    let from = if sampled {
-        keys_with_totals
-    } else {
-        source.to_owned()
     };
     let verdict = format!(
         "CASE WHEN l.override_key IS NULL AND l.keys < {min_keys} THEN 'not enough data'
@@ -345,7 +328,7 @@ fn review_sql(keys: &KeysFrom, p: &ReviewParams) -> String {
     {in_region} AS in_region,
     SUM(CASE WHEN constrained THEN 1 ELSE 0 END) OVER (PARTITION BY {limit}, home_region)
       AS constrained_in_region{limit_rows}
-  FROM {from}
+  FROM {source}
 ), driven AS (
   SELECT *,
     MAX({top}) OVER (PARTITION BY {limit}) AS top

@@ -171,7 +171,7 @@ async fn tokens_guard_the_v1_routes() {
     assert_eq!(call(&app, get("/metrics")).await.0, StatusCode::OK);
 }
 
-/// The sampled review reads its level four times in one plan, and DataFusion plans the
+/// The sampled review reads its level three times in one plan, and DataFusion plans the
 /// scans at once: with no part kept (`part_cache_bytes` 0), each part of the known lake's
 /// day is still computed once per report, not once per scan (the review's level and the
 /// quotas' level: two), and a second report computes them again (nothing is kept).
