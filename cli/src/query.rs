@@ -246,7 +246,10 @@ pub struct ServeArgs {
     /// How often the reports' parts of each closed day the raw table holds are made sure of,
     /// reading those `verdict query levels` stored in the lake and computing the others (at
     /// start, then at this interval), seconds; 0: never beforehand, each report reads or
-    /// computes the parts it needs. See --part-cache-mib.
+    /// computes the parts it needs. After the parts, the answers the analysts' page asks
+    /// for when it opens on its default range (the 7 whole days up to the newest closed
+    /// one) are computed and kept, so the page opens without waiting for the review. See
+    /// --part-cache-mib.
     #[arg(long, default_value_t = 300)]
     pub warm_parts_every_s: u64,
 }
@@ -312,15 +315,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Keeps the reports' parts of the closed days warm (see `verdict_query::parts`): at start,
-/// then every `every`.
+/// Keeps the reports' parts of the closed days warm (see `verdict_query::parts`), and then
+/// the answers of the analysts' page's first load: at start, then every `every`.
 async fn warm_parts(engine: verdict_query::Engine, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let started = std::time::Instant::now();
-        match engine.warm_parts().await {
+        let warmed = engine.warm_parts().await;
+        match &warmed {
             Ok(w) if w.computed + w.read > 0 => tracing::info!(
                 computed = w.computed,
                 read = w.read,
@@ -334,6 +338,30 @@ async fn warm_parts(engine: verdict_query::Engine, every: Duration) {
                 "computing the reports' parts of the closed days failed; each report computes the parts it needs"
             ),
         }
+        if let Some(last_day) = warmed.ok().and_then(|w| w.newest) {
+            warm_first_load(&engine, last_day).await;
+        }
+    }
+}
+
+/// Keeps the answers the analysts' page asks for when it opens on its default range, the
+/// whole days up to `last_day` (see `verdict_query::http::page::warm_first_load`).
+async fn warm_first_load(engine: &verdict_query::Engine, last_day: chrono::NaiveDate) {
+    let started = std::time::Instant::now();
+    match verdict_query::http::page::warm_first_load(engine, last_day).await {
+        Ok(w) if w.computed > 0 => tracing::info!(
+            from = %w.days.0,
+            to = %w.days.1,
+            computed = w.computed,
+            kept = w.kept,
+            ms = started.elapsed().as_millis() as u64,
+            "the page's first load is answered from kept answers"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(
+            error = %e,
+            "answering the page's first load beforehand failed; the page computes its answers when opened"
+        ),
     }
 }
 

@@ -261,7 +261,10 @@ impl Engine {
     /// under one listing of the lake, each day under the time limit.
     pub async fn warm_parts(&self) -> Result<Warmed, QueryError> {
         let job = self.parts_job(self.now().date_naive()).await?;
-        let mut warmed = Warmed::default();
+        let mut warmed = Warmed {
+            newest: job.closed_days.iter().max().copied(),
+            ..Warmed::default()
+        };
         for day in &job.closed_days {
             let made = self
                 .within_time(self.parts.warm_day(&job.ctx, *day, &job.listing))

@@ -169,6 +169,8 @@ pub struct Warmed {
     pub read: usize,
     /// Days with a part computed.
     pub computed: usize,
+    /// The newest closed day the raw table holds (none when it holds none).
+    pub newest: Option<chrono::NaiveDate>,
 }
 
 /// How the parts of a query came to be (see [`Parts::parts`]).

@@ -444,3 +444,23 @@ pub async fn pg_driver(
     });
     (client, task)
 }
+
+/// The query service's HTTP front end over `engine` on a loopback port of its own, with
+/// `tokens` (none: open, on loopback only): its state (for the metrics) and its base URL.
+pub async fn serve(
+    engine: verdict_query::Engine,
+    tokens: &[&str],
+) -> (Arc<verdict_query::http::AppState>, String) {
+    let state = Arc::new(verdict_query::http::AppState {
+        engine,
+        tokens: tokens.iter().map(|t| t.to_string()).collect(),
+        metrics: verdict_query::http::QueryMetrics::new(),
+    });
+    let (addr, _task) = verdict_query::http::spawn(
+        Arc::clone(&state),
+        std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+    )
+    .await
+    .expect("the service binds");
+    (state, format!("http://{addr}"))
+}

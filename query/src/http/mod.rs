@@ -45,7 +45,7 @@ mod connections;
 mod errors;
 mod formats;
 mod openapi;
-mod page;
+pub mod page;
 mod state;
 
 use auth::auth;

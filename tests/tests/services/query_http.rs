@@ -2,30 +2,21 @@
 //! and format, the read-only guard, the memory, time and row limits, and the tokens.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use reqwest::StatusCode;
 use serde_json::Value;
 use verdict_query::Limits;
-use verdict_query::http::{AppState, QueryMetrics, check_exposure, spawn};
+use verdict_query::http::check_exposure;
 use verdict_query::spill::Spill;
-use verdict_tests::query_fixture::{known_engine, long_or, long_sum, long_union};
+use verdict_tests::query_fixture::{known_engine, long_or, long_sum, long_union, serve};
 
 const TOKEN: &str = "analyst-token-1";
 
 async fn service(name: &str, limits: Limits, tokens: &[&str]) -> (String, tempfile::TempDir) {
     let (engine, _store, dir) = known_engine(name, limits).await;
-    let state = Arc::new(AppState {
-        engine,
-        tokens: tokens.iter().map(|t| t.to_string()).collect(),
-        metrics: QueryMetrics::new(),
-    });
-    let (addr, _task) = spawn(state, SocketAddr::from(([127, 0, 0, 1], 0)))
-        .await
-        .expect("the service binds");
-    (format!("http://{addr}"), dir)
+    (serve(engine, tokens).await.1, dir)
 }
 
 fn client() -> reqwest::Client {
@@ -434,15 +425,8 @@ async fn spilling_service(
     spill: &Spill,
 ) -> (String, tempfile::TempDir) {
     let (engine, _store, dir) = known_engine(name, limits).await;
-    let state = Arc::new(AppState {
-        engine: engine.with_spill(spill).expect("the spill directory"),
-        tokens: Vec::new(),
-        metrics: QueryMetrics::new(),
-    });
-    let (addr, _task) = spawn(state, SocketAddr::from(([127, 0, 0, 1], 0)))
-        .await
-        .expect("the service binds");
-    (format!("http://{addr}"), dir)
+    let engine = engine.with_spill(spill).expect("the spill directory");
+    (serve(engine, &[]).await.1, dir)
 }
 
 /// A metric's value in the service's `/metrics`.
@@ -826,16 +810,9 @@ async fn a_report_asked_again_is_answered_from_the_kept_answer_until_its_files_c
     use verdict_tests::query_fixture::{HOUR_10_MS, hour_11};
 
     let (engine, store, _dir) = known_engine("http-answers", Limits::default()).await;
-    let state = Arc::new(AppState {
-        engine,
-        tokens: Vec::new(),
-        metrics: QueryMetrics::new(),
-    });
-    let (addr, _task) = spawn(Arc::clone(&state), SocketAddr::from(([127, 0, 0, 1], 0)))
-        .await
-        .expect("the service binds");
+    let (state, base) = serve(engine, &[]).await;
     let ask = |range: &'static str| {
-        let url = format!("http://{addr}/v1/reports/denial-rate?{range}&source=raw");
+        let url = format!("{base}/v1/reports/denial-rate?{range}&source=raw");
         async move {
             let r = client().get(&url).send().await.unwrap();
             assert_eq!(r.status(), StatusCode::OK);
@@ -888,7 +865,7 @@ async fn a_report_asked_again_is_answered_from_the_kept_answer_until_its_files_c
 
     // Ad-hoc SQL is never kept (it may read the clock).
     let sql = client()
-        .post(format!("http://{addr}/v1/sql"))
+        .post(format!("{base}/v1/sql"))
         .body("SELECT COUNT(*) AS n FROM decisions")
         .send()
         .await

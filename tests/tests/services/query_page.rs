@@ -2,16 +2,14 @@
 //! known values, a wrong token gets a clear message, changing the range reloads the views,
 //! and a key opens its history. Screenshots go to `target/page-screenshots/`.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use verdict_load::browser::Browser;
 use verdict_query::Limits;
-use verdict_query::http::{AppState, QueryMetrics, spawn};
 use verdict_tests::query_fixture::{
-    STEADY, STEADY_OVER, TIGHT, TRIAL, TRIAL_REFUSED, key_hex, known_local_engine,
+    STEADY, STEADY_OVER, TIGHT, TRIAL, TRIAL_REFUSED, key_hex, known_local_engine, serve,
 };
 
 const TOKEN: &str = "page-analyst-token";
@@ -371,16 +369,78 @@ async fn the_page_shows_each_views_known_values_asks_for_the_token_and_follows_t
     // The known lake's day is 2026-11-30: the page is asked on 2026-12-01, so the day is
     // within the raw table's 7 days whatever the date the test runs.
     let engine = engine.with_clock(Arc::new(verdict_schemas::FakeClock::at(1_796_083_200_000)));
-    let state = Arc::new(AppState {
-        engine,
-        tokens: vec![TOKEN.to_string()],
-        metrics: QueryMetrics::new(),
-    });
-    let (addr, _task) = spawn(state, SocketAddr::from(([127, 0, 0, 1], 0)))
-        .await
-        .expect("the service binds");
-    let base = format!("http://{addr}");
+    let (_state, base) = serve(engine, &[TOKEN]).await;
     tokio::task::spawn_blocking(move || page_script(&base))
         .await
         .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+}
+
+/// The page opened on its default range (the 7 whole days before the service's today) once
+/// the service's warming has run: every answer of its first load is a kept one, computed
+/// by the warming, and the views show them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pages_first_load_after_the_warming_is_answered_from_kept_answers() {
+    use verdict_query::http::page::{FirstLoadWarmed, warm_first_load};
+
+    let (engine, _dir) = known_local_engine(Limits::default()).await;
+    let engine = engine.with_clock(Arc::new(verdict_schemas::FakeClock::at(1_796_083_200_000)));
+    let warmed = engine.warm_parts().await.expect("the parts warmed");
+    let last_day = warmed.newest.expect("the known lake's day is closed");
+    assert_eq!(last_day.to_string(), "2026-11-30");
+    let day = |d: &str| d.parse::<chrono::NaiveDate>().unwrap();
+    let first = warm_first_load(&engine, last_day).await.expect("warmed");
+    assert_eq!(
+        first,
+        FirstLoadWarmed {
+            days: (day("2026-11-24"), day("2026-11-30")),
+            computed: 6,
+            kept: 0
+        }
+    );
+    let again = warm_first_load(&engine, last_day).await.expect("warmed");
+    assert_eq!((again.computed, again.kept), (0, 6), "nothing changed");
+
+    let (state, base) = serve(engine, &[]).await;
+    // The default range as the page computes it on 2026-12-01, written out (the browser's
+    // clock is today's).
+    let url = format!("{base}/#range=custom&from=2026-11-24T00:00&to=2026-12-01T00:00");
+    let (review, keys) = tokio::task::spawn_blocking(move || {
+        let mut b = Browser::start(1100, 900).unwrap_or_else(|e| panic!("{e}"));
+        b.open(&url).unwrap();
+        wait_for_load(&mut b, 0, "ready");
+        let review = b
+            .eval("document.querySelectorAll('#view-review li.limit').length")
+            .unwrap();
+        (
+            review,
+            rows(
+                &mut b,
+                "Keys with the most refusals (denied and would deny)",
+            ),
+        )
+    })
+    .await
+    .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    assert!(
+        review.as_u64().unwrap() >= 4,
+        "every limit judged: {review}"
+    );
+    assert!(!keys.is_empty(), "the keys refused most are shown");
+    let metrics = state.metrics.render();
+    let count = |outcome: &str| -> Option<String> {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with(&format!(
+                    "verdict_query_answer_cache_total{{outcome=\"{outcome}\"}}"
+                ))
+            })
+            .map(|l| l.rsplit(' ').next().unwrap().to_string())
+    };
+    assert_eq!(count("hit").as_deref(), Some("6"), "{metrics}");
+    assert_eq!(
+        count("miss"),
+        None,
+        "no answer computed when the page opened: {metrics}"
+    );
 }

@@ -126,7 +126,9 @@ function writeChoice(c) {
   else location.hash = next;
 }
 
-// The time range a choice stands for, in ms: a preset ends at the next whole hour.
+// The time range a choice stands for, in ms. "last 7 days" is the 7 whole days (UTC) before
+// today, whose answers the service keeps ready (its warming, once the closed days' parts
+// are kept), so the page opens at once; the other presets end at the next whole hour.
 function rangeOf(c) {
   if (c.range === "custom") {
     const from = Date.parse(`${c.from}Z`);
@@ -135,8 +137,8 @@ function rangeOf(c) {
     if (from >= to) throw new Error("the range is empty: from must be before to");
     return { from, to };
   }
-  const to = Math.floor(Date.now() / HOUR) * HOUR + HOUR;
   const days = { "24h": 1, "7d": 7, "30d": 30 }[c.range] || 7;
+  const to = days === 7 ? Math.floor(Date.now() / DAY) * DAY : Math.floor(Date.now() / HOUR) * HOUR + HOUR;
   return { from: to - days * DAY, to };
 }
 
