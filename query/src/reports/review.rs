@@ -111,13 +111,13 @@ impl ReviewParams {
 
 /// Keys of a tier × route class the review's percentiles are taken from, by default: past
 /// it, a sample of the keys (see [`per_key_from_parts`]).
-pub const SAMPLE_KEYS: i64 = 65_536;
+pub const SAMPLE_KEYS: i64 = 32_768;
 
 /// The review's sample, as a parameter.
 pub(super) fn sample_param() -> ParamSpec {
     ParamSpec::integer(
         "sample_keys",
-        "65536",
+        "32768",
         "keys of a tier × route class the demand and burst percentiles are taken from: past it, a sample of them chosen by key (`sampled_keys`, `percentile_bound`); refusals, constrained keys and outliers stay exact",
     )
 }
