@@ -282,9 +282,18 @@ impl Jobs {
         rollup_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         daily_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            // In this order when several are ready: both ticks are at start, and a round
+            // of the rollup alone first would leave the compaction for the next round,
+            // after the work after the round (the levels stored for files the compaction
+            // then replaces). A round of every job includes the rollup, so its tick starts
+            // again from there.
             let jobs: &[Job] = tokio::select! {
+                biased;
                 _ = &mut shutdown => return,
-                _ = daily_tick.tick() => &Job::ALL,
+                _ = daily_tick.tick() => {
+                    rollup_tick.reset();
+                    &Job::ALL
+                }
                 _ = rollup_tick.tick() => &[Job::Rollup],
             };
             for job in jobs {
@@ -377,14 +386,34 @@ mod tests {
         let runs = |job: &str| metrics.run.runs.with_label_values(&[job, "ok"]).get();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let rounds = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        // The jobs that had run when the work after the first round began.
+        let first_round = Arc::new(std::sync::Mutex::new(None));
         let task = tokio::spawn({
-            let (jobs, rounds) = (jobs.clone(), Arc::clone(&rounds));
+            let (jobs, rounds, first_round) =
+                (jobs.clone(), Arc::clone(&rounds), Arc::clone(&first_round));
+            let metrics = metrics.clone();
             async move {
                 let stop = async {
                     let _ = stopped.await;
                 };
                 jobs.run_forever_then(stop, || {
                     let rounds = Arc::clone(&rounds);
+                    let mut first = first_round.lock().unwrap();
+                    if first.is_none() {
+                        *first = Some(
+                            Job::ALL
+                                .iter()
+                                .filter(|job| {
+                                    metrics
+                                        .run
+                                        .runs
+                                        .with_label_values(&[job.name(), "ok"])
+                                        .get()
+                                        > 0
+                                })
+                                .count(),
+                        );
+                    }
                     async move {
                         rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
@@ -404,6 +433,11 @@ mod tests {
         task.await.unwrap();
         // Every round has the rollup and ends with the work after it (the last one may have
         // been stopped between the two).
+        assert_eq!(
+            *first_round.lock().unwrap(),
+            Some(Job::ALL.len()),
+            "the first round runs every job, whichever tick tokio sees first"
+        );
         let after = rounds.load(std::sync::atomic::Ordering::Relaxed);
         let rolled = runs("rollup");
         assert!(
