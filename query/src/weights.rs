@@ -20,6 +20,7 @@ use verdict_limiter::policy::PolicyDocument;
 
 use crate::engine::Engine;
 use crate::error::QueryError;
+use crate::memory::QueryMemory;
 use crate::prove::{KEYS_TOLERANCE, REQUESTS_TOLERANCE};
 use crate::range::Range;
 use crate::shares::ShareModel;
@@ -106,12 +107,13 @@ pub async fn judge(
     in_force: &PolicySnapshot,
     range: Range,
     model: &ShareModel,
+    memory: &QueryMemory,
 ) -> Result<Option<Weights>, QueryError> {
     if !in_force.is_multi_region() {
         return Ok(None);
     }
     let mut in_force_replay = Replay::with_shares(in_force.clone(), model.clone());
-    whatif::feed_range(engine, &mut in_force_replay, range).await?;
+    whatif::feed_range(engine, &mut in_force_replay, range, memory).await?;
     let before: FxHashMap<(KeyId, u8), u64> = in_force_replay
         .by_key()
         .map(|(k, _, refused)| (k, refused))
@@ -166,7 +168,7 @@ pub async fn judge(
         QueryError::Invalid(format!("the policy with the recommended weights: {e}"))
     })?;
     let mut weighted_replay = Replay::with_shares(weighted.clone(), model.clone());
-    whatif::feed_range(engine, &mut weighted_replay, range).await?;
+    whatif::feed_range(engine, &mut weighted_replay, range, memory).await?;
     let (mut keys, mut worse) = (0u64, 0u64);
     for (k, requests, refused) in weighted_replay.by_key() {
         keys += 1;

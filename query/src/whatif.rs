@@ -29,7 +29,8 @@ use verdict_limiter::{CounterState, LimitLookup, Mode, PolicySnapshot, decide};
 use verdict_schemas::{KeyId, RegionId, RouteClassId, TierId};
 
 use crate::engine::{Engine, RunOptions};
-use crate::error::QueryError;
+use crate::error::{QueryError, memory_refusal};
+use crate::memory::QueryMemory;
 use crate::range::Range;
 use crate::shares::{Reconcile, STATIC_SHARES, ShareModel};
 
@@ -626,7 +627,9 @@ pub async fn recorded_hours(
 }
 
 /// Replays `range` of the raw table under `policy`; lists the `keys` keys that change most.
-/// A range with no recorded decisions is an error that says so.
+/// A range with no recorded decisions is an error that says so. What the replay holds (a
+/// counter and a tally for every key it has seen) counts against a query's memory limit,
+/// as a query's operators do (see [`crate::memory`]): past it the what-if is refused.
 pub async fn what_if(
     engine: &Engine,
     policy: PolicySnapshot,
@@ -634,30 +637,52 @@ pub async fn what_if(
     keys: usize,
 ) -> Result<WhatIf, QueryError> {
     let limit = engine.limits().timeout;
-    let replayed = async {
+    let memory = QueryMemory::claim(engine.limits().memory_bytes);
+    let replayed = memory.enter(async {
         let model = ShareModel::recorded(engine, range).await?;
         let mut replay = Replay::with_shares(policy, model);
-        feed_range(engine, &mut replay, range).await?;
+        feed_range(engine, &mut replay, range, &memory).await?;
         Ok(replay.finish(range, keys))
-    };
-    tokio::time::timeout(limit, replayed)
-        .await
-        .map_err(|_| QueryError::TimeLimit {
-            seconds: limit.as_secs(),
-        })?
+    });
+    let answer =
+        tokio::time::timeout(limit, replayed)
+            .await
+            .map_err(|_| QueryError::TimeLimit {
+                seconds: limit.as_secs(),
+            })?;
+    tracing::debug!(
+        peak_mib = memory.peak() >> 20,
+        "what-if: the replay's memory at its largest"
+    );
+    answer
 }
 
-/// Feeds every recorded request of `range` to `replay`, an hour at a time. A range with no
-/// recorded decisions is an error that says so.
+/// Whether the replay counted in `memory` is still within the query's limit and the
+/// service's budget: the error of a query past them otherwise.
+pub fn within(engine: &Engine, memory: &QueryMemory) -> Result<(), QueryError> {
+    match memory.state() {
+        Some(true) => Err(memory_refusal(true, engine.limits())),
+        Some(false) => Err(QueryError::MemoryLimit {
+            limit_mib: memory.limit() >> 20,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Feeds every recorded request of `range` to `replay`, an hour at a time, checking
+/// `memory` (the count the replay's state is held against, see [`within`]) after each
+/// hour. A range with no recorded decisions is an error that says so.
 pub async fn feed_range(
     engine: &Engine,
     replay: &mut Replay,
     range: Range,
+    memory: &QueryMemory,
 ) -> Result<(), QueryError> {
     for hour in recorded_hours(engine, range).await? {
         for r in &recorded_hour(engine, hour, range).await? {
             replay.feed(r)?;
         }
+        within(engine, memory)?;
     }
     if replay.decisions() == 0 {
         return Err(QueryError::NotFound(format!(

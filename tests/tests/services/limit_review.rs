@@ -725,6 +725,57 @@ async fn what_if_refuses_an_invalid_candidate_and_an_empty_range_by_name() {
     assert!(err.contains("the raw table has no decisions from"), "{err}");
 }
 
+/// The replay's state counts against a query's memory (as a query's operators do): a
+/// what-if's counters and tallies past its limit stop it with the query's memory error
+/// after the hour that passed it, whatever the hour's own query used; within the limit,
+/// the count has what the replay held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_past_its_memory_limit_is_refused_and_its_state_is_counted() {
+    use verdict_query::QueryError;
+    use verdict_query::memory::QueryMemory;
+
+    let (engine, _dir) = lake(&world(1, 1).events().await).await;
+    let candidate = whatif::candidate(&candidate_toml()).unwrap();
+
+    let memory = QueryMemory::claim(1 << 30);
+    let mut replay = whatif::Replay::new(candidate.clone());
+    memory
+        .enter(whatif::feed_range(
+            &engine,
+            &mut replay,
+            world_range(),
+            &memory,
+        ))
+        .await
+        .expect("replayed within 1 GiB");
+    let decisions = replay.decisions();
+    assert!(decisions > 1_000, "{decisions} decisions replayed");
+    // Counted in steps of 256 KiB a thread (see `verdict_query::memory`): the replay's
+    // counters and tallies and each hour's requests are the query's.
+    assert!(memory.peak() > 0, "the replay's state is counted");
+
+    let small = QueryMemory::claim(16 << 10);
+    let mut replay = whatif::Replay::new(candidate);
+    let err = small
+        .enter(whatif::feed_range(
+            &engine,
+            &mut replay,
+            world_range(),
+            &small,
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, QueryError::MemoryLimit { limit_mib: 0 }),
+        "{err:?}"
+    );
+    assert!(
+        replay.decisions() < decisions,
+        "stopped after the hour that passed the limit: {} of {decisions}",
+        replay.decisions()
+    );
+}
+
 /// The demand histogram the rollup keeps (5 years) says the same of the generous limit as the
 /// raw table's review: too high; the others are not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
