@@ -190,10 +190,7 @@ fn per_key_from_parts(range: &Range, filters: &str, sample: i64) -> String {
 ), totals AS (
   SELECT tier AS c_tier, route_class AS c_route_class,
     LEAST(1.0, {sample}.0 / GREATEST(CAST(approx_distinct(verdict_key_hash(key_id)) AS DOUBLE), 1.0)) AS rate,
-    SUM(requests) AS limit_requests, MAX(demand) AS limit_demand_max,
-    MAX(peak_span) AS limit_span_max, MIN(quota_low) AS limit_quota_low,
-    MAX(quota_high) AS limit_quota_high, MIN(quota_ceiling) AS limit_quota_ceiling,
-    MAX(enforced) AS limit_enforced
+    {of_every_key}
   FROM marked
   WHERE override_key IS NULL
   GROUP BY tier, route_class
@@ -221,39 +218,35 @@ fn per_key_from_parts(range: &Range, filters: &str, sample: i64) -> String {
 )",
         group = REVIEW_FOLD.group,
         aggregates = REVIEW_FOLD.aggregates,
-        totals = LIMIT_TOTALS.map(|c| format!("t.{c}")).join(", "),
-        limit_maxima = LIMIT_TOTALS.map(|c| format!("MAX({c}) AS {c}")).join(", "),
+        of_every_key = LIMIT_TOTALS
+            .map(|(f, own, total)| format!("{f}({own}) AS {total}"))
+            .join(", "),
+        totals = LIMIT_TOTALS.map(|(_, _, c)| format!("t.{c}")).join(", "),
+        limit_maxima = LIMIT_TOTALS
+            .map(|(_, _, c)| format!("MAX({c}) AS {c}"))
+            .join(", "),
     )
 }
 
 /// What `totals` says of every key of a limit without an override, carried on each of its
-/// keys' rows (see [`per_key_from_parts`]).
-const LIMIT_TOTALS: [&str; 7] = [
-    "limit_requests",
-    "limit_demand_max",
-    "limit_span_max",
-    "limit_quota_low",
-    "limit_quota_high",
-    "limit_quota_ceiling",
-    "limit_enforced",
+/// keys' rows (see [`per_key_from_parts`]): each as the aggregate over the keys' rows of a
+/// column of theirs, and its name.
+const LIMIT_TOTALS: [(&str, &str, &str); 7] = [
+    ("SUM", "requests", "limit_requests"),
+    ("MAX", "demand", "limit_demand_max"),
+    ("MAX", "peak_span", "limit_span_max"),
+    ("MIN", "quota_low", "limit_quota_low"),
+    ("MAX", "quota_high", "limit_quota_high"),
+    ("MIN", "quota_ceiling", "limit_quota_ceiling"),
+    ("MAX", "enforced", "limit_enforced"),
 ];
 
 /// A key row's [`LIMIT_TOTALS`] as `keyed` selects them from `per_key k`: a key with an
 /// override is a limit of its own, whose totals are its row's.
 fn limit_totals() -> String {
-    let own = [
-        "requests",
-        "demand",
-        "peak_span",
-        "quota_low",
-        "quota_high",
-        "quota_ceiling",
-        "enforced",
-    ];
     LIMIT_TOTALS
         .iter()
-        .zip(own)
-        .map(|(total, own)| format!(", COALESCE(k.{total}, k.{own}) AS {total}"))
+        .map(|(_, own, total)| format!(", COALESCE(k.{total}, k.{own}) AS {total}"))
         .collect()
 }
 
