@@ -30,7 +30,6 @@ use verdict_schemas::{KeyId, RouteClassId, TierId};
 
 use crate::engine::Engine;
 use crate::error::QueryError;
-use crate::memory::QueryMemory;
 use crate::range::Range;
 use crate::recommendation::{Recommendation, apply};
 use crate::shares::ShareModel;
@@ -458,10 +457,8 @@ pub async fn prove(
     range: Range,
     model: &ShareModel,
     targets: Targets,
-    memory: &QueryMemory,
 ) -> Result<Vec<Proven>, QueryError> {
-    // Only the judged rows' requests are kept: the others are not replayed. They count
-    // against `memory`, checked after each hour (see `whatif::within`).
+    // Only the judged rows' requests are kept: the others are not replayed.
     let mut traces: BTreeMap<RowKey, Vec<Recorded>> = BTreeMap::new();
     for r in review.iter().filter(|r| Proven::judged(r)) {
         traces.insert(row_key(r)?, Vec::new());
@@ -482,7 +479,6 @@ pub async fn prove(
                 trace.push(r);
             }
         }
-        whatif::within(engine, memory)?;
     }
     review
         .iter()

@@ -13,7 +13,6 @@ use verdict_limiter::policy::PolicyDocument;
 
 use crate::engine::{Engine, RunOptions};
 use crate::error::QueryError;
-use crate::memory::QueryMemory;
 use crate::prove::{self, Proven, Targets};
 use crate::range::Range;
 use crate::recommendation::{Recommendation, apply, read, round_refill};
@@ -167,15 +166,14 @@ pub async fn replay_review(
     // RSS when counted and refused), so counting it would refuse the recommendations there;
     // it needs to hold a sample of the keys, as the review does, first. The what-if below
     // counts its own.
-    let memory = QueryMemory::uncounted();
-    let weights = weights::judge(engine, &in_force, range, &model, &memory).await?;
+    let weights = weights::judge(engine, &in_force, range, &model).await?;
     let in_force = match weights.as_ref().and_then(|w| w.weighted.clone()) {
         Some(doc) => std::sync::Arc::new(PolicySnapshot::build(doc).map_err(|e| {
             QueryError::Invalid(format!("the policy with the recommended weights: {e}"))
         })?),
         None => in_force,
     };
-    let proven = prove::prove(engine, &in_force, &review, range, &model, targets, &memory).await?;
+    let proven = prove::prove(engine, &in_force, &review, range, &model, targets).await?;
     let review: Vec<Recommendation> = proven.iter().map(|p| p.recommendation.clone()).collect();
     let candidate = apply(in_force.document(), &review)?;
     let what_if = whatif::what_if(engine, candidate.clone(), range, keys).await?;

@@ -107,11 +107,13 @@ pub async fn judge(
     in_force: &PolicySnapshot,
     range: Range,
     model: &ShareModel,
-    memory: &QueryMemory,
 ) -> Result<Option<Weights>, QueryError> {
     if !in_force.is_multi_region() {
         return Ok(None);
     }
+    // Two whole replays, not counted against a query's memory, as the proof's requests are
+    // not (see `crate::recommend::replay_review`).
+    let memory = &QueryMemory::uncounted();
     let mut in_force_replay = Replay::with_shares(in_force.clone(), model.clone());
     whatif::feed_range(engine, &mut in_force_replay, range, memory).await?;
     let before: FxHashMap<(KeyId, u8), u64> = in_force_replay

@@ -659,7 +659,7 @@ pub async fn what_if(
 
 /// Whether the replay counted in `memory` is still within the query's limit and the
 /// service's budget: the error of a query past them otherwise.
-pub fn within(engine: &Engine, memory: &QueryMemory) -> Result<(), QueryError> {
+fn within(engine: &Engine, memory: &QueryMemory) -> Result<(), QueryError> {
     match memory.state() {
         Some(true) => Err(memory_refusal(true, engine.limits())),
         Some(false) => Err(QueryError::MemoryLimit {
