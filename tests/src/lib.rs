@@ -249,7 +249,15 @@ pub async fn metric<T: std::str::FromStr>(
         .text()
         .await
         .ok()?;
-    m.lines()
+    metric_in(&m, name)
+}
+
+/// The value of the series `name` (a metric's name, with its labels if it has any, as
+/// `verdict_query_answer_cache_total{outcome="hit"}`) in a Prometheus text page `text`;
+/// `None` when the page has no such series (a labelled one never counted) or its value is
+/// not a `T`.
+pub fn metric_in<T: std::str::FromStr>(text: &str, name: &str) -> Option<T> {
+    text.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())
 }

@@ -105,12 +105,7 @@ impl Deciding {
     }
 
     fn metric(&self, series: &str) -> u64 {
-        let text = self.metrics.render();
-        let value = text.lines().find_map(|l| {
-            let (name, value) = l.rsplit_once(' ')?;
-            (name == series).then(|| value.parse().ok())?
-        });
-        value.unwrap_or(0)
+        verdict_tests::metric_in(&self.metrics.render(), series).unwrap_or(0)
     }
 }
 

@@ -85,12 +85,10 @@ async fn behind_a_proxy(
 /// A metric's value; a labelled series not exported yet (never counted) is 0.
 fn metric(l: &Limiter<RedisStore>, name: &str) -> u64 {
     let text = l.metrics().render();
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| {
-            assert!(name.contains('{'), "{name} is not exported:\n{text}");
-            0
-        })
+    verdict_tests::metric_in(&text, name).unwrap_or_else(|| {
+        assert!(name.contains('{'), "{name} is not exported:\n{text}");
+        0
+    })
 }
 
 /// Decides `req` until Redis decides it twice in a row. Returns how many requests of the

@@ -439,9 +439,7 @@ async fn metric(base: &str, name: &str) -> f64 {
         .text()
         .await
         .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+    verdict_tests::metric_in(&text, name).unwrap_or_else(|| panic!("no {name} in\n{text}"))
 }
 
 /// The files under `dir`, at any depth.

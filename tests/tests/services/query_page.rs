@@ -427,17 +427,13 @@ async fn the_pages_first_load_after_the_warming_is_answered_from_kept_answers() 
     );
     assert!(!keys.is_empty(), "the keys refused most are shown");
     let metrics = state.metrics.render();
-    let count = |outcome: &str| -> Option<String> {
-        metrics
-            .lines()
-            .find(|l| {
-                l.starts_with(&format!(
-                    "verdict_query_answer_cache_total{{outcome=\"{outcome}\"}}"
-                ))
-            })
-            .map(|l| l.rsplit(' ').next().unwrap().to_string())
+    let count = |outcome: &str| {
+        verdict_tests::metric_in::<u64>(
+            &metrics,
+            &format!("verdict_query_answer_cache_total{{outcome=\"{outcome}\"}}"),
+        )
     };
-    assert_eq!(count("hit").as_deref(), Some("6"), "{metrics}");
+    assert_eq!(count("hit"), Some(6), "{metrics}");
     assert_eq!(
         count("miss"),
         None,
