@@ -282,7 +282,7 @@ fn said(job: Job, o: &verdict_jobs::JobOutcome, dry_run: bool) -> String {
             o.written, o.bytes_written
         ),
         Job::Compact => format!(
-            "compact: wrote {} file(s), {} bytes; {remove} {} file(s), {} bytes, from the raw table (in the store until vacuum deletes them)",
+            "compact: wrote {} file(s), {} bytes; {remove} {} file(s), {} bytes, from the raw table and the rollup's final days (in the store until vacuum deletes them)",
             o.written, o.bytes_written, o.removed, o.bytes_removed
         ),
         Job::Retention => format!(

@@ -30,11 +30,25 @@ use verdict_schemas::{HourPartition, raw_schema};
 use crate::error::MaintenanceError;
 use crate::lake::Lake;
 
+/// What a compaction merged: a raw hour, or a final day of a rollup table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Merged {
+    /// An hour of the raw table.
+    Hour(HourPartition),
+    /// A day of `denied_hourly` or `demand_hourly` (see [`crate::compact_days`]).
+    Day {
+        /// The table.
+        table: &'static str,
+        /// The day.
+        date: chrono::NaiveDate,
+    },
+}
+
 /// One compaction done.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Compacted {
-    /// The hour.
-    pub hour: HourPartition,
+    /// What it merged.
+    pub merged: Merged,
     /// The new file.
     pub output: Path,
     /// Files merged into it (and removed from the table).
@@ -45,17 +59,18 @@ pub struct Compacted {
     pub bytes_in: u64,
     /// Bytes of the new file.
     pub bytes_out: usize,
-    /// The raw table's version that holds it.
+    /// The table's version that holds it.
     pub version: i64,
 }
 
-/// What one run of the compaction job did.
+/// What one run of the compaction job did (to the raw table's hours, or the rollup's
+/// days).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CompactReport {
-    /// Hours compacted.
+    /// Hours (days) compacted.
     pub compacted: Vec<Compacted>,
-    /// Hours whose compaction was refused because a concurrent commit removed an input
-    /// (another compaction, or retention).
+    /// Hours (days) whose compaction was refused because a concurrent commit removed an
+    /// input (another compaction, or retention).
     pub refused: usize,
 }
 
@@ -126,30 +141,20 @@ async fn merge(
     rand::rng().fill_bytes(&mut nonce);
     let name = format!("compacted-{}.parquet", hex::encode(nonce));
     let relative = format!("{}/{name}", hour.partition_path());
-    let output = Path::from(format!("{}/{relative}", RAW.root));
     let body = encode_raw_parquet(std::slice::from_ref(&merged))?;
-    let bytes_out = body.len();
-    let now = table.now_ms();
     let stats = verdict_lake::stats::file_stats(std::slice::from_ref(&merged), &[]);
-    let add = Add::new(relative, hour_partition(&hour), bytes_out as i64, now)
-        .with_stats(stats)
-        .rearranging();
-    store.put(&output, PutPayload::from(body)).await?;
-    let mut actions: Vec<Action> = group
-        .iter()
-        .map(|f| Action::Remove(f.add.remove(now, false)))
-        .collect();
-    actions.push(Action::Add(add));
-    let version = table
-        .commit(
-            snapshot,
-            Commit::new("OPTIMIZE", actions)
-                .with_parameter("partition", hour.partition_path())
-                .with_parameter("inputs", group.len()),
-        )
-        .await?;
+    let inputs: Vec<&Add> = group.iter().map(|f| &f.add).collect();
+    let (output, bytes_out, version) = put_in_place_of(
+        table,
+        snapshot,
+        &inputs,
+        (relative, hour_partition(&hour)),
+        body.into(),
+        stats,
+    )
+    .await?;
     let c = Compacted {
-        hour,
+        merged: Merged::Hour(hour),
         output,
         inputs: group.len(),
         rows: merged.num_rows(),
@@ -162,6 +167,44 @@ async fn merge(
         bytes_in = c.bytes_in, bytes_out = c.bytes_out, version, "compacted"
     );
     Ok(c)
+}
+
+/// Puts `body` (the rows of `inputs`, with their `stats`) at `file` (its path under the
+/// table's root, and its partition) and commits it in place of `inputs`: one `OPTIMIZE`
+/// commit removing them and adding it, both with `dataChange = false`. Returns the file's
+/// location, its bytes and the version.
+pub(crate) async fn put_in_place_of(
+    table: &Table,
+    snapshot: &mut Snapshot,
+    inputs: &[&Add],
+    (relative, partition): (String, verdict_lake::PartitionValues),
+    body: Bytes,
+    stats: String,
+) -> Result<(Path, usize, i64), MaintenanceError> {
+    let output = Path::from(format!("{}/{relative}", table.root()));
+    let bytes_out = body.len();
+    let now = table.now_ms();
+    let folder = relative
+        .rsplit_once('/')
+        .map_or(String::new(), |(dir, _)| dir.to_owned());
+    let add = Add::new(relative, partition, bytes_out as i64, now)
+        .with_stats(stats)
+        .rearranging();
+    table.store().put(&output, PutPayload::from(body)).await?;
+    let mut actions: Vec<Action> = inputs
+        .iter()
+        .map(|a| Action::Remove(a.remove(now, false)))
+        .collect();
+    actions.push(Action::Add(add));
+    let version = table
+        .commit(
+            snapshot,
+            Commit::new("OPTIMIZE", actions)
+                .with_parameter("partition", folder)
+                .with_parameter("inputs", inputs.len()),
+        )
+        .await?;
+    Ok((output, bytes_out, version))
 }
 
 /// The raw table's row order: key id, event time, Kafka partition, offset.

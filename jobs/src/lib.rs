@@ -3,7 +3,8 @@
 //! - [`late`]: the hourly rollup of closed hours, and the re-rollup of hours whose raw
 //!   files changed since (late data, compaction);
 //! - [`compact`]: small raw files of closed hours merged into one per Kafka partition,
-//!   without a reader ever counting a row twice or missing one;
+//!   without a reader ever counting a row twice or missing one; [`compact_days`]: the
+//!   rollup's hourly files of a final day (past the raw window) merged into one;
 //! - [`overage`]: the daily table pricing reads, recomputed when a day's rollups change;
 //! - [`retention`]: whole partitions deleted past their window (raw 7 days, rollups and
 //!   overage 5 years), with a dry run;
@@ -14,6 +15,7 @@
 //! `verdict-reconcile`.
 
 pub mod compact;
+pub mod compact_days;
 pub mod error;
 pub mod lake;
 pub mod late;

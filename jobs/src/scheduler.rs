@@ -18,7 +18,7 @@ use verdict_rollup::Rollup;
 use crate::lake::Lake;
 use crate::metrics::JobMetrics;
 use crate::windows::Windows;
-use crate::{compact, late, overage, retention};
+use crate::{compact, compact_days, late, overage, retention};
 
 /// A job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -231,12 +231,15 @@ impl Jobs {
                 JobOutcome::wrote(reports.len(), reports.iter().map(|r| r.bytes as u64).sum())
             }
             Job::Compact => {
-                let r = compact::run(lake, self.cfg.compact_min_files).await?;
+                let mut done = compact::run(lake, self.cfg.compact_min_files)
+                    .await?
+                    .compacted;
+                done.extend(compact_days::run(lake).await?.compacted);
                 JobOutcome {
-                    written: r.compacted.len(),
-                    bytes_written: r.compacted.iter().map(|c| c.bytes_out as u64).sum(),
-                    removed: r.compacted.iter().map(|c| c.inputs).sum::<usize>(),
-                    bytes_removed: r.compacted.iter().map(|c| c.bytes_in).sum(),
+                    written: done.len(),
+                    bytes_written: done.iter().map(|c| c.bytes_out as u64).sum(),
+                    removed: done.iter().map(|c| c.inputs).sum::<usize>(),
+                    bytes_removed: done.iter().map(|c| c.bytes_in).sum(),
                     ..JobOutcome::default()
                 }
             }

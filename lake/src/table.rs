@@ -110,6 +110,21 @@ pub enum LakeError {
         /// Which column, and what it is.
         reason: String,
     },
+    /// A folder inside a partition was to be replaced (one hour of a day), but a file of
+    /// the partition's own folder holds the whole partition (the day compacted into one
+    /// file once final): replacing the folder alone would count its rows twice.
+    #[error(
+        "{table}: {dir} cannot be replaced alone: {path} holds its whole partition (compacted \
+         once the partition was final)"
+    )]
+    Compacted {
+        /// The table's root.
+        table: String,
+        /// The folder to replace.
+        dir: String,
+        /// The file holding the whole partition.
+        path: String,
+    },
     /// The table is append-only (`delta.appendOnly`) and the commit removes data.
     #[error(
         "{table}: the table is append-only (delta.appendOnly = true): {operation} would remove \

@@ -3,7 +3,7 @@
 //! | table | root | partition columns | the log keeps |
 //! | --- | --- | --- | --- |
 //! | `raw` | `raw/` | `date`, `hour` (files in `date=…/hour=…/`) | 7 days, the table's own window |
-//! | `denied_hourly` | `rollup/denied_hourly/` | `date` (files in `date=…/hour=…/`; the hour is the `hour` column) | 30 days |
+//! | `denied_hourly` | `rollup/denied_hourly/` | `date` (files in `date=…/hour=…/`; the hour is the `hour` column; a day past the raw window, final, compacted into one file in `date=…/`) | 30 days |
 //! | `demand_hourly` | `rollup/demand_hourly/` | `date` (likewise) | 30 days |
 //! | `overage` | `overage/` | `date` (also a column of the files) | 30 days |
 //! | `reconcile_rounds` | `reconcile_rounds/` | `date` (also a column of the files) | 30 days |
@@ -53,6 +53,19 @@ pub struct TableDef {
 
 fn date_hour() -> Vec<PartitionColumn> {
     vec![("date", DataType::Date32), ("hour", DataType::Int32)]
+}
+
+/// A file directly in the partition folder `dir` is inside of (`date=…/` for
+/// `date=…/hour=…/`), which holds the whole partition: what compaction makes of a final day.
+fn partition_file_above(snapshot: &Snapshot, dir: &str) -> Option<String> {
+    let inner = dir.strip_suffix('/').unwrap_or(dir);
+    let (partition, _) = inner.split_once('/')?;
+    // `dir` up to and with the partition's `/`.
+    let partition = &dir[..=partition.len()];
+    snapshot
+        .files_under(partition)
+        .find(|a| !a.path[partition.len()..].contains('/'))
+        .map(|a| a.path.clone())
 }
 
 /// The partitions of a table partitioned by day: `date`.
@@ -249,6 +262,13 @@ impl TableDef {
         let mut days = Vec::new();
         let replaced = files.len();
         for (dir, add) in files {
+            if let Some(whole) = partition_file_above(&snapshot, &dir) {
+                return Err(LakeError::Compacted {
+                    table: self.root.to_owned(),
+                    dir,
+                    path: whole,
+                });
+            }
             actions.extend(
                 snapshot
                     .files_under(&dir)

@@ -1,7 +1,8 @@
 //! The scheduled jobs against the S3 server, on a fake clock: late data makes an hour due
 //! again; retention deletes exactly the partitions past their windows (and a dry run
 //! deletes nothing); compaction under a reader that keeps counting the hour; the daily
-//! overage equals a fold over the events; two schedulers at once do no harm.
+//! overage equals a fold over the events; two schedulers at once do no harm; a final rollup
+//! day compacted into one file.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use verdict_ingest::ConsumedEvent;
 use verdict_jobs::late::{Why, due_hours};
 use verdict_jobs::{Job, Jobs, JobsConfig, Windows};
 use verdict_lake::Prefixed;
-use verdict_lake::tables::{DENIED_HOURLY, OVERAGE, RAW, RECONCILE_ROUNDS};
+use verdict_lake::tables::{DEMAND_HOURLY, DENIED_HOURLY, OVERAGE, RAW, RECONCILE_ROUNDS};
 use verdict_rollup::{Rollup, hour_files};
 use verdict_schemas::layout::RAW_PREFIX;
 use verdict_schemas::synth::{SynthConfig, SynthTraffic};
@@ -493,4 +494,96 @@ async fn two_schedulers_at_once_leave_the_same_tables_as_one() {
         assert_eq!((o.written, o.removed), (0, 0), "{job} had work left: {o:?}");
     }
     assert!(exists_under(&store, RAW_PREFIX).await);
+}
+
+/// The rows of `def`'s files of `date`, in path order, as one batch.
+async fn day_rows(
+    store: &Arc<dyn ObjectStore>,
+    def: &verdict_lake::TableDef,
+    date: chrono::NaiveDate,
+) -> (Vec<verdict_lake::Add>, arrow::array::RecordBatch) {
+    let snapshot = def.table(Arc::clone(store)).snapshot().await.unwrap();
+    let files: Vec<verdict_lake::Add> = snapshot
+        .files_under(&verdict_jobs::overage::day_dir(date))
+        .cloned()
+        .collect();
+    let mut batches = Vec::new();
+    for add in &files {
+        let location = Path::from(format!("{}/{}", def.root, add.path));
+        let body: Bytes = store.get(&location).await.unwrap().bytes().await.unwrap();
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(body)
+            .unwrap()
+            .build()
+            .unwrap();
+        batches.extend(reader.map(Result::unwrap));
+    }
+    let rows = arrow::compute::concat_batches(&(def.schema)(), &batches).unwrap();
+    (files, rows)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_rollup_day_is_compacted_into_one_file_and_its_hours_are_not_replaced_alone() {
+    let store = lake("rollup-days").await;
+    let day_start = 1_795_219_200_000; // 2026-11-21T00:00Z
+    let mut hours = Vec::new();
+    for (i, seed) in [(0i64, 5u64), (1, 6), (5, 7)] {
+        let (hour, events) = hour_of_events(day_start + i * MS_PER_HOUR, 12_000, 300, seed);
+        write_raw_files(&store, TOPIC, hour, spread(&events, 1), 20_000).await;
+        hours.push(hour);
+    }
+    let date = hours[0].date();
+    let jobs = Jobs::new(Arc::clone(&store), config());
+    let rolled = jobs
+        .run_once(Job::Rollup, day_start + 26 * MS_PER_HOUR, false)
+        .await
+        .unwrap();
+    assert_eq!(rolled.written, 3);
+    let tables = [&DENIED_HOURLY, &DEMAND_HOURLY];
+    let mut before = Vec::new();
+    for def in tables {
+        let (files, rows) = day_rows(&store, def, date).await;
+        assert_eq!(files.len(), 3, "{}: a file per hour", def.name);
+        assert!(rows.num_rows() > 0, "{}: rows to compact", def.name);
+        before.push(rows);
+    }
+
+    // The day's last hour leaves the raw window at the day's end plus 7 days: a
+    // millisecond before, the day is not final, and nothing is compacted (one file per
+    // raw hour: no raw hour to compact either).
+    let day_end = day_start + 24 * MS_PER_HOUR;
+    let final_at = day_end + 7 * 24 * MS_PER_HOUR;
+    let o = jobs
+        .run_once(Job::Compact, final_at - 1, false)
+        .await
+        .unwrap();
+    assert_eq!((o.written, o.removed), (0, 0), "{o:?}");
+    let o = jobs.run_once(Job::Compact, final_at, false).await.unwrap();
+    assert_eq!((o.written, o.removed), (2, 6), "{o:?}");
+
+    for (def, want) in tables.iter().zip(&before) {
+        let (files, rows) = day_rows(&store, def, date).await;
+        assert_eq!(files.len(), 1, "{}: one file for the day", def.name);
+        assert!(
+            !files[0].path.contains("hour="),
+            "{}: the day's file is in the day's folder: {}",
+            def.name,
+            files[0].path
+        );
+        assert!(!files[0].data_change, "compaction changes no data");
+        assert_eq!(&rows, want, "{}: the same rows in the same order", def.name);
+    }
+    // An hour of a compacted day cannot be rolled up again on its own (its raw files are
+    // still there, retention has not run): the day's file holds its rows too.
+    let err = Rollup::new(Arc::clone(&store), 2)
+        .run_hour(hours[1])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("date=2026-11-21/hour=01/ cannot be replaced alone") && err.contains("-day-"),
+        "{err}"
+    );
+    assert_eq!(day_rows(&store, &DEMAND_HOURLY, date).await.1, before[1]);
+    let o = jobs.run_once(Job::Compact, final_at, false).await.unwrap();
+    assert_eq!((o.written, o.removed), (0, 0), "nothing left: {o:?}");
 }

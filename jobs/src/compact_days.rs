@@ -1,0 +1,133 @@
+//! Compaction of the rollup's final days: once every hour of a day is past the raw window,
+//! no rollup can run for it again (the late-data job works only on hours the raw table
+//! holds), so its hourly files in `denied_hourly` and `demand_hourly`, one per hour in
+//! `date=…/hour=…/`, are rewritten into one file in `date=…/`, in one commit that removes
+//! them and adds it, `dataChange = false`. The rollup keeps five years: a month's report
+//! opens 30 files per table instead of 720, five years 1,826 instead of 43,824.
+//!
+//! The rows and their order stay the same (the hours' files in hour order, each as the
+//! rollup sorted it), so the `hour` column's statistics still rule out most of a day's
+//! pages. A rollup asked afterwards to replace one hour of a compacted day is refused
+//! (`LakeError::Compacted`): the day file holds that hour's rows too.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow::compute::concat_batches;
+use bytes::Bytes;
+use chrono::NaiveDate;
+use object_store::ObjectStoreExt;
+use object_store::path::Path;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use verdict_lake::files::encode_rollup_parquet;
+use verdict_lake::tables::{DEMAND_HOURLY, DENIED_HOURLY, date_partition, uuid};
+use verdict_lake::{Add, Conflict, LakeError, Snapshot, Table, TableDef};
+
+use crate::compact::{CompactReport, Compacted, Merged, put_in_place_of};
+use crate::error::MaintenanceError;
+use crate::lake::Lake;
+use crate::overage::{date_of, day_dir};
+use crate::windows::{DAY, day_start_ms, ms};
+
+/// True for a day none of whose hours the raw table keeps any longer at `now_ms`: its
+/// rollup is final.
+pub fn is_final(date: NaiveDate, lake: &Lake<'_>) -> bool {
+    day_start_ms(date) + ms(DAY) + ms(lake.windows.raw_keep) <= lake.now_ms
+}
+
+/// Compacts every final day of `denied_hourly` and `demand_hourly` that has more than one
+/// file.
+pub async fn run(lake: Lake<'_>) -> Result<CompactReport, MaintenanceError> {
+    let mut report = CompactReport::default();
+    for def in [&DENIED_HOURLY, &DEMAND_HOURLY] {
+        let table = def.table_at(Arc::clone(lake.store), Arc::clone(lake.clock));
+        let Some(mut snapshot) = table.snapshot_if_any().await? else {
+            continue;
+        };
+        table.check_writable(&snapshot)?;
+        def.check_schema(snapshot.metadata())?;
+        let mut days: BTreeMap<NaiveDate, usize> = BTreeMap::new();
+        for add in snapshot.files() {
+            if let Some(date) = date_of(add) {
+                *days.entry(date).or_default() += 1;
+            }
+        }
+        for (date, files) in days {
+            if files < 2 || !is_final(date, &lake) {
+                continue;
+            }
+            match compact_day(def, &table, &mut snapshot, date).await {
+                Ok(c) => report.compacted.push(c),
+                Err(MaintenanceError::Lake(LakeError::Conflict {
+                    conflict: Conflict::FileGone { path },
+                    ..
+                })) => {
+                    report.refused += 1;
+                    tracing::info!(table = def.name, %date, %path, "an input left the table meanwhile (retention, or another compaction); not compacted");
+                    table.update(&mut snapshot).await?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// Rewrites the files of `date` in `def`'s table into one, on `snapshot` (which the commit
+/// moves on).
+async fn compact_day(
+    def: &'static TableDef,
+    table: &Table,
+    snapshot: &mut Snapshot,
+    date: NaiveDate,
+) -> Result<Compacted, MaintenanceError> {
+    let dir = day_dir(date);
+    // In path order: the hours' folders in hour order.
+    let inputs: Vec<Add> = snapshot.files_under(&dir).cloned().collect();
+    let store = table.store();
+    let root = Path::from(def.root);
+    let mut batches = Vec::new();
+    for add in &inputs {
+        let location = Path::from(format!("{root}/{}", add.path));
+        let body: Bytes = store.get(&location).await?.bytes().await?;
+        for b in ParquetRecordBatchReaderBuilder::try_new(body)?.build()? {
+            batches.push(b?);
+        }
+    }
+    let merged = concat_batches(&(def.schema)(), &batches)?;
+    drop(batches);
+    let relative = format!("{dir}{}-day-{}.parquet", def.name, uuid());
+    let body = encode_rollup_parquet(&merged)?;
+    let stats =
+        verdict_lake::stats::file_stats(std::slice::from_ref(&merged), &def.partition_names());
+    let files: Vec<&Add> = inputs.iter().collect();
+    let (output, bytes_out, version) = put_in_place_of(
+        table,
+        snapshot,
+        &files,
+        (relative, date_partition(date)),
+        body,
+        stats,
+    )
+    .await?;
+    let c = Compacted {
+        merged: Merged::Day {
+            table: def.name,
+            date,
+        },
+        output,
+        inputs: inputs.len(),
+        rows: merged.num_rows(),
+        bytes_in: inputs
+            .iter()
+            .map(|a| u64::try_from(a.size).unwrap_or(0))
+            .sum(),
+        bytes_out,
+        version,
+    };
+    tracing::info!(
+        table = def.name, %date, output = %c.output, inputs = c.inputs, rows = c.rows,
+        bytes_in = c.bytes_in, bytes_out = c.bytes_out, version, "compacted a final rollup day"
+    );
+    Ok(c)
+}
