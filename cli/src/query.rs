@@ -532,6 +532,11 @@ pub struct WhatIfArgs {
     /// How many keys whose refusals change most to list.
     #[arg(long, default_value_t = 10)]
     pub keys: usize,
+    /// Keys replayed whole: past this many in the range, a sample of about this many keys
+    /// (chosen by key hash) is replayed, each whole, and the counts are estimates for every
+    /// key with their bounds (three standard errors). Memory and time grow with it.
+    #[arg(long, default_value_t = verdict_query::whatif::SAMPLE_KEYS, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    pub sample_keys: u64,
     /// Print the answer as one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -598,8 +603,14 @@ pub async fn what_if(args: WhatIfArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("reading the candidate policy {}", path.display()))?;
             let candidate = verdict_query::whatif::candidate(&toml)
                 .with_context(|| format!("in {}", path.display()))?;
-            let answer =
-                verdict_query::whatif::what_if(&engine, candidate, range, args.keys).await?;
+            let answer = verdict_query::whatif::what_if(
+                &engine,
+                candidate,
+                range,
+                args.keys,
+                args.sample_keys,
+            )
+            .await?;
             (
                 verdict_query::whatif::render(&answer),
                 serde_json::to_string_pretty(&answer)?,

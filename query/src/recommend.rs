@@ -176,7 +176,8 @@ pub async fn replay_review(
     let proven = prove::prove(engine, &in_force, &review, range, &model, targets).await?;
     let review: Vec<Recommendation> = proven.iter().map(|p| p.recommendation.clone()).collect();
     let candidate = apply(in_force.document(), &review)?;
-    let what_if = whatif::what_if(engine, candidate.clone(), range, keys).await?;
+    let what_if =
+        whatif::what_if(engine, candidate.clone(), range, keys, whatif::SAMPLE_KEYS).await?;
     let limits = what_if
         .limits
         .iter()

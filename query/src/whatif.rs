@@ -14,6 +14,14 @@
 //! the candidate's split). With several regions, each enforces its share of the candidate's
 //! limits: its static weight's, or the share the regional reconcile gave it where the lake
 //! records the reconcile's rounds ([`crate::shares`]).
+//!
+//! Past [`SAMPLE_KEYS`] keys in the range, the replay takes a sample of them, chosen by key
+//! (`verdict_key_hash(key_id)` below a threshold, as the review's sample): each key in it is
+//! replayed whole, so its counters are exact, and the counts of every tier × route class
+//! and region are estimated from the sample's (each sampled key standing for 1 / rate keys),
+//! each with its bound: three standard errors of the estimate, from the sampled keys' own
+//! counts (`Σ y² × (1 − rate) / rate²`). Memory and replay time then grow with the sample,
+//! not with the keys; the answer states the sample ([`WhatIfSample`]).
 
 use std::collections::BTreeMap;
 
@@ -126,7 +134,17 @@ pub struct Replay {
     /// The reconcile's rounds run again, when the model has them (and regions); without
     /// them each region enforces its static weight's share.
     reconcile: Option<Reconcile>,
+    /// The keys replayed: those whose `verdict_key_hash` is below this (2³²: every key).
+    threshold: i64,
+    /// The keys the range holds, estimated, when sampled.
+    keys_in_range: u64,
 }
+
+/// Keys (key ids) a what-if replays whole, by default: past it, a sample of them.
+pub const SAMPLE_KEYS: u64 = 131_072;
+
+/// Every key's hash is below this: [`crate::ranks::key_hash`] takes the upper 32 bits.
+const ALL_KEYS: i64 = 1 << 32;
 
 impl Replay {
     /// A replay under `policy`, each region (if it has several) enforcing its static
@@ -151,6 +169,31 @@ impl Replay {
             regions: BTreeMap::new(),
             last: None,
             reconcile,
+            threshold: ALL_KEYS,
+            keys_in_range: 0,
+        }
+    }
+
+    /// The replay of a sample of the keys: about `rate` of them, those whose
+    /// `verdict_key_hash` is below `rate × 2³²` ([`feed_range`] reads theirs only).
+    /// `keys_in_range` is what the answer says the range holds.
+    pub fn sampled(mut self, rate: f64, keys_in_range: u64) -> Self {
+        self.threshold = ((rate.clamp(0.0, 1.0) * ALL_KEYS as f64) as i64).clamp(1, ALL_KEYS);
+        self.keys_in_range = keys_in_range;
+        self
+    }
+
+    /// The part of the keys replayed (1: every key).
+    pub fn rate(&self) -> f64 {
+        self.threshold as f64 / ALL_KEYS as f64
+    }
+
+    /// The condition on `decisions` that keeps the sample's keys (`TRUE` without one).
+    fn sample_condition(&self) -> String {
+        if self.threshold >= ALL_KEYS {
+            "TRUE".into()
+        } else {
+            format!("verdict_key_hash(key_id) < {}", self.threshold)
         }
     }
 
@@ -317,15 +360,52 @@ impl Replay {
     }
 
     /// The answer: per tier × route class, and the `keys` keys whose refusals change most.
+    /// Of a sample, the counts are the estimates for every key, each limit's with its bound.
     pub fn finish(self, range: Range, keys: usize) -> WhatIf {
         let mut tallies: BTreeMap<(u8, u8), (Counts, Counts)> = self.limits.into_iter().collect();
+        // Per limit, the sums of the squares of each key's requests, recorded refusals,
+        // refusals under the candidate, and of the keys (1 each) and keys refused: what
+        // the sample's bounds are made of.
+        let mut squares: BTreeMap<(u8, u8), [f64; 5]> = BTreeMap::new();
         for (&(_, route), t) in &self.keys {
             let (recorded, replayed) = tallies.entry((t.tier, route)).or_default();
             recorded.keys += 1;
             replayed.keys += 1;
             recorded.keys_refused += u64::from(t.recorded > 0);
             replayed.keys_refused += u64::from(t.replayed > 0);
+            let sq = squares.entry((t.tier, route)).or_default();
+            for (sum, y) in sq.iter_mut().zip([
+                t.requests as f64,
+                t.recorded as f64,
+                t.replayed as f64,
+                1.0,
+                f64::from(u8::from(t.replayed > 0)),
+            ]) {
+                *sum += y * y;
+            }
         }
+        let rate = self.threshold as f64 / ALL_KEYS as f64;
+        let sample = (self.threshold < ALL_KEYS).then(|| WhatIfSample {
+            rate,
+            keys_in_range: self.keys_in_range,
+            keys_replayed: self.keys.len() as u64,
+            requests_replayed: tallies.values().map(|(_, c)| c.requests).sum(),
+        });
+        // Three standard errors of an estimate from the sample (Horvitz-Thompson, each key
+        // in it with probability `rate`): 3 √(Σ y² (1 − rate) / rate²).
+        let bound = |sum_sq: f64| (3.0 * (sum_sq * (1.0 - rate)).sqrt() / rate).ceil() as u64;
+        let scale = |c: &Counts| -> Counts {
+            let up = |v: u64| (v as f64 / rate).round() as u64;
+            Counts {
+                requests: up(c.requests),
+                refused: up(c.refused),
+                would_deny: up(c.would_deny),
+                refused_by_bucket: up(c.refused_by_bucket),
+                refused_by_window: up(c.refused_by_window),
+                keys: up(c.keys),
+                keys_refused: up(c.keys_refused),
+            }
+        };
         let doc = self.policy.document();
         let limit_name = |tier: u8, route: u8| LimitName {
             tier_id: tier,
@@ -341,16 +421,32 @@ impl Replay {
                 .find(|r| r.id == route)
                 .map(|r| r.name.clone()),
         };
-        let decisions = tallies.values().map(|(_, c)| c.requests).sum();
-        let limits = tallies
+        let limits: Vec<LimitWhatIf> = tallies
             .into_iter()
-            .map(|((tier, route), (recorded, replayed))| LimitWhatIf {
-                limit: limit_name(tier, route),
-                refused_change: replayed.refused as i64 - recorded.refused as i64,
-                candidate: replayed,
-                recorded,
+            .map(|((tier, route), (recorded, replayed))| {
+                let (recorded, replayed, bound) = if sample.is_some() {
+                    let sq = squares.get(&(tier, route)).copied().unwrap_or_default();
+                    let bounds = LimitBound {
+                        requests: bound(sq[0]),
+                        recorded_refused: bound(sq[1]),
+                        candidate_refused: bound(sq[2]),
+                        keys: bound(sq[3]),
+                        candidate_keys_refused: bound(sq[4]),
+                    };
+                    (scale(&recorded), scale(&replayed), Some(bounds))
+                } else {
+                    (recorded, replayed, None)
+                };
+                LimitWhatIf {
+                    limit: limit_name(tier, route),
+                    refused_change: replayed.refused as i64 - recorded.refused as i64,
+                    candidate: replayed,
+                    recorded,
+                    bound,
+                }
             })
             .collect();
+        let decisions = limits.iter().map(|l| l.candidate.requests).sum();
         let mut changed: Vec<KeyWhatIf> = self
             .keys
             .iter()
@@ -384,8 +480,8 @@ impl Replay {
                     .map(|r| r.name.clone()),
                 share: f64::from(self.policy.region_static_ppm(RegionId(region)))
                     / f64::from(verdict_limiter::algo::PPM),
-                requests,
-                refused,
+                requests: (requests as f64 / rate).round() as u64,
+                refused: (refused as f64 / rate).round() as u64,
             })
             .collect();
         WhatIf {
@@ -402,6 +498,7 @@ impl Replay {
                     .map_or_else(|| STATIC_SHARES.to_owned(), Reconcile::describe)
             }),
             keys: changed,
+            sample,
         }
     }
 }
@@ -447,6 +544,38 @@ pub struct LimitWhatIf {
     pub recorded: Counts,
     /// Candidate refusals minus recorded refusals.
     pub refused_change: i64,
+    /// Of a sample of the keys: how far each estimate may be from every key's count (three
+    /// standard errors). `None`: every key was replayed, the counts are exact.
+    pub bound: Option<LimitBound>,
+}
+
+/// The bounds of a limit's estimates from a sample of the keys, ± each.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LimitBound {
+    /// Of the requests (recorded and candidate alike).
+    pub requests: u64,
+    /// Of the recorded refusals.
+    pub recorded_refused: u64,
+    /// Of the candidate's refusals.
+    pub candidate_refused: u64,
+    /// Of the keys.
+    pub keys: u64,
+    /// Of the keys the candidate refused at least once.
+    pub candidate_keys_refused: u64,
+}
+
+/// The sample of keys a what-if replayed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WhatIfSample {
+    /// The part of the keys replayed: those whose `verdict_key_hash(key_id)` is below
+    /// `rate × 2³²`.
+    pub rate: f64,
+    /// The keys (key ids) the range holds, estimated (`approx_distinct`).
+    pub keys_in_range: u64,
+    /// Keys (key × route class) replayed.
+    pub keys_replayed: u64,
+    /// Requests replayed.
+    pub requests_replayed: u64,
 }
 
 /// One key whose refusals change.
@@ -476,7 +605,8 @@ pub struct WhatIf {
     pub to: DateTime<Utc>,
     /// The candidate's version.
     pub policy_version: u64,
-    /// Requests replayed.
+    /// Recorded requests in the range (of a sample: estimated, and [`WhatIfSample`] says
+    /// how many were replayed).
     pub decisions: u64,
     /// What recorded demand is (see [`CAVEAT`]).
     pub caveat: &'static str,
@@ -488,8 +618,11 @@ pub struct WhatIf {
     /// each region its static weight's share, or the reconcile's rounds run again (see
     /// [`crate::shares`]); `None` with one region, which enforces the whole.
     pub shares: Option<String>,
-    /// The keys whose refusals change most, most first.
+    /// The keys whose refusals change most, most first (of a sample: its keys').
     pub keys: Vec<KeyWhatIf>,
+    /// The sample of the keys replayed, past [`SAMPLE_KEYS`] (or the sample asked for) in
+    /// the range; `None`: every key.
+    pub sample: Option<WhatIfSample>,
 }
 
 /// One region's requests in a replay.
@@ -571,10 +704,21 @@ pub async fn recorded_hour(
     hour: DateTime<Utc>,
     range: Range,
 ) -> Result<Vec<Recorded>, QueryError> {
+    recorded_hour_of(engine, hour, range, "TRUE").await
+}
+
+/// [`recorded_hour`] of the keys `keys` (a condition on `decisions`) keeps.
+async fn recorded_hour_of(
+    engine: &Engine,
+    hour: DateTime<Utc>,
+    range: Range,
+    keys: &str,
+) -> Result<Vec<Recorded>, QueryError> {
     let next = hour + Duration::hours(1);
     let sql = format!(
         "SELECT {HOUR_COLUMNS} FROM decisions WHERE date = DATE '{}' AND hour = {} \
-         AND source IN (0, 1) AND event_time >= TIMESTAMP '{}' AND event_time < TIMESTAMP '{}'",
+         AND source IN (0, 1) AND event_time >= TIMESTAMP '{}' AND event_time < TIMESTAMP '{}' \
+         AND {keys}",
         hour.format("%Y-%m-%d"),
         hour.hour(),
         range.from.max(hour).format("%Y-%m-%d %H:%M:%S%.3f"),
@@ -630,17 +774,48 @@ pub async fn recorded_hours(
 /// A range with no recorded decisions is an error that says so. What the replay holds (a
 /// counter and a tally for every key it has seen) counts against a query's memory limit,
 /// as a query's operators do (see [`crate::memory`]): past it the what-if is refused.
+///
+/// Past `sample_keys` keys in the range (estimated over its decisions), a sample of about
+/// `sample_keys` of them is replayed and the counts estimated from theirs (see the module's
+/// documentation).
 pub async fn what_if(
     engine: &Engine,
     policy: PolicySnapshot,
     range: Range,
     keys: usize,
+    sample_keys: u64,
 ) -> Result<WhatIf, QueryError> {
+    what_if_measured(engine, policy, range, keys, sample_keys)
+        .await
+        .map(|(answer, _)| answer)
+}
+
+/// [`what_if`], and the most memory its count held at once, in bytes (0 when the process
+/// does not count memory).
+pub async fn what_if_measured(
+    engine: &Engine,
+    policy: PolicySnapshot,
+    range: Range,
+    keys: usize,
+    sample_keys: u64,
+) -> Result<(WhatIf, usize), QueryError> {
     let limit = engine.limits().timeout;
     let memory = QueryMemory::claim(engine.limits().memory_bytes);
     let replayed = memory.enter(async {
         let model = ShareModel::recorded(engine, range).await?;
         let mut replay = Replay::with_shares(policy, model);
+        let in_range = keys_in_range(engine, range).await?;
+        if in_range == 0 {
+            return Err(no_decisions(range));
+        }
+        if in_range > sample_keys {
+            replay = replay.sampled(sample_keys as f64 / in_range as f64, in_range);
+            tracing::debug!(
+                keys = in_range,
+                rate = replay.rate(),
+                "what-if: replaying a sample of the keys"
+            );
+        }
         feed_range(engine, &mut replay, range, &memory).await?;
         Ok(replay.finish(range, keys))
     });
@@ -654,7 +829,33 @@ pub async fn what_if(
         peak_mib = memory.peak() >> 20,
         "what-if: the replay's memory at its largest"
     );
-    answer
+    answer.map(|a| (a, memory.peak()))
+}
+
+/// The keys (key ids) with decisions the replay reads in `range`, estimated
+/// (`approx_distinct` of their hashes, as the review counts a limit's keys).
+async fn keys_in_range(engine: &Engine, range: Range) -> Result<u64, QueryError> {
+    let sql = format!(
+        "SELECT approx_distinct(verdict_key_hash(key_id)) AS keys FROM decisions \
+         WHERE date >= DATE '{}' AND date <= DATE '{}' AND source IN (0, 1) \
+         AND event_time >= TIMESTAMP '{}' AND event_time < TIMESTAMP '{}'",
+        range.from.format("%Y-%m-%d"),
+        range.to.format("%Y-%m-%d"),
+        range.from.format("%Y-%m-%d %H:%M:%S%.3f"),
+        range.to.format("%Y-%m-%d %H:%M:%S%.3f"),
+    );
+    let batches = engine.collect(&sql, &RunOptions::default()).await?.batches;
+    let keys = batches
+        .first()
+        .filter(|b| b.num_rows() > 0)
+        .and_then(|b| arrow::compute::cast(b.column(0), &arrow::datatypes::DataType::UInt64).ok())
+        .and_then(|c| {
+            c.as_primitive::<arrow::datatypes::UInt64Type>()
+                .iter()
+                .next()
+                .flatten()
+        });
+    keys.ok_or(QueryError::Internal)
 }
 
 /// Whether the replay counted in `memory` is still within the query's limit and the
@@ -678,20 +879,28 @@ pub async fn feed_range(
     range: Range,
     memory: &QueryMemory,
 ) -> Result<(), QueryError> {
+    let keys = replay.sample_condition();
     for hour in recorded_hours(engine, range).await? {
-        for r in &recorded_hour(engine, hour, range).await? {
+        for r in &recorded_hour_of(engine, hour, range, &keys).await? {
             replay.feed(r)?;
         }
         within(engine, memory)?;
     }
-    if replay.decisions() == 0 {
-        return Err(QueryError::NotFound(format!(
-            "the raw table has no decisions from {} to {} (it keeps 7 days): nothing to replay",
-            range.from.to_rfc3339(),
-            range.to.to_rfc3339()
-        )));
+    // A sample may hold none of the range's requests; the range's own emptiness is
+    // what is an error.
+    if replay.decisions() == 0 && replay.threshold >= ALL_KEYS {
+        return Err(no_decisions(range));
     }
     Ok(())
+}
+
+/// The error of a range the raw table holds no decisions of.
+fn no_decisions(range: Range) -> QueryError {
+    QueryError::NotFound(format!(
+        "the raw table has no decisions from {} to {} (it keeps 7 days): nothing to replay",
+        range.from.to_rfc3339(),
+        range.to.to_rfc3339()
+    ))
 }
 
 /// The answer as text for a terminal: one line per tier × route class, then the keys.
@@ -703,6 +912,16 @@ pub fn render(w: &WhatIf) -> String {
         w.to.to_rfc3339(),
         w.policy_version
     );
+    if let Some(sample) = &w.sample {
+        t += &format!(
+            "Sampled: {} requests of {} keys replayed, {:.2} % of the about {} keys in the range \
+             (chosen by key hash); the counts are estimates for every key, ± three standard errors.\n",
+            sample.requests_replayed,
+            sample.keys_replayed,
+            sample.rate * 100.0,
+            sample.keys_in_range
+        );
+    }
     if let Some(shares) = &w.shares {
         t += &format!("Regions: {shares}.\n");
     }
@@ -731,6 +950,20 @@ pub fn render(w: &WhatIf) -> String {
             l.candidate.keys_refused,
             l.recorded.keys_refused,
         );
+        if let Some(b) = &l.bound {
+            t += &format!(
+                "  {:<12} {:<10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8}\n",
+                "",
+                "±",
+                b.requests,
+                b.recorded_refused,
+                b.candidate_refused,
+                "",
+                "",
+                b.candidate_keys_refused,
+                "",
+            );
+        }
     }
     if !w.keys.is_empty() {
         t += "Keys whose refusals change most:\n";

@@ -331,7 +331,25 @@ fn keys_param(keys: Option<&String>) -> Result<usize, QueryError> {
     }
 }
 
-/// `POST /v1/what-if?from=…&to=…&keys=N`, the candidate policy (TOML) in the body.
+/// The keys a what-if replays whole before it samples them (`sample_keys`: from 1 to
+/// 1,000,000,000; [`crate::whatif::SAMPLE_KEYS`] unless given).
+fn sample_keys_param(sample: Option<&String>) -> Result<u64, QueryError> {
+    match sample {
+        Some(k) => k
+            .parse::<u64>()
+            .ok()
+            .filter(|k| (1..=1_000_000_000).contains(k))
+            .ok_or_else(|| {
+                QueryError::Invalid(
+                    "parameter sample_keys: a whole number from 1 to 1000000000".into(),
+                )
+            }),
+        None => Ok(crate::whatif::SAMPLE_KEYS),
+    }
+}
+
+/// `POST /v1/what-if?from=…&to=…&keys=N&sample_keys=M`, the candidate policy (TOML) in
+/// the body.
 async fn what_if(
     State(state): State<Arc<AppState>>,
     Query(params): Query<BTreeMap<String, String>>,
@@ -339,13 +357,14 @@ async fn what_if(
 ) -> Response {
     let answer = async {
         for name in params.keys() {
-            if !["from", "to", "keys"].contains(&name.as_str()) {
+            if !["from", "to", "keys", "sample_keys"].contains(&name.as_str()) {
                 return Err(QueryError::Invalid(format!(
-                    "what-if has no parameter {name:?}; it takes: from, to, keys"
+                    "what-if has no parameter {name:?}; it takes: from, to, keys, sample_keys"
                 )));
             }
         }
         let keys = keys_param(params.get("keys"))?;
+        let sample_keys = sample_keys_param(params.get("sample_keys"))?;
         let range = crate::range::Range::parse(
             params.get("from").map(String::as_str),
             params.get("to").map(String::as_str),
@@ -353,7 +372,7 @@ async fn what_if(
             7,
         )?;
         let candidate = crate::whatif::candidate(&body)?;
-        crate::whatif::what_if(&state.engine, candidate, range, keys).await
+        crate::whatif::what_if(&state.engine, candidate, range, keys, sample_keys).await
     }
     .await;
     match answer {

@@ -60,6 +60,10 @@ pub fn openapi_document() -> serde_json::Value {
         {"name": "to", "in": "query", "required": false, "description": "end, exclusive (default: the next full hour)", "schema": {"type": "string"}},
         {"name": "keys", "in": "query", "required": false, "description": "keys whose refusals change most to list (default 10, at most 10000)", "schema": {"type": "integer"}}
     ]);
+    let mut what_if_params = replay_params.clone();
+    if let Some(list) = what_if_params.as_array_mut() {
+        list.push(json!({"name": "sample_keys", "in": "query", "required": false, "description": format!("keys replayed whole (default {}): past it in the range, a sample of about that many keys, chosen by key hash, is replayed and the counts are estimates, each limit's with its bound (`sample`, `bound`)", crate::whatif::SAMPLE_KEYS), "schema": {"type": "integer", "minimum": 1}}));
+    }
     let mut report_params = vec![
         json!({"name": "name", "in": "path", "required": true, "schema": {"type": "string", "enum": catalog().iter().map(|r| r.name).collect::<Vec<_>>()}}),
         formats.clone(),
@@ -96,7 +100,7 @@ pub fn openapi_document() -> serde_json::Value {
             "/v1/reports/{name}": {"get": {"summary": "Run a named report", "parameters": report_params, "responses": answer}},
             "/v1/what-if": {"post": {
                 "summary": "Replay the recorded requests of a range under a candidate policy (the limiter's decision core): per tier × route class, what it would have refused beside what was refused, and the keys that change most",
-                "parameters": replay_params,
+                "parameters": what_if_params,
                 "requestBody": {"required": true, "content": {"application/toml": {"schema": {"type": "string"}}, "text/plain": {"schema": {"type": "string"}}}},
                 "responses": with_errors(
                     with_errors(json!({"200": {"description": "the replay", "content": {"application/json": {}}}}), QUERY_ERRORS),

@@ -419,9 +419,11 @@ async fn what_if_predicts_what_the_limiter_does_under_the_candidate() {
             whatif::candidate(&candidate).unwrap(),
             world_range(),
             5,
+            whatif::SAMPLE_KEYS,
         )
         .await
         .unwrap();
+        assert_eq!(answer.sample, None, "the world's keys are replayed whole");
         assert_eq!(answer.decisions as usize, truth.len());
         assert_eq!(answer.limits.len(), TIERS.len(), "{answer:#?}");
         for l in &answer.limits {
@@ -462,6 +464,90 @@ async fn what_if_predicts_what_the_limiter_does_under_the_candidate() {
                 .all(|k| k[0].refused_change.abs() >= k[1].refused_change.abs())
         );
         assert!(whatif::render(&answer).contains("Caveat: recorded demand includes the retries"));
+    }
+}
+
+/// Past its `sample_keys`, a what-if replays a sample of the keys and estimates every
+/// key's counts from theirs: each estimate within the bound it states of the whole
+/// replay's count, the sample said, and less replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sampled_what_if_estimates_every_keys_counts_within_the_bounds_it_states() {
+    for seed in [1, 2, 3] {
+        let w = world(seed, 1);
+        let (engine, _dir) = lake(&w.events().await).await;
+        let run = |sample_keys: u64| {
+            let engine = &engine;
+            async move {
+                whatif::what_if(
+                    engine,
+                    whatif::candidate(&candidate_toml()).unwrap(),
+                    world_range(),
+                    5,
+                    sample_keys,
+                )
+                .await
+                .unwrap()
+            }
+        };
+        let whole = run(1_000_000_000).await;
+        assert_eq!(whole.sample, None);
+        let keys: u64 = whole.limits.iter().map(|l| l.candidate.keys).sum();
+        let sampled = run(keys / 2).await;
+        let sample = sampled.sample.clone().expect("half the keys: a sample");
+        assert!(
+            (0.35..=0.65).contains(&sample.rate),
+            "seed {seed}: rate {} for half of {keys} keys",
+            sample.rate
+        );
+        assert!(
+            sample.keys_replayed < keys && sample.keys_replayed > 0,
+            "{sample:?}"
+        );
+        assert!(sample.requests_replayed < whole.decisions, "{sample:?}");
+        let text = whatif::render(&sampled);
+        assert!(text.contains("Sampled: "), "{text}");
+        assert_eq!(sampled.limits.len(), whole.limits.len());
+        for (e, x) in sampled.limits.iter().zip(&whole.limits) {
+            assert_eq!(e.limit, x.limit);
+            let b = e.bound.clone().expect("each estimate has its bound");
+            let tier = x.limit.tier.clone().unwrap_or_default();
+            for (what, estimate, exact, bound) in [
+                (
+                    "requests",
+                    e.candidate.requests,
+                    x.candidate.requests,
+                    b.requests,
+                ),
+                (
+                    "recorded refusals",
+                    e.recorded.refused,
+                    x.recorded.refused,
+                    b.recorded_refused,
+                ),
+                (
+                    "candidate refusals",
+                    e.candidate.refused,
+                    x.candidate.refused,
+                    b.candidate_refused,
+                ),
+                ("keys", e.candidate.keys, x.candidate.keys, b.keys),
+                (
+                    "keys refused",
+                    e.candidate.keys_refused,
+                    x.candidate.keys_refused,
+                    b.candidate_keys_refused,
+                ),
+            ] {
+                println!(
+                    "seed {seed} {tier:<8} {what:<18} every key {exact:>7}, sample {estimate:>7} ± {bound}"
+                );
+                assert!(
+                    estimate.abs_diff(exact) <= bound,
+                    "seed {seed}, {tier}: {what} estimated {estimate} ± {bound}, every key's {exact}"
+                );
+            }
+            assert!(b.requests > 0, "a sample's estimate is not exact: {b:?}");
+        }
     }
 }
 
@@ -535,9 +621,10 @@ async fn replays_what_the_limiter_does(w: &World, label: &str) {
                 weights.refused_with_recommended_weights,
             );
             let in_force = engine.policies().snapshot().await.unwrap().unwrap();
-            let replayed = whatif::what_if(&engine, (*in_force).clone(), range, 0)
-                .await
-                .unwrap();
+            let replayed =
+                whatif::what_if(&engine, (*in_force).clone(), range, 0, whatif::SAMPLE_KEYS)
+                    .await
+                    .unwrap();
             assert_eq!(
                 now,
                 verdict_query::weights::Refused::of(&replayed),
@@ -718,6 +805,7 @@ async fn what_if_refuses_an_invalid_candidate_and_an_empty_range_by_name() {
         whatif::candidate(&candidate_toml()).unwrap(),
         empty,
         5,
+        whatif::SAMPLE_KEYS,
     )
     .await
     .unwrap_err()

@@ -168,6 +168,49 @@ async fn every_endpoint_answers_in_every_format() {
     assert_eq!(tight["recorded"]["refused"], 200, "{tight}");
     assert!(tight["refused_change"].as_i64().unwrap() < 0, "{tight}");
     assert_eq!(w["keys"].as_array().unwrap().len(), 3, "{w}");
+    assert_eq!(
+        w["sample"],
+        serde_json::Value::Null,
+        "every key replayed: {w}"
+    );
+    assert_eq!(
+        tight["bound"],
+        serde_json::Value::Null,
+        "exact counts: {tight}"
+    );
+    // A sample of the keys is said, and each limit's estimates carry their bounds; a
+    // sample size that is not a whole number from 1 is refused by name.
+    let r = what_if(
+        verdict_tests::query_fixture::POLICY_TOML.to_string(),
+        "?from=2026-11-30T10:00:00Z&to=2026-11-30T12:00:00Z&sample_keys=2",
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let sampled = json(&r.bytes().await.unwrap());
+    assert!(
+        sampled["sample"]["rate"].as_f64().unwrap() < 1.0,
+        "{sampled}"
+    );
+    assert!(
+        sampled["limits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l["bound"]["candidate_refused"].is_u64()),
+        "{sampled}"
+    );
+    let r = what_if(
+        verdict_tests::query_fixture::POLICY_TOML.to_string(),
+        "?sample_keys=0",
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert!(
+        json(&r.bytes().await.unwrap())["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("parameter sample_keys"),
+    );
     // The widest range a client can name replays the hours the table holds, no others: the
     // same answer as a month around them (it ran past 240 s against the 60 s limit when it
     // stepped through 70 million empty hours).
