@@ -20,7 +20,10 @@
 //! replayed whole, so its counters are exact, and the counts of every tier × route class
 //! and region are estimated from the sample's (each sampled key standing for 1 / rate keys),
 //! each with its bound: three standard errors of the estimate, from the sampled keys' own
-//! counts (`Σ y² × (1 − rate) / rate²`). Memory and replay time then grow with the sample,
+//! counts (`Σ y² × (1 − rate) / rate²`); where the sample saw no refusal in a limit, the
+//! keys a sample of that rate misses (`ln 0.003 / ln(1 − rate)`), each refused all the
+//! requests of the limit's busiest sampled key. A limit none of whose keys is in the
+//! sample is not in the answer. Memory and replay time then grow with the sample,
 //! not with the keys; the answer states the sample ([`WhatIfSample`]).
 
 use std::collections::BTreeMap;
@@ -367,12 +370,16 @@ impl Replay {
         // refusals under the candidate, and of the keys (1 each) and keys refused: what
         // the sample's bounds are made of.
         let mut squares: BTreeMap<(u8, u8), [f64; 5]> = BTreeMap::new();
+        // And the most requests a key of each limit sent.
+        let mut busiest: BTreeMap<(u8, u8), u64> = BTreeMap::new();
         for (&(_, route), t) in &self.keys {
             let (recorded, replayed) = tallies.entry((t.tier, route)).or_default();
             recorded.keys += 1;
             replayed.keys += 1;
             recorded.keys_refused += u64::from(t.recorded > 0);
             replayed.keys_refused += u64::from(t.replayed > 0);
+            let most = busiest.entry((t.tier, route)).or_default();
+            *most = (*most).max(t.requests);
             let sq = squares.entry((t.tier, route)).or_default();
             for (sum, y) in sq.iter_mut().zip([
                 t.requests as f64,
@@ -394,6 +401,25 @@ impl Replay {
         // Three standard errors of an estimate from the sample (Horvitz-Thompson, each key
         // in it with probability `rate`): 3 √(Σ y² (1 − rate) / rate²).
         let bound = |sum_sq: f64| (3.0 * (sum_sq * (1.0 - rate)).sqrt() / rate).ceil() as u64;
+        // Where the sample saw none (no key of it refused), the standard error is nil and
+        // says nothing of the keys outside it: the bound is then the keys a sample misses
+        // at the same 99.7 % (each key missed with probability 1 − rate: ln 0.003 /
+        // ln(1 − rate) keys), each refused as many requests as the limit's busiest key sent.
+        let unseen = (0.003f64.ln() / (1.0 - rate).ln()).ceil().max(0.0);
+        let of_keys = |sum_sq: f64| {
+            if sum_sq > 0.0 {
+                bound(sum_sq)
+            } else {
+                unseen as u64
+            }
+        };
+        let of_refusals = |sum_sq: f64, most: u64| {
+            if sum_sq > 0.0 {
+                bound(sum_sq)
+            } else {
+                (unseen * most as f64).ceil() as u64
+            }
+        };
         let scale = |c: &Counts| -> Counts {
             let up = |v: u64| (v as f64 / rate).round() as u64;
             Counts {
@@ -426,12 +452,13 @@ impl Replay {
             .map(|((tier, route), (recorded, replayed))| {
                 let (recorded, replayed, bound) = if sample.is_some() {
                     let sq = squares.get(&(tier, route)).copied().unwrap_or_default();
+                    let most = busiest.get(&(tier, route)).copied().unwrap_or_default();
                     let bounds = LimitBound {
                         requests: bound(sq[0]),
-                        recorded_refused: bound(sq[1]),
-                        candidate_refused: bound(sq[2]),
+                        recorded_refused: of_refusals(sq[1], most),
+                        candidate_refused: of_refusals(sq[2], most),
                         keys: bound(sq[3]),
-                        candidate_keys_refused: bound(sq[4]),
+                        candidate_keys_refused: of_keys(sq[4]),
                     };
                     (scale(&recorded), scale(&replayed), Some(bounds))
                 } else {
