@@ -53,20 +53,19 @@ fn sql(a: &Args<'_>, now: DateTime<Utc>) -> Result<String, QueryError> {
     let rank = |q: f64| format!("MIN(CASE WHEN cum >= CEIL({q} * total) THEN bucket END)");
     Ok(format!(
         "WITH b AS (
-  SELECT tier, route_class, bucket, SUM(keys) AS keys, SUM(requests) AS requests,
-    COUNT(DISTINCT hour) AS hours
+  SELECT tier, route_class, bucket, SUM(keys) AS keys, SUM(requests) AS requests
   FROM demand_hourly
   WHERE {range}{filters}
   GROUP BY tier, route_class, bucket
 ), c AS (
-  SELECT tier, route_class, bucket, keys, requests, hours,
+  SELECT tier, route_class, bucket, keys, requests,
     SUM(keys) OVER (PARTITION BY tier, route_class ORDER BY bucket
       ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS cum,
     SUM(keys) OVER (PARTITION BY tier, route_class) AS total
   FROM b
 ), l AS (
   SELECT tier, route_class, MAX(total) AS key_hours, SUM(requests) AS requests,
-    MAX(hours) AS hours, {b50} AS b50, {b90} AS b90, {b99} AS b99, MAX(bucket) AS bmax
+    {b50} AS b50, {b90} AS b90, {b99} AS b99, MAX(bucket) AS bmax
   FROM c
   GROUP BY tier, route_class
 )
