@@ -74,6 +74,32 @@ pub struct CompactReport {
     pub refused: usize,
 }
 
+impl CompactReport {
+    /// Records a compaction's outcome: done, or refused because an input left the table
+    /// meanwhile (another compaction, or retention), in which case `snapshot` is brought up
+    /// to date for the next; any other error is returned.
+    pub(crate) async fn settle(
+        &mut self,
+        table: &Table,
+        snapshot: &mut Snapshot,
+        outcome: Result<Compacted, MaintenanceError>,
+    ) -> Result<(), MaintenanceError> {
+        match outcome {
+            Ok(c) => self.compacted.push(c),
+            Err(MaintenanceError::Lake(LakeError::Conflict {
+                conflict: Conflict::FileGone { path },
+                ..
+            })) => {
+                self.refused += 1;
+                tracing::info!(table = %table.root(), %path, "an input left the table meanwhile (another compaction, or retention); not compacted");
+                table.update(snapshot).await?;
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+}
+
 /// Compacts every closed raw hour (within the raw window) that has at least `min_files`
 /// files.
 pub async fn run(lake: Lake<'_>, min_files: usize) -> Result<CompactReport, MaintenanceError> {
@@ -107,19 +133,8 @@ pub async fn compact_hour(
     if files.len() < min_files.max(2) {
         return Ok(());
     }
-    match merge(table, snapshot, hour, &files).await {
-        Ok(c) => report.compacted.push(c),
-        Err(MaintenanceError::Lake(LakeError::Conflict {
-            conflict: Conflict::FileGone { path },
-            ..
-        })) => {
-            report.refused += 1;
-            tracing::info!(%hour, %path, "an input left the table meanwhile (another compaction, or retention); not compacted");
-            table.update(snapshot).await?;
-        }
-        Err(e) => return Err(e),
-    }
-    Ok(())
+    let merged = merge(table, snapshot, hour, &files).await;
+    report.settle(table, snapshot, merged).await
 }
 
 async fn merge(

@@ -365,6 +365,7 @@ impl Replay {
     /// The answer: per tier × route class, and the `keys` keys whose refusals change most.
     /// Of a sample, the counts are the estimates for every key, each limit's with its bound.
     pub fn finish(self, range: Range, keys: usize) -> WhatIf {
+        let rate = self.rate();
         let mut tallies: BTreeMap<(u8, u8), (Counts, Counts)> = self.limits.into_iter().collect();
         // Per limit, the sums of the squares of each key's requests, recorded refusals,
         // refusals under the candidate, and of the keys (1 each) and keys refused: what
@@ -391,7 +392,6 @@ impl Replay {
                 *sum += y * y;
             }
         }
-        let rate = self.threshold as f64 / ALL_KEYS as f64;
         let sample = (self.threshold < ALL_KEYS).then(|| WhatIfSample {
             rate,
             keys_in_range: self.keys_in_range,
@@ -420,8 +420,9 @@ impl Replay {
                 (unseen * most as f64).ceil() as u64
             }
         };
+        // A count of the sample's as an estimate of every key's (itself without a sample).
+        let up = |v: u64| (v as f64 / rate).round() as u64;
         let scale = |c: &Counts| -> Counts {
-            let up = |v: u64| (v as f64 / rate).round() as u64;
             Counts {
                 requests: up(c.requests),
                 refused: up(c.refused),
@@ -507,8 +508,8 @@ impl Replay {
                     .map(|r| r.name.clone()),
                 share: f64::from(self.policy.region_static_ppm(RegionId(region)))
                     / f64::from(verdict_limiter::algo::PPM),
-                requests: (requests as f64 / rate).round() as u64,
-                refused: (refused as f64 / rate).round() as u64,
+                requests: up(requests),
+                refused: up(refused),
             })
             .collect();
         WhatIf {
