@@ -150,6 +150,8 @@ impl Engine {
         base.register_udaf(crate::overflow::checked_sum());
         // The limit review's percentiles over its keys (see `crate::ranks`).
         crate::ranks::register(&base);
+        // `COUNT(DISTINCT x)` in one level of aggregation (see `crate::distinct`).
+        base.register_udaf(crate::distinct::count_distinct());
         // Sums of `CASE WHEN p THEN 1 ELSE 0 END` counted with a filter instead (see
         // `crate::indicator`), and group keys packed into one integer (see `crate::pack`):
         // the reports' aggregations hash and compare one column rather than three or four.

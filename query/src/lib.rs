@@ -6,6 +6,7 @@ pub mod answers;
 pub mod bounded_fns;
 pub mod budget;
 pub mod connections;
+pub mod distinct;
 pub mod engine;
 pub mod error;
 pub mod format;

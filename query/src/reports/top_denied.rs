@@ -22,6 +22,12 @@ fn sql(a: &Args<'_>, now: DateTime<Utc>) -> Result<String, QueryError> {
     let range = a.range(now, 7)?.sql("hour", false);
     let filters = a.filters("")?;
     let limit = a.integer("limit")?.unwrap_or(20);
+    // The hours counted in the sums' one level of aggregation (see `crate::distinct`).
+    let hours = if a.portable {
+        "COUNT(DISTINCT hour)"
+    } else {
+        "verdict_count_distinct(hour)"
+    };
     if !(1..=100_000).contains(&limit) {
         return Err(QueryError::Invalid(format!(
             "parameter limit: {limit} is out of range (1 to 100000)"
@@ -31,7 +37,7 @@ fn sql(a: &Args<'_>, now: DateTime<Utc>) -> Result<String, QueryError> {
         "WITH k AS (
   SELECT key_id, tier, route_class, SUM(denied) AS denied, SUM(would_deny) AS would_deny,
     SUM(denied_by_bucket) AS by_bucket, SUM(denied_by_window) AS by_window,
-    SUM(allowed) AS allowed, COUNT(DISTINCT hour) AS hours,
+    SUM(allowed) AS allowed, {hours} AS hours,
     MIN(first_denial) AS first_denial, MAX(last_denial) AS last_denial
   FROM denied_hourly
   WHERE {range}{filters}
