@@ -9,19 +9,21 @@
 //!
 //! The rows and their order stay the same (the hours' files in hour order, each as the
 //! rollup sorted it), so the `hour` column's statistics still rule out most of a day's
-//! pages. A rollup asked afterwards to replace one hour of a compacted day is refused
+//! pages. The inputs are streamed into the output a batch at a time, so the merge holds
+//! one input's bytes and the output's, not the day's rows. A rollup asked afterwards to replace one hour of a compacted day is refused
 //! (`LakeError::Compacted`): the day file holds that hour's rows too.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arrow::compute::concat_batches;
+use arrow::array::RecordBatch;
 use bytes::Bytes;
 use chrono::NaiveDate;
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use verdict_lake::files::encode_rollup_parquet;
+use verdict_lake::files::RollupEncoder;
+use verdict_lake::stats::FileStats;
 use verdict_lake::tables::{DEMAND_HOURLY, DENIED_HOURLY, date_partition, uuid};
 use verdict_lake::{Add, Snapshot, Table, TableDef};
 
@@ -78,20 +80,25 @@ async fn compact_day(
     let inputs: Vec<Add> = snapshot.files_under(&dir).cloned().collect();
     let store = table.store();
     let root = Path::from(def.root);
-    let mut batches = Vec::new();
+    // The inputs streamed into the output a batch at a time: one input's bytes and the
+    // output's encoded bytes held, never the day's rows (millions at the design's scale).
+    let schema = (def.schema)();
+    let mut encoder = RollupEncoder::new(&schema)?;
+    let partitions = def.partition_names();
+    let mut stats = FileStats::new(&partitions);
     for add in &inputs {
         let location = Path::from(format!("{root}/{}", add.path));
         let body: Bytes = store.get(&location).await?.bytes().await?;
         for b in ParquetRecordBatchReaderBuilder::try_new(body)?.build()? {
-            batches.push(b?);
+            let b = RecordBatch::try_new(Arc::clone(&schema), b?.columns().to_vec())?;
+            encoder.write(&b)?;
+            stats.add(&b);
         }
     }
-    let merged = concat_batches(&(def.schema)(), &batches)?;
-    drop(batches);
+    let rows = stats.rows();
     let relative = format!("{dir}{}-day-{}.parquet", def.name, uuid());
-    let body = encode_rollup_parquet(&merged)?;
-    let stats =
-        verdict_lake::stats::file_stats(std::slice::from_ref(&merged), &def.partition_names());
+    let body = encoder.finish()?;
+    let stats = stats.finish();
     let files: Vec<&Add> = inputs.iter().collect();
     let (output, bytes_out, version) = put_in_place_of(
         table,
@@ -109,7 +116,7 @@ async fn compact_day(
         },
         output,
         inputs: inputs.len(),
-        rows: merged.num_rows(),
+        rows,
         bytes_in: inputs
             .iter()
             .map(|a| u64::try_from(a.size).unwrap_or(0))

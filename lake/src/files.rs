@@ -84,12 +84,38 @@ pub fn rollup_writer_properties() -> WriterProperties {
 /// One Parquet file of a rollup table holding `batch`, written with
 /// [`rollup_writer_properties`].
 pub fn encode_rollup_parquet(batch: &RecordBatch) -> Result<Bytes, EncodeError> {
-    encode(
-        &batch.schema(),
-        std::slice::from_ref(batch),
-        rollup_writer_properties(),
-    )
-    .map(Bytes::from)
+    let mut encoder = RollupEncoder::new(&batch.schema())?;
+    encoder.write(batch)?;
+    encoder.finish()
+}
+
+/// A rollup table's Parquet file written a batch at a time, in memory, with
+/// [`rollup_writer_properties`]: the file [`encode_rollup_parquet`] writes from the same
+/// rows, without holding them all (a compaction streams its inputs' batches into it).
+pub struct RollupEncoder {
+    writer: ArrowWriter<Vec<u8>>,
+}
+
+impl RollupEncoder {
+    /// An encoder of rows of `schema`.
+    pub fn new(schema: &SchemaRef) -> Result<Self, EncodeError> {
+        let writer = ArrowWriter::try_new(
+            Vec::new(),
+            Arc::clone(schema),
+            Some(rollup_writer_properties()),
+        )?;
+        Ok(Self { writer })
+    }
+
+    /// Encodes `batch`'s rows after those written before.
+    pub fn write(&mut self, batch: &RecordBatch) -> Result<(), EncodeError> {
+        Ok(self.writer.write(batch)?)
+    }
+
+    /// The file.
+    pub fn finish(self) -> Result<Bytes, EncodeError> {
+        Ok(Bytes::from(self.writer.into_inner()?))
+    }
 }
 
 /// The writer settings of the query service's stored parts of its reports' first levels

@@ -17,46 +17,103 @@ use serde_json::{Map, Value, json};
 /// in `skip` (partition columns, which the `add` carries as values) and columns without an
 /// order Delta defines for statistics (binary, boolean, nested) get a null count only.
 pub fn file_stats(batches: &[RecordBatch], skip: &[&str]) -> String {
-    let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-    let mut mins = Map::new();
-    let mut maxs = Map::new();
-    let mut nulls = Map::new();
-    if let Some(first) = batches.first() {
-        for (i, field) in first.schema().fields().iter().enumerate() {
-            if skip.contains(&field.name().as_str()) {
-                continue;
-            }
-            let mut lo: Option<Value> = None;
-            let mut hi: Option<Value> = None;
-            let mut null_count = 0usize;
-            for b in batches {
-                let col = b.column(i);
-                null_count += col.null_count();
-                if let Some((l, h)) = min_max(col.as_ref()) {
-                    lo = Some(match lo {
-                        Some(v) if !less(&l, &v) => v,
-                        _ => l,
-                    });
-                    hi = Some(match hi {
-                        Some(v) if !less(&v, &h) => v,
-                        _ => h,
-                    });
-                }
-            }
-            if let (Some(l), Some(h)) = (lo, hi) {
-                mins.insert(field.name().clone(), l);
-                maxs.insert(field.name().clone(), h);
-            }
-            nulls.insert(field.name().clone(), json!(null_count));
+    let mut stats = FileStats::new(skip);
+    for b in batches {
+        stats.add(b);
+    }
+    stats.finish()
+}
+
+/// [`file_stats`] folded a batch at a time, for a file written as its batches are read
+/// (a compaction that streams its inputs into the output): the same JSON text.
+#[derive(Debug)]
+pub struct FileStats {
+    skip: Vec<String>,
+    rows: usize,
+    /// Per column of the first batch's schema, in order: its name, whether it is skipped,
+    /// its smallest and largest value so far and its nulls.
+    columns: Vec<ColumnStats>,
+}
+
+#[derive(Debug)]
+struct ColumnStats {
+    name: String,
+    skipped: bool,
+    lo: Option<Value>,
+    hi: Option<Value>,
+    nulls: usize,
+}
+
+impl FileStats {
+    /// Statistics of no rows yet; the columns in `skip` are left out.
+    pub fn new(skip: &[&str]) -> Self {
+        Self {
+            skip: skip.iter().map(|s| (*s).to_owned()).collect(),
+            rows: 0,
+            columns: Vec::new(),
         }
     }
-    json!({
-        "numRecords": rows,
-        "minValues": mins,
-        "maxValues": maxs,
-        "nullCount": nulls,
-    })
-    .to_string()
+
+    /// Adds `batch`'s rows (the schema of the first batch added).
+    pub fn add(&mut self, batch: &RecordBatch) {
+        if self.columns.is_empty() {
+            self.columns = batch
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| ColumnStats {
+                    name: f.name().clone(),
+                    skipped: self.skip.iter().any(|s| s == f.name()),
+                    lo: None,
+                    hi: None,
+                    nulls: 0,
+                })
+                .collect();
+        }
+        self.rows += batch.num_rows();
+        for (c, col) in self.columns.iter_mut().zip(batch.columns()) {
+            if c.skipped {
+                continue;
+            }
+            c.nulls += col.null_count();
+            if let Some((l, h)) = min_max(col.as_ref()) {
+                c.lo = Some(match c.lo.take() {
+                    Some(v) if !less(&l, &v) => v,
+                    _ => l,
+                });
+                c.hi = Some(match c.hi.take() {
+                    Some(v) if !less(&v, &h) => v,
+                    _ => h,
+                });
+            }
+        }
+    }
+
+    /// The rows added so far.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The `stats` JSON text.
+    pub fn finish(self) -> String {
+        let mut mins = Map::new();
+        let mut maxs = Map::new();
+        let mut nulls = Map::new();
+        for c in self.columns.into_iter().filter(|c| !c.skipped) {
+            if let (Some(l), Some(h)) = (c.lo, c.hi) {
+                mins.insert(c.name.clone(), l);
+                maxs.insert(c.name.clone(), h);
+            }
+            nulls.insert(c.name, json!(c.nulls));
+        }
+        json!({
+            "numRecords": self.rows,
+            "minValues": mins,
+            "maxValues": maxs,
+            "nullCount": nulls,
+        })
+        .to_string()
+    }
 }
 
 /// Compares two values of one column's statistics: numbers as numbers, text (ISO dates
@@ -188,7 +245,12 @@ mod tests {
             vec![24],
             vec!["z"],
         );
-        let stats: Value = serde_json::from_str(&file_stats(&[a, b], &["d"])).unwrap();
+        // Folded a batch at a time, as a compaction streams its inputs: the text of the
+        // rows in one batch.
+        let whole = arrow::compute::concat_batches(&a.schema(), [&a, &b]).unwrap();
+        let folded = file_stats(&[a, b], &["d"]);
+        assert_eq!(folded, file_stats(&[whole], &["d"]));
+        let stats: Value = serde_json::from_str(&folded).unwrap();
         assert_eq!(stats["numRecords"], 3);
         assert_eq!(stats["minValues"]["t"], "2026-11-30T13:59:59.999Z");
         assert_eq!(stats["maxValues"]["t"], "2026-11-30T14:00:00.999Z");
