@@ -60,6 +60,12 @@ pub struct QueryBenchArgs {
     /// (`VERDICT_COUNT_MEMORY=off`), run in turns with ours.
     #[arg(long)]
     pub no_uncounted: bool,
+    /// Skip the last step, `verdict what-if --recommended` (the review, each judged limit's
+    /// recommendation proved by the replay, and the whole recommendation replayed): its
+    /// proof holds every recorded request of each limit it proves and takes many minutes,
+    /// and gigabytes, at the largest sizes.
+    #[arg(long)]
+    pub no_recommended: bool,
     #[command(flatten)]
     pub compare: super::shared::DuckDbArgs,
 }
@@ -701,6 +707,9 @@ async fn replay(
             "replay_decisions_per_s_per_core": requests.len() as f64 / core,
         })
     );
+    if args.no_recommended {
+        return Ok(());
+    }
     recommended(engine, range, end_to_end, args.runs).await
 }
 

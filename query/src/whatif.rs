@@ -742,15 +742,14 @@ async fn recorded_hour_of(
     range: Range,
     keys: &str,
 ) -> Result<Vec<Recorded>, QueryError> {
-    let next = hour + Duration::hours(1);
+    let within = Range {
+        from: range.from.max(hour),
+        to: range.to.min(hour + Duration::hours(1)),
+    };
     let sql = format!(
-        "SELECT {HOUR_COLUMNS} FROM decisions WHERE date = DATE '{}' AND hour = {} \
-         AND source IN (0, 1) AND event_time >= TIMESTAMP '{}' AND event_time < TIMESTAMP '{}' \
-         AND {keys}",
-        hour.format("%Y-%m-%d"),
+        "SELECT {HOUR_COLUMNS} FROM decisions WHERE hour = {} AND {} AND {keys}",
         hour.hour(),
-        range.from.max(hour).format("%Y-%m-%d %H:%M:%S%.3f"),
-        range.to.min(next).format("%Y-%m-%d %H:%M:%S%.3f"),
+        replayed_in(within),
     );
     let batches = engine.collect(&sql, &RunOptions::default()).await?.batches;
     let mut requests = Vec::new();
@@ -759,6 +758,14 @@ async fn recorded_hour_of(
     }
     requests.sort_unstable();
     Ok(requests)
+}
+
+/// The condition on `decisions` of the requests a replay reads in `range`: those the
+/// limits decided (`source` 0 or 1: the counter store or the local fallback, not the kill
+/// switch or mode off) in its time, on the partitions alone where it falls on whole hours
+/// (the raw table is partitioned by the events' hour).
+fn replayed_in(range: Range) -> String {
+    format!("{} AND source IN (0, 1)", range.sql("event_time", true))
 }
 
 /// The first hour of `range` (its start, on the hour).
@@ -864,13 +871,8 @@ pub async fn what_if_measured(
 /// (`approx_distinct` of their hashes, as the review counts a limit's keys).
 async fn keys_in_range(engine: &Engine, range: Range) -> Result<u64, QueryError> {
     let sql = format!(
-        "SELECT approx_distinct(verdict_key_hash(key_id)) AS keys FROM decisions \
-         WHERE date >= DATE '{}' AND date <= DATE '{}' AND source IN (0, 1) \
-         AND event_time >= TIMESTAMP '{}' AND event_time < TIMESTAMP '{}'",
-        range.from.format("%Y-%m-%d"),
-        range.to.format("%Y-%m-%d"),
-        range.from.format("%Y-%m-%d %H:%M:%S%.3f"),
-        range.to.format("%Y-%m-%d %H:%M:%S%.3f"),
+        "SELECT approx_distinct(verdict_key_hash(key_id)) AS keys FROM decisions WHERE {}",
+        replayed_in(range)
     );
     let batches = engine.collect(&sql, &RunOptions::default()).await?.batches;
     let keys = batches
