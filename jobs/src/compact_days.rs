@@ -10,8 +10,9 @@
 //! The rows and their order stay the same (the hours' files in hour order, each as the
 //! rollup sorted it), so the `hour` column's statistics still rule out most of a day's
 //! pages. The inputs are streamed into the output a batch at a time, so the merge holds
-//! one input's bytes and the output's, not the day's rows. A rollup asked afterwards to replace one hour of a compacted day is refused
-//! (`LakeError::Compacted`): the day file holds that hour's rows too.
+//! one input's bytes and the output's, not the day's rows. A rollup asked afterwards to
+//! replace one hour of a compacted day is refused (`LakeError::Compacted`): the day file
+//! holds that hour's rows too.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

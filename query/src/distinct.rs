@@ -80,8 +80,12 @@ impl AggregateUDFImpl for CountDistinct {
     }
 }
 
+fn list_field() -> FieldRef {
+    Arc::new(Field::new_list_field(DataType::Int64, true))
+}
+
 fn list_type() -> DataType {
-    DataType::List(Arc::new(Field::new_list_field(DataType::Int64, true)))
+    DataType::List(list_field())
 }
 
 /// The values of `array` as 64-bit integers (a timestamp's are its ticks).
@@ -122,24 +126,39 @@ fn push(values: &mut Vec<i64>, x: i64) -> bool {
     true
 }
 
-fn settle(values: &mut Vec<i64>) {
-    values.sort_unstable();
-    values.dedup();
-}
-
 /// Each group's values as one list each.
 fn lists(groups: Vec<Vec<i64>>) -> ListArray {
     let mut offsets = Vec::with_capacity(groups.len() + 1);
     offsets.push(0i32);
     let mut flat = Vec::with_capacity(groups.iter().map(Vec::len).sum());
-    for mut values in groups {
-        settle(&mut values);
+    for values in groups {
         flat.extend_from_slice(&values);
         offsets.push(i32::try_from(flat.len()).unwrap_or(i32::MAX));
     }
+    settled(&offsets, flat)
+}
+
+/// The lists of `flat`'s slices between consecutive `offsets`, each sorted and its
+/// duplicates dropped (the values moved down over them, in place).
+fn settled(offsets: &[i32], mut flat: Vec<i64>) -> ListArray {
+    let mut kept = 0usize;
+    let mut bounds = Vec::with_capacity(offsets.len());
+    bounds.push(0i32);
+    for w in offsets.windows(2) {
+        let (from, to) = (w[0] as usize, w[1] as usize);
+        flat[from..to].sort_unstable();
+        for i in from..to {
+            if i == from || flat[i] != flat[i - 1] {
+                flat[kept] = flat[i];
+                kept += 1;
+            }
+        }
+        bounds.push(kept as i32);
+    }
+    flat.truncate(kept);
     ListArray::new(
-        Arc::new(Field::new_list_field(DataType::Int64, true)),
-        OffsetBuffer::new(ScalarBuffer::from(offsets)),
+        list_field(),
+        OffsetBuffer::new(ScalarBuffer::from(bounds)),
         Arc::new(Int64Array::from(flat)),
         None,
     )
@@ -175,7 +194,8 @@ impl Accumulator for Distinct {
     }
 
     fn evaluate(&mut self) -> Result<ScalarValue> {
-        settle(&mut self.values);
+        self.values.sort_unstable();
+        self.values.dedup();
         Ok(ScalarValue::Int64(Some(self.values.len() as i64)))
     }
 
@@ -244,31 +264,7 @@ impl DistinctGroups {
         }
         self.pairs = rest;
         self.last.drain(..n);
-        // Each group's values sorted and deduplicated, moved down over the duplicates.
-        let mut kept = 0usize;
-        let mut settled = Vec::with_capacity(n + 1);
-        settled.push(0i32);
-        for g in 0..n {
-            let (from, to) = (offsets[g] as usize, offsets[g + 1] as usize);
-            flat[from..to].sort_unstable();
-            let mut previous = None;
-            for i in from..to {
-                let x = flat[i];
-                if previous != Some(x) {
-                    previous = Some(x);
-                    flat[kept] = x;
-                    kept += 1;
-                }
-            }
-            settled.push(kept as i32);
-        }
-        flat.truncate(kept);
-        ListArray::new(
-            Arc::new(Field::new_list_field(DataType::Int64, true)),
-            OffsetBuffer::new(ScalarBuffer::from(settled)),
-            Arc::new(Int64Array::from(flat)),
-            None,
-        )
+        settled(&offsets, flat)
     }
 }
 
@@ -333,9 +329,12 @@ impl GroupsAccumulator for DistinctGroups {
         values: &[ArrayRef],
         opt_filter: Option<&BooleanArray>,
     ) -> Result<Vec<ArrayRef>> {
-        let mut rows = Vec::with_capacity(values[0].len());
-        each_row(values, opt_filter, |_, x| rows.push(Vec::from_iter(x)))?;
-        Ok(vec![Arc::new(lists(rows))])
+        let (mut offsets, mut flat) = (vec![0i32], Vec::with_capacity(values[0].len()));
+        each_row(values, opt_filter, |_, x| {
+            flat.extend(x);
+            offsets.push(flat.len() as i32);
+        })?;
+        Ok(vec![Arc::new(settled(&offsets, flat))])
     }
 
     fn size(&self) -> usize {
