@@ -753,6 +753,11 @@ async fn recommended(
             "query": "what-if --recommended",
             "limits_judged": answer.proven.iter().filter(|p| p.replays > 0).count(),
             "replays_in_search": answer.proven.iter().map(|p| p.replays).sum::<u32>(),
+            // Each judged limit's proof replays a sample of its keys past
+            // `prove::SAMPLE_KEYS`: how many it replayed, and the smallest share.
+            "proof_keys_replayed": answer.proven.iter().filter_map(|p| p.in_force).map(|r| r.keys).sum::<u64>(),
+            "proof_requests_replayed": answer.proven.iter().filter_map(|p| p.in_force).map(|r| r.requests).sum::<u64>(),
+            "proof_smallest_sample_rate": answer.proven.iter().filter(|p| p.replays > 0).map(|p| p.sample_rate).fold(1.0, f64::min),
             "seconds_p50": total,
             "review_seconds_p50": review,
             "one_what_if_seconds": end_to_end,

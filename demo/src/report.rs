@@ -209,8 +209,15 @@ pub(crate) async fn ask(
     )?;
     let review = verdict_query::recommendation::read(&batches)?;
     let targets = verdict_query::prove::Targets::from_params(&range)?;
-    let replayed =
-        verdict_query::recommend::replay_review(engine, review, replay_range, targets, 0).await?;
+    let replayed = verdict_query::recommend::replay_review(
+        engine,
+        review,
+        replay_range,
+        targets,
+        0,
+        verdict_query::prove::SAMPLE_KEYS,
+    )
+    .await?;
     // The quota shown is the one the replay proved (the review's rows and the proven ones
     // are in the same order).
     for (row, proven) in report.wrong_limits.iter_mut().zip(&replayed.review) {

@@ -349,15 +349,6 @@ impl QueryMemory {
         Self { tag: 0, limit }
     }
 
-    /// A count that counts nothing and is never past a limit: for work that is not yet
-    /// bounded by design and would be refused by any limit (see `crate::recommend`).
-    pub fn uncounted() -> Self {
-        Self {
-            tag: 0,
-            limit: usize::MAX,
-        }
-    }
-
     /// Sets the budget of all queries together.
     pub fn set_service_limit(bytes: usize) {
         SERVICE_LIMIT.store(i64::try_from(bytes).unwrap_or(i64::MAX), Ordering::Relaxed);

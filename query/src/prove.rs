@@ -19,7 +19,10 @@
 //!
 //! The replay models what the limiter enforces: each region its static share of the
 //! candidate's limits, a hot key's sub-keys, shadow mode (would-deny counts as refused).
-//! Each limit's requests are read from the raw table once and replayed in memory.
+//! Each limit's requests are read from the raw table once and replayed in memory: every
+//! key's up to [`SAMPLE_KEYS`] keys of the limit, past it a sample of them chosen by key
+//! (each sampled key replayed whole), so that what the proof holds grows with the sample,
+//! not with the keys; it counts against a query's memory limit.
 
 use std::collections::BTreeMap;
 
@@ -30,7 +33,9 @@ use verdict_schemas::{KeyId, RouteClassId, TierId};
 
 use crate::engine::Engine;
 use crate::error::QueryError;
+use crate::memory::QueryMemory;
 use crate::range::Range;
+use crate::ranks::key_hash;
 use crate::recommendation::{Recommendation, apply};
 use crate::shares::ShareModel;
 use crate::whatif::{self, Counts, Recorded, Replay};
@@ -40,6 +45,21 @@ use crate::whatif::{self, Counts, Recorded, Replay};
 pub const REQUESTS_TOLERANCE: f64 = 0.001;
 /// How much more of the keys it may refuse at least once: 1 percentage point.
 pub const KEYS_TOLERANCE: f64 = 0.01;
+/// Keys of a limit the proof replays whole, by default: past it, a sample of about this
+/// many (see [`prove`]). A share of keys from 8,192 of them is within 1.1 percentage points
+/// of every key's (two standard errors at a share of a half; 0.66 at the review's 10 %).
+pub const SAMPLE_KEYS: u64 = 8_192;
+/// The share of a query's memory limit the proofs' recorded requests may take together, by
+/// the review's counts (a vector may hold twice what it has while growing, and the replays
+/// need theirs): past it, every limit's sample is made smaller in proportion (see
+/// [`prove`]). A quarter of 1 GiB is 8.4 M requests of 32 bytes.
+pub const REQUESTS_SHARE: f64 = 0.25;
+
+/// The recorded requests the proofs may hold together under a query memory limit of
+/// `memory_bytes` (see [`REQUESTS_SHARE`]).
+pub fn max_requests(memory_bytes: usize) -> u64 {
+    (memory_bytes as f64 * REQUESTS_SHARE / std::mem::size_of::<Recorded>() as f64) as u64
+}
 /// How far up a too-low limit's search goes: 1,000 times the limit in force.
 const MAX_RAISE: f64 = 1_000.0;
 
@@ -152,6 +172,9 @@ pub struct Proven {
     pub recommended: Option<Refused>,
     /// Candidates replayed to find it.
     pub replays: u32,
+    /// The share of the limit's keys replayed (1: every key; below 1, a sample of them
+    /// chosen by key, and the refused shares above are the sample's).
+    pub sample_rate: f64,
 }
 
 impl Proven {
@@ -170,6 +193,7 @@ impl Proven {
             in_force: None,
             recommended: None,
             replays: 0,
+            sample_rate: 1.0,
         }
     }
 
@@ -432,6 +456,7 @@ fn prove_row(
         in_force: Some(in_force),
         recommended: Some(recommended),
         replays: t.replays,
+        sample_rate: 1.0,
     })
 }
 
@@ -450,6 +475,16 @@ fn row_key(r: &Recommendation) -> Result<RowKey, QueryError> {
 /// Proves every row of `review` (the review's rows over `range`) under the policy in force
 /// `in_force`: the rows it judges too low or too high get proven recommendations; the
 /// others keep their limits, with what the limit in force refused beside them.
+///
+/// Each judged limit's requests are read from the raw table in one pass over the range and
+/// held for its replays: every key's, up to `sample_keys` keys of the limit (as the review
+/// counted them), and past it a sample of about `sample_keys` of them, chosen by key
+/// (`verdict_key_hash(key_id)` below `sample_keys / keys × 2³²`, as the review's and the
+/// what-if's samples are), each of which is replayed whole; where the samples' requests
+/// would pass [`max_requests`] of the query's memory limit by the review's counts, every
+/// limit's sample is made smaller by the same factor. An override's one key is always
+/// replayed. What the requests and the replays hold counts against a query's memory limit,
+/// as a query's operators do (see [`crate::memory`]): past it the proof is refused.
 pub async fn prove(
     engine: &Engine,
     in_force: &PolicySnapshot,
@@ -457,39 +492,151 @@ pub async fn prove(
     range: Range,
     model: &ShareModel,
     targets: Targets,
+    sample_keys: u64,
 ) -> Result<Vec<Proven>, QueryError> {
-    // Only the judged rows' requests are kept: the others are not replayed.
-    let mut traces: BTreeMap<RowKey, Vec<Recorded>> = BTreeMap::new();
-    for r in review.iter().filter(|r| Proven::judged(r)) {
-        traces.insert(row_key(r)?, Vec::new());
-    }
-    // One pass over the range: each request to its row's trace (an overridden key's to
-    // its override's row), the hours in order, each hour sorted as the replay needs.
-    for hour in whatif::recorded_hours(engine, range).await? {
-        for r in whatif::recorded_hour(engine, hour, range).await? {
-            let overridden = matches!(
-                in_force.resolve(&r.key_id, RouteClassId(r.route_class), TierId(r.tier)),
-                LimitLookup::Check {
-                    overridden: true,
-                    ..
+    let memory = QueryMemory::claim(engine.limits().memory_bytes);
+    let proven = memory
+        .enter(async {
+            let traces = traces(engine, in_force, review, range, sample_keys, &memory).await?;
+            let mut proven = Vec::with_capacity(review.len());
+            for row in review {
+                if !Proven::judged(row) {
+                    proven.push(Proven::kept(row));
+                    continue;
                 }
-            );
-            let key = (r.tier, r.route_class, overridden.then_some(r.key_id));
-            if let Some(trace) = traces.get_mut(&key) {
-                trace.push(r);
+                let (below, trace) = traces
+                    .get(&row_key(row)?)
+                    .map_or((whatif::ALL_KEYS, &[][..]), |(b, t)| (*b, t.as_slice()));
+                let mut p = prove_row(in_force.document(), row, trace, model, targets)?;
+                p.sample_rate = below as f64 / whatif::ALL_KEYS as f64;
+                proven.push(p);
+                whatif::within(engine, &memory)?;
             }
+            Ok(proven)
+        })
+        .await;
+    tracing::debug!(
+        peak_mib = memory.peak() >> 20,
+        "proof: its requests and replays' memory at its largest"
+    );
+    proven
+}
+
+/// The keys of each of `judged` (rows of the review) its proof replays: those whose
+/// `verdict_key_hash` is below this ([`whatif::ALL_KEYS`]: every key). A limit's sample is
+/// `sample_keys` of its keys; where the samples would hold more than `max_requests`
+/// requests by the review's counts, every limit's is made smaller by the same factor. An
+/// override's one key is always replayed.
+fn thresholds(judged: &[&Recommendation], sample_keys: u64, max_requests: u64) -> Vec<i64> {
+    let count = |v: i64| u64::try_from(v).unwrap_or(0) as f64;
+    let rates: Vec<f64> = judged
+        .iter()
+        .map(|r| {
+            if r.override_key.is_some() {
+                1.0
+            } else {
+                (sample_keys as f64 / count(r.keys).max(1.0)).min(1.0)
+            }
+        })
+        .collect();
+    let (mut held, mut overrides) = (0.0, 0.0);
+    for (r, rate) in judged.iter().zip(&rates) {
+        if r.override_key.is_some() {
+            overrides += count(r.requests);
+        } else {
+            held += rate * count(r.requests);
         }
     }
-    review
+    let most = max_requests as f64;
+    let room = (most - overrides).max(most / 4.0);
+    let scale = if held > room { room / held } else { 1.0 };
+    judged
         .iter()
-        .map(|row| {
-            if !Proven::judged(row) {
-                return Ok(Proven::kept(row));
+        .zip(rates)
+        .map(|(r, rate)| {
+            let rate = if r.override_key.is_some() {
+                1.0
+            } else {
+                rate * scale
+            };
+            if rate >= 1.0 {
+                whatif::ALL_KEYS
+            } else {
+                ((rate * whatif::ALL_KEYS as f64) as i64).clamp(1, whatif::ALL_KEYS)
             }
-            let trace = traces.get(&row_key(row)?).map_or(&[][..], Vec::as_slice);
-            prove_row(in_force.document(), row, trace, model, targets)
         })
         .collect()
+}
+
+/// The judged rows' requests over `range`, each row's with the hash its keys are below (see
+/// [`thresholds`]), read in one pass, checking `memory` after each hour.
+async fn traces(
+    engine: &Engine,
+    in_force: &PolicySnapshot,
+    review: &[Recommendation],
+    range: Range,
+    sample_keys: u64,
+    memory: &QueryMemory,
+) -> Result<BTreeMap<RowKey, (i64, Vec<Recorded>)>, QueryError> {
+    // Only the judged rows' requests are read and kept: the others are not replayed. Each
+    // row's requests are its limit's (an override's: its key's) of the keys it replays.
+    let mut traces: BTreeMap<RowKey, (i64, Vec<Recorded>)> = BTreeMap::new();
+    let mut read = Vec::new();
+    let judged: Vec<&Recommendation> = review.iter().filter(|r| Proven::judged(r)).collect();
+    let most = max_requests(engine.limits().memory_bytes);
+    for (r, below) in judged.iter().zip(thresholds(&judged, sample_keys, most)) {
+        tracing::debug!(
+            tier = r.tier_id,
+            route_class = r.route_class_id,
+            override_key = r.override_key.as_deref().unwrap_or("-"),
+            keys = r.keys,
+            requests = r.requests,
+            rate = below as f64 / whatif::ALL_KEYS as f64,
+            "proof: the keys of a judged limit it replays"
+        );
+        traces.insert(row_key(r)?, (below, Vec::new()));
+        let mut condition = format!(
+            "tier = {} AND route_class = {}",
+            r.tier_id, r.route_class_id
+        );
+        if let Some(key) = &r.override_key {
+            condition += &format!(" AND key_id = X'{key}'");
+        }
+        if below < whatif::ALL_KEYS {
+            condition += &format!(" AND verdict_key_hash(key_id) < {below}");
+        }
+        read.push(format!("({condition})"));
+    }
+    if !traces.is_empty() {
+        let read = read.join(" OR ");
+        // One pass over the range: each request to its row's trace (an overridden key's to
+        // its override's row), the hours in order, each hour sorted as the replay needs.
+        for hour in whatif::recorded_hours(engine, range).await? {
+            for r in whatif::recorded_hour_of(engine, hour, range, &read).await? {
+                let overridden = matches!(
+                    in_force.resolve(&r.key_id, RouteClassId(r.route_class), TierId(r.tier)),
+                    LimitLookup::Check {
+                        overridden: true,
+                        ..
+                    }
+                );
+                let key = (r.tier, r.route_class, overridden.then_some(r.key_id));
+                if let Some((below, trace)) = traces.get_mut(&key)
+                    && key_hash(&r.key_id.0) < *below
+                {
+                    trace.push(r);
+                }
+            }
+            tracing::trace!(
+                hour = %hour,
+                held = traces.values().map(|(_, t)| t.len()).sum::<usize>(),
+                used_mib = memory.used() >> 20,
+                "proof: an hour's requests read"
+            );
+            whatif::within(engine, memory)?;
+        }
+    }
+    Ok(traces)
 }
 
 #[cfg(test)]
@@ -536,6 +683,8 @@ mod tests {
             recommended_refill_per_s: l.refill_per_s,
             refused_by_bucket: 0,
             refused_by_window: by_window,
+            keys: 20,
+            requests: 3_000,
         }
     }
 
@@ -658,5 +807,41 @@ mod tests {
         assert!(asked.len() <= 8, "{asked:?}");
         assert_eq!(first_meeting(&c, |_| Ok(false)).unwrap(), None);
         assert_eq!(first_meeting::<u32>(&[], |_| Ok(true)).unwrap(), None);
+    }
+
+    /// The keys a limit's proof replays: every key up to the sample; past it about the
+    /// sample; past the requests the proofs may hold, every limit's share made smaller by
+    /// one factor; an override's key always.
+    #[test]
+    fn the_proofs_samples_follow_the_keys_and_the_requests_they_hold() {
+        let doc = verdict_limiter::policy::parse_toml(POLICY).unwrap();
+        let limit = |keys: i64, requests: i64| Recommendation {
+            keys,
+            requests,
+            ..row(&doc, "too low", 1)
+        };
+        let rate = |t: i64| t as f64 / whatif::ALL_KEYS as f64;
+        let (small, large) = (limit(100, 50_000), limit(100_000, 2_000_000));
+        let t = thresholds(&[&small, &large], 8_192, 4_000_000);
+        assert_eq!(t[0], whatif::ALL_KEYS);
+        assert!((rate(t[1]) - 0.08192).abs() < 1e-9, "{}", rate(t[1]));
+        // 100 keys sending 50 M and 100,000 sending 2 billion: 50 M + 164 M requests held
+        // at these rates; an override's key holds 3 M of the 4 M, so both rates are the
+        // 1 M left / 213.84 M of theirs.
+        let (busy, huge) = (limit(100, 50_000_000), limit(100_000, 2_000_000_000));
+        let mut key = limit(1, 3_000_000);
+        key.override_key = Some("00112233445566778899aabbccddeeff".into());
+        let t = thresholds(&[&busy, &huge, &key], 8_192, 4_000_000);
+        let scale = 1_000_000.0 / (50_000_000.0 + 0.08192 * 2_000_000_000.0);
+        assert!((rate(t[0]) - scale).abs() < 1e-6, "{}", rate(t[0]));
+        assert!(
+            (rate(t[1]) - 0.08192 * scale).abs() < 1e-6,
+            "{}",
+            rate(t[1])
+        );
+        assert_eq!(t[2], whatif::ALL_KEYS, "an override's key is replayed");
+        // A quarter of 1 GiB holds 8.4 M requests of 32 bytes.
+        assert_eq!(std::mem::size_of::<Recorded>(), 32);
+        assert_eq!(max_requests(1 << 30), 8_388_608);
     }
 }

@@ -127,23 +127,48 @@ pub async fn replay(
     let mut params = params.clone();
     params.insert("from".into(), range.from.to_rfc3339());
     params.insert("to".into(), range.to.to_rfc3339());
+    let sample_keys = proof_sample_keys(params.remove(PROOF_SAMPLE_KEYS).as_deref())?;
     let targets = Targets::from_params(&params)?;
     let sql = engine
         .report_sql("wrong-limits", &params, Form::Served)
         .await?;
     let batches = engine.collect(&sql, &RunOptions::default()).await?.batches;
-    replay_review(engine, read(&batches)?, range, targets, keys).await
+    replay_review(engine, read(&batches)?, range, targets, keys, sample_keys).await
+}
+
+/// The parameter that sets the keys of a limit its proof replays whole (past it, a
+/// sample): [`prove::SAMPLE_KEYS`] unless given.
+pub const PROOF_SAMPLE_KEYS: &str = "proof_sample_keys";
+
+/// The value of [`PROOF_SAMPLE_KEYS`]: a whole number from 1 to 1,000,000,000.
+fn proof_sample_keys(value: Option<&str>) -> Result<u64, QueryError> {
+    match value {
+        Some(v) => v
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|k| (1..=1_000_000_000).contains(k))
+            .ok_or_else(|| {
+                QueryError::Invalid(format!(
+                    "parameter {PROOF_SAMPLE_KEYS}: {} is not a whole number from 1 to \
+                     1000000000",
+                    crate::error::shown(v)
+                ))
+            }),
+        None => Ok(prove::SAMPLE_KEYS),
+    }
 }
 
 /// Proves the recommendations of `review` (the review's rows over `range`, see [`read`],
-/// judged with `targets`), puts them into the policy in force and replays `range` under
-/// them.
+/// judged with `targets`, each limit's proof replaying up to `sample_keys` of its keys, see
+/// [`prove::prove`]), puts them into the policy in force and replays `range` under them.
 pub async fn replay_review(
     engine: &Engine,
     review: Vec<Recommendation>,
     range: Range,
     targets: Targets,
     keys: usize,
+    sample_keys: u64,
 ) -> Result<Replayed, QueryError> {
     let in_force = engine
         .policies()
@@ -160,12 +185,8 @@ pub async fn replay_review(
     // The weights first: where they are what is wrong, the limits are proven with the
     // weights recommended.
     let model = ShareModel::recorded(engine, range).await?;
-    // The replays of the weights and the proof's traces are not counted against a query's
-    // memory: the proof holds every recorded request of each limit it proves, past the
-    // 1 GiB a query has over a week of verdict-bench query's 33.6 M decisions (1.4 GB max
-    // RSS when counted and refused), so counting it would refuse the recommendations there;
-    // it needs to hold a sample of the keys, as the review does, first. The what-if below
-    // counts its own.
+    // The proof and the what-if below each count their memory against a query's limit;
+    // the replays of the weights are not counted yet (see `crate::weights::judge`).
     let weights = weights::judge(engine, &in_force, range, &model).await?;
     let in_force = match weights.as_ref().and_then(|w| w.weighted.clone()) {
         Some(doc) => std::sync::Arc::new(PolicySnapshot::build(doc).map_err(|e| {
@@ -173,7 +194,16 @@ pub async fn replay_review(
         })?),
         None => in_force,
     };
-    let proven = prove::prove(engine, &in_force, &review, range, &model, targets).await?;
+    let proven = prove::prove(
+        engine,
+        &in_force,
+        &review,
+        range,
+        &model,
+        targets,
+        sample_keys,
+    )
+    .await?;
     let review: Vec<Recommendation> = proven.iter().map(|p| p.recommendation.clone()).collect();
     let candidate = apply(in_force.document(), &review)?;
     let what_if =
@@ -294,6 +324,12 @@ pub fn render(r: &Replayed) -> String {
     }
     if let Some(weights) = &r.weights {
         t += &format!("The regions' weights: {}.\n", weights.reason);
+        if weights.sample_rate < 1.0 {
+            t += &format!(
+                "  (both replays of a sample of {:.1} % of the keys)\n",
+                weights.sample_rate * 100.0
+            );
+        }
         for g in &weights.regions {
             t += &format!(
                 "  {:<16} weight {} ({:.0} % of every limit), {:.0} % of the requests{}\n",
@@ -345,9 +381,17 @@ pub fn render(r: &Replayed) -> String {
             pct(p.recommended.unwrap_or_default().share_of_requests),
             pct(p.recommended.unwrap_or_default().share_of_keys),
             if p.met {
-                ""
+                String::new()
             } else {
-                " (no round value within reach met the target: kept)"
+                " (no round value within reach met the target: kept)".to_owned()
+            } + &if p.sample_rate < 1.0 {
+                format!(
+                    " [a sample of {:.1} % of its {} keys]",
+                    p.sample_rate * 100.0,
+                    rec.keys
+                )
+            } else {
+                String::new()
             },
         );
     }

@@ -44,6 +44,13 @@ pub struct Recommendation {
     pub refused_by_bucket: i64,
     /// Refusals in the range in which the window (the hourly quota) refused.
     pub refused_by_window: i64,
+    /// The limit's active keys (key × route class) in the range, as the review counted
+    /// them (estimated where it sampled): the proof replays a sample of them past
+    /// [`crate::prove::SAMPLE_KEYS`].
+    pub keys: i64,
+    /// The limit's requests in the range, as the review counted them: what its proof would
+    /// hold with every key (see [`crate::prove::max_requests`]).
+    pub requests: i64,
 }
 
 impl Recommendation {
@@ -75,6 +82,7 @@ pub fn read(batches: &[RecordBatch]) -> Result<Vec<Recommendation>, QueryError> 
         let rec_refill = column("recommended_refill_per_s", &DataType::Float64)?;
         let verdict = column("verdict", &DataType::Utf8)?;
         let (by_bucket, by_window) = (ints("refused_by_bucket")?, ints("refused_by_window")?);
+        let (keys, requests) = (ints("keys")?, ints("requests")?);
         let key = batch.column_by_name("override_key").ok_or_else(|| {
             QueryError::Invalid("the review's answer has no column override_key".into())
         })?;
@@ -100,6 +108,8 @@ pub fn read(batches: &[RecordBatch]) -> Result<Vec<Recommendation>, QueryError> 
                 recommended_refill_per_s: f64s(&rec_refill, i),
                 refused_by_bucket: i64s(&by_bucket, i),
                 refused_by_window: i64s(&by_window, i),
+                keys: i64s(&keys, i),
+                requests: i64s(&requests, i),
             });
         }
     }

@@ -93,6 +93,10 @@ pub struct Weights {
     /// weights in force, beyond the proof's tolerance, and leaves at most the keys
     /// tolerance of the keys worse off).
     pub recommended: bool,
+    /// The share of the range's keys both replays replayed (1: every key; below 1, a sample
+    /// of about [`whatif::SAMPLE_KEYS`] keys chosen by key, as the what-if's, and the shares
+    /// above are estimated from it).
+    pub sample_rate: f64,
     /// Why, in words.
     pub reason: String,
     /// The policy in force with the weights recommended.
@@ -102,6 +106,8 @@ pub struct Weights {
 
 /// Judges the weights of `in_force` over `range`: `None` with fewer than two regions, or
 /// when every region's share of the requests is within [`MISMATCH`] of its weight's share.
+/// Past [`whatif::SAMPLE_KEYS`] keys in the range, both replays are of the what-if's sample
+/// of them; what they hold counts against a query's memory limit.
 pub async fn judge(
     engine: &Engine,
     in_force: &PolicySnapshot,
@@ -111,11 +117,42 @@ pub async fn judge(
     if !in_force.is_multi_region() {
         return Ok(None);
     }
-    // Two whole replays, not counted against a query's memory, as the proof's requests are
-    // not (see `crate::recommend::replay_review`).
-    let memory = &QueryMemory::uncounted();
-    let mut in_force_replay = Replay::with_shares(in_force.clone(), model.clone());
+    let memory = QueryMemory::claim(engine.limits().memory_bytes);
+    let judged = memory
+        .enter(judge_counted(engine, in_force, range, model, &memory))
+        .await;
+    tracing::debug!(
+        peak_mib = memory.peak() >> 20,
+        "weights: the replays' memory at its largest"
+    );
+    judged
+}
+
+/// [`judge`] of several regions, its memory counted in `memory`.
+async fn judge_counted(
+    engine: &Engine,
+    in_force: &PolicySnapshot,
+    range: Range,
+    model: &ShareModel,
+    memory: &QueryMemory,
+) -> Result<Option<Weights>, QueryError> {
+    let in_range = whatif::keys_in_range(engine, range).await?;
+    let rate = if in_range > whatif::SAMPLE_KEYS {
+        whatif::SAMPLE_KEYS as f64 / in_range as f64
+    } else {
+        1.0
+    };
+    let replay = |policy: PolicySnapshot| {
+        let r = Replay::with_shares(policy, model.clone());
+        if rate < 1.0 {
+            r.sampled(rate, in_range)
+        } else {
+            r
+        }
+    };
+    let mut in_force_replay = replay(in_force.clone());
     whatif::feed_range(engine, &mut in_force_replay, range, memory).await?;
+    let sample_rate = in_force_replay.rate();
     let before: FxHashMap<(KeyId, u8), u64> = in_force_replay
         .by_key()
         .map(|(k, _, refused)| (k, refused))
@@ -169,7 +206,7 @@ pub async fn judge(
     let weighted = PolicySnapshot::build(weighted).map_err(|e| {
         QueryError::Invalid(format!("the policy with the recommended weights: {e}"))
     })?;
-    let mut weighted_replay = Replay::with_shares(weighted.clone(), model.clone());
+    let mut weighted_replay = replay(weighted.clone());
     whatif::feed_range(engine, &mut weighted_replay, range, memory).await?;
     let (mut keys, mut worse) = (0u64, 0u64);
     for (k, requests, refused) in weighted_replay.by_key() {
@@ -216,5 +253,6 @@ pub async fn judge(
         recommended,
         reason,
         weighted: recommended.then_some(weighted_doc),
+        sample_rate,
     }))
 }

@@ -147,7 +147,7 @@ pub struct Replay {
 pub const SAMPLE_KEYS: u64 = 131_072;
 
 /// Every key's hash is below this: [`crate::ranks::key_hash`] takes the upper 32 bits.
-const ALL_KEYS: i64 = 1 << 32;
+pub(crate) const ALL_KEYS: i64 = 1 << 32;
 
 impl Replay {
     /// A replay under `policy`, each region (if it has several) enforcing its static
@@ -736,7 +736,7 @@ pub async fn recorded_hour(
 }
 
 /// [`recorded_hour`] of the keys `keys` (a condition on `decisions`) keeps.
-async fn recorded_hour_of(
+pub(crate) async fn recorded_hour_of(
     engine: &Engine,
     hour: DateTime<Utc>,
     range: Range,
@@ -747,7 +747,7 @@ async fn recorded_hour_of(
         to: range.to.min(hour + Duration::hours(1)),
     };
     let sql = format!(
-        "SELECT {HOUR_COLUMNS} FROM decisions WHERE hour = {} AND {} AND {keys}",
+        "SELECT {HOUR_COLUMNS} FROM decisions WHERE hour = {} AND {} AND ({keys})",
         hour.hour(),
         replayed_in(within),
     );
@@ -869,7 +869,7 @@ pub async fn what_if_measured(
 
 /// The keys (key ids) with decisions the replay reads in `range`, estimated
 /// (`approx_distinct` of their hashes, as the review counts a limit's keys).
-async fn keys_in_range(engine: &Engine, range: Range) -> Result<u64, QueryError> {
+pub(crate) async fn keys_in_range(engine: &Engine, range: Range) -> Result<u64, QueryError> {
     let sql = format!(
         "SELECT approx_distinct(verdict_key_hash(key_id)) AS keys FROM decisions WHERE {}",
         replayed_in(range)
@@ -890,7 +890,7 @@ async fn keys_in_range(engine: &Engine, range: Range) -> Result<u64, QueryError>
 
 /// Whether the replay counted in `memory` is still within the query's limit and the
 /// service's budget: the error of a query past them otherwise.
-fn within(engine: &Engine, memory: &QueryMemory) -> Result<(), QueryError> {
+pub(crate) fn within(engine: &Engine, memory: &QueryMemory) -> Result<(), QueryError> {
     match memory.state() {
         Some(true) => Err(memory_refusal(true, engine.limits())),
         Some(false) => Err(QueryError::MemoryLimit {

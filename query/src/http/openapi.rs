@@ -64,6 +64,10 @@ pub fn openapi_document() -> serde_json::Value {
     if let Some(list) = what_if_params.as_array_mut() {
         list.push(json!({"name": "sample_keys", "in": "query", "required": false, "description": format!("keys replayed whole (default {}): past it in the range, a sample of about that many keys, chosen by key hash, is replayed and the counts are estimates, each limit's with its bound (`sample`, `bound`)", crate::whatif::SAMPLE_KEYS), "schema": {"type": "integer", "minimum": 1}}));
     }
+    let mut recommendation_params = replay_params.clone();
+    if let Some(list) = recommendation_params.as_array_mut() {
+        list.push(json!({"name": crate::recommend::PROOF_SAMPLE_KEYS, "in": "query", "required": false, "description": format!("keys of a limit its proof replays whole (default {}): past it, a sample of about that many of the limit's keys, chosen by key hash, each replayed whole; each proof says its `sample_rate`", crate::prove::SAMPLE_KEYS), "schema": {"type": "integer", "minimum": 1}}));
+    }
     let mut report_params = vec![
         json!({"name": "name", "in": "path", "required": true, "schema": {"type": "string", "enum": catalog().iter().map(|r| r.name).collect::<Vec<_>>()}}),
         formats.clone(),
@@ -109,7 +113,7 @@ pub fn openapi_document() -> serde_json::Value {
             }},
             "/v1/recommendations": {"get": {
                 "summary": "The limit review's recommendations, each proven by replaying the range under it (share of requests and keys refused, in force and recommended), the policy in force with them put in (`policy`, TOML) and the `verdict policy set-limit` commands that apply them (`commands`)",
-                "parameters": replay_params,
+                "parameters": recommendation_params,
                 "responses": with_errors(json!({"200": {"description": "the proven recommendations", "content": {"application/json": {}}}}), QUERY_ERRORS)
             }},
             "/v1/tables": {"get": {"summary": "The tables and their columns",

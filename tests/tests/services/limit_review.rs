@@ -787,6 +787,106 @@ async fn replays_what_the_limiter_does(w: &World, label: &str) {
     }
 }
 
+/// Past its `proof_sample_keys`, a limit's proof replays a sample of its keys, each whole,
+/// and says so: every judged limit of a world of 120 keys a tier proven on 40 of them
+/// finds the verdict's recommendation of every key's proof or the round value next to it,
+/// and meets its target; an override's one key is replayed whatever the sample. A sample
+/// that is not a whole number from 1 is refused by the parameter's name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proof_on_a_sample_of_the_keys_finds_every_keys_recommendation() {
+    let step = |a: i64, b: i64| {
+        let (lo, hi) = (a.min(b).max(1) as f64, a.max(b) as f64);
+        hi / lo <= 1.34
+    };
+    for seed in [1, 2, 3] {
+        let w = world(seed, 4);
+        let (engine, _dir) = lake_of(&w.events().await, &w.policy_toml(2), &rounds_of(&w)).await;
+        let range = world_range();
+        let mut params: std::collections::BTreeMap<String, String> = [
+            ("from".to_string(), range.from.to_rfc3339()),
+            ("to".to_string(), range.to.to_rfc3339()),
+        ]
+        .into();
+        let now = chrono::Utc::now();
+        let every = recommend::replay(&engine, &params, now, 0).await.unwrap();
+        params.insert(recommend::PROOF_SAMPLE_KEYS.into(), "40".into());
+        let sampled = recommend::replay(&engine, &params, now, 0).await.unwrap();
+        print!(
+            "seed {seed}, proven on a sample: {}",
+            recommend::render(&sampled)
+        );
+        assert_eq!(every.proven.len(), sampled.proven.len());
+        let mut judged = 0;
+        for (e, s) in every.proven.iter().zip(&sampled.proven) {
+            let (er, sr) = (&e.recommendation, &s.recommendation);
+            let label = format!(
+                "seed {seed}, tier {} route {} {:?} ({})",
+                sr.tier_id, sr.route_class_id, sr.override_key, sr.verdict
+            );
+            assert_eq!(
+                (er.verdict.as_str(), er.keys),
+                (sr.verdict.as_str(), sr.keys),
+                "{label}"
+            );
+            assert_eq!(e.sample_rate, 1.0, "{label}: every key's proof");
+            if e.replays == 0 {
+                assert_eq!((s.replays, s.sample_rate), (0, 1.0), "{label}");
+                continue;
+            }
+            judged += 1;
+            let (in_force, rec) = (s.in_force.unwrap(), s.recommended.unwrap());
+            if sr.override_key.is_some() || sr.keys <= 40 {
+                assert_eq!(s.sample_rate, 1.0, "{label}");
+                assert_eq!(s.in_force, e.in_force, "{label}");
+            } else {
+                let rate = 40.0 / sr.keys as f64;
+                assert!(
+                    (s.sample_rate - rate).abs() < 1e-6,
+                    "{label}: {}",
+                    s.sample_rate
+                );
+                assert!(
+                    in_force.keys < e.in_force.unwrap().keys && in_force.keys > 0,
+                    "{label}: {in_force:?}"
+                );
+                assert!(
+                    recommend::render(&sampled).contains(&format!("of its {} keys", sr.keys)),
+                    "{label}"
+                );
+            }
+            println!(
+                "{label}: quota {} -> {} (every key's {}), capacity {} -> {} (every key's {}); \
+                 sample {:.2}: refused {:.3} -> {:.3}",
+                sr.hourly_quota,
+                sr.recommended_quota,
+                er.recommended_quota,
+                sr.capacity,
+                sr.recommended_capacity,
+                er.recommended_capacity,
+                s.sample_rate,
+                in_force.share_of_requests,
+                rec.share_of_requests
+            );
+            assert_eq!(s.met, e.met, "{label}");
+            assert!(
+                step(sr.recommended_quota, er.recommended_quota)
+                    && step(sr.recommended_capacity, er.recommended_capacity),
+                "{label}: sampled {sr:?}, every key's {er:?}"
+            );
+        }
+        assert!(judged >= 2, "seed {seed}: the world judges limits to prove");
+    }
+    let (engine, _dir) = lake(&world(1, 1).events().await).await;
+    for bad in ["0", "many", "-3"] {
+        let params = [(recommend::PROOF_SAMPLE_KEYS.to_string(), bad.to_string())].into();
+        let err = recommend::replay(&engine, &params, chrono::Utc::now(), 0)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("parameter proof_sample_keys"), "{bad}: {err}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_if_refuses_an_invalid_candidate_and_an_empty_range_by_name() {
     let bad = candidate_toml().replace("capacity = 10", "capacity = 0");

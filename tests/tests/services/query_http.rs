@@ -286,6 +286,46 @@ async fn every_endpoint_answers_in_every_format() {
             .any(|c| c.as_str().unwrap().starts_with("verdict policy set-limit")),
         "{rec}"
     );
+    // Every key of the limit proven (fewer than the proof's sample), and with a sample of
+    // one key: the proof says its share of the keys, and the answer the keys it held.
+    assert_eq!(tight["sample_rate"], 1.0, "{tight}");
+    let keys = tight["keys"].as_i64().unwrap();
+    let r = get(
+        "/v1/recommendations?from=2026-11-30&to=2026-12-01&min_keys=5&keys=0&proof_sample_keys=1",
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let one = json(&r.bytes().await.unwrap());
+    let one = one["proven"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| {
+            p["tier_id"] == tight["tier_id"]
+                && p["route_class_id"] == tight["route_class_id"]
+                && p["override_key"].is_null()
+        })
+        .unwrap_or_else(|| panic!("the limit not proven on one key: {one}"))
+        .clone();
+    assert!(keys > 1, "{tight}");
+    assert!(
+        (one["sample_rate"].as_f64().unwrap() - 1.0 / keys as f64).abs() < 1e-6,
+        "{one}"
+    );
+    assert!(
+        one["in_force"]["keys"].as_u64().unwrap() < tight["in_force"]["keys"].as_u64().unwrap(),
+        "{one}"
+    );
+    let r = get("/v1/recommendations?from=2026-11-30&to=2026-12-01&proof_sample_keys=0").await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let e = json(&r.bytes().await.unwrap());
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("parameter proof_sample_keys"),
+        "{e}"
+    );
     // A parameter the review does not take is refused by name.
     let r = get("/v1/recommendations?from=2026-11-30&to=2026-12-01&colour=red").await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);

@@ -567,10 +567,11 @@ async function proveRecommendations(list, params) {
     }
     const refused = (x) => (x ? `${pct(x.share_of_requests)} of requests and ${pct(x.share_of_keys)} of keys refused` : "not replayed");
     const what = `quota ${num(r.hourly_quota)} → ${num(r.recommended_quota)}/h; bucket ${num(r.capacity)} → ${num(r.recommended_capacity)} (refill ${ratio(r.refill_per_s)} → ${ratio(r.recommended_refill_per_s)}/s)`;
+    const sample = r.sample_rate < 1 ? ` (a sample of ${pct(r.sample_rate)} of its ${num(r.keys)} keys, chosen by key)` : "";
     li.dataset.proven = r.met ? "met" : "unmet";
     $(".recommendation", li).textContent = r.met
-      ? `Recommended, proven by replaying the range: ${what}. Replayed: ${refused(r.recommended)}; under the limit in force: ${refused(r.in_force)}.`
-      : `No round value within the search's reach met the target; keep the limit in force (replayed: ${refused(r.in_force)}).`;
+      ? `Recommended, proven by replaying the range${sample}: ${what}. Replayed: ${refused(r.recommended)}; under the limit in force: ${refused(r.in_force)}.`
+      : `No round value within the search's reach met the target; keep the limit in force (replayed${sample}: ${refused(r.in_force)}).`;
   }
   if (answer.commands && answer.commands.length) {
     list.after(el("div", { class: "commands" },
