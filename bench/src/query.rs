@@ -61,9 +61,8 @@ pub struct QueryBenchArgs {
     #[arg(long)]
     pub no_uncounted: bool,
     /// Skip the last step, `verdict what-if --recommended` (the review, each judged limit's
-    /// recommendation proved by the replay, and the whole recommendation replayed): its
-    /// proof holds every recorded request of each limit it proves and takes many minutes,
-    /// and gigabytes, at the largest sizes.
+    /// recommendation proved by the replay of a sample of its keys, and the whole
+    /// recommendation replayed): the longest step at the largest sizes.
     #[arg(long)]
     pub no_recommended: bool,
     #[command(flatten)]
