@@ -185,8 +185,8 @@ pub async fn replay_review(
     // The weights first: where they are what is wrong, the limits are proven with the
     // weights recommended.
     let model = ShareModel::recorded(engine, range).await?;
-    // The proof and the what-if below each count their memory against a query's limit;
-    // the replays of the weights are not counted yet (see `crate::weights::judge`).
+    // The weights' replays, the proof and the what-if below each count their memory
+    // against a query's limit.
     let weights = weights::judge(engine, &in_force, range, &model).await?;
     let in_force = match weights.as_ref().and_then(|w| w.weighted.clone()) {
         Some(doc) => std::sync::Arc::new(PolicySnapshot::build(doc).map_err(|e| {

@@ -137,18 +137,8 @@ async fn judge_counted(
     memory: &QueryMemory,
 ) -> Result<Option<Weights>, QueryError> {
     let in_range = whatif::keys_in_range(engine, range).await?;
-    let rate = if in_range > whatif::SAMPLE_KEYS {
-        whatif::SAMPLE_KEYS as f64 / in_range as f64
-    } else {
-        1.0
-    };
     let replay = |policy: PolicySnapshot| {
-        let r = Replay::with_shares(policy, model.clone());
-        if rate < 1.0 {
-            r.sampled(rate, in_range)
-        } else {
-            r
-        }
+        Replay::with_shares(policy, model.clone()).sampled_past(whatif::SAMPLE_KEYS, in_range)
     };
     let mut in_force_replay = replay(in_force.clone());
     whatif::feed_range(engine, &mut in_force_replay, range, memory).await?;

@@ -186,6 +186,17 @@ impl Replay {
         self
     }
 
+    /// The replay of every key when the range holds at most `sample_keys` keys
+    /// (`keys_in_range`, as the what-if estimates them), else of a sample of about
+    /// `sample_keys`.
+    pub fn sampled_past(self, sample_keys: u64, keys_in_range: u64) -> Self {
+        if keys_in_range > sample_keys {
+            self.sampled(sample_keys as f64 / keys_in_range as f64, keys_in_range)
+        } else {
+            self
+        }
+    }
+
     /// The part of the keys replayed (1: every key).
     pub fn rate(&self) -> f64 {
         self.threshold as f64 / ALL_KEYS as f64
@@ -838,13 +849,12 @@ pub async fn what_if_measured(
     let memory = QueryMemory::claim(engine.limits().memory_bytes);
     let replayed = memory.enter(async {
         let model = ShareModel::recorded(engine, range).await?;
-        let mut replay = Replay::with_shares(policy, model);
         let in_range = keys_in_range(engine, range).await?;
         if in_range == 0 {
             return Err(no_decisions(range));
         }
-        if in_range > sample_keys {
-            replay = replay.sampled(sample_keys as f64 / in_range as f64, in_range);
+        let mut replay = Replay::with_shares(policy, model).sampled_past(sample_keys, in_range);
+        if replay.rate() < 1.0 {
             tracing::debug!(
                 keys = in_range,
                 rate = replay.rate(),
