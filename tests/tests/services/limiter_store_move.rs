@@ -37,8 +37,9 @@ async fn store(url: &str) -> RedisStore {
     .expect("connect")
 }
 
-async fn counts(url: &str, keys: &[LimitKey]) -> Vec<f64> {
-    let now = chrono::Utc::now().timestamp_millis();
+/// Each key's count in view at `now`: both stores are read at the same instant, since the
+/// previous window's weight in a sliding count falls as time passes.
+async fn counts(url: &str, keys: &[LimitKey], now: i64) -> Vec<f64> {
     let wanted: Vec<_> = keys
         .iter()
         .map(|k| ((k.key_id, k.route_class, k.tier), 1u8, WINDOW_MS))
@@ -83,9 +84,10 @@ async fn after_two_windows_of_dual_writes_no_count_resets_at_cut_over() {
     assert_eq!(moving.copies_failed(), 0);
 
     // The new store holds every count still in view: the same as the old one.
+    let now = chrono::Utc::now().timestamp_millis();
     let (a, b) = (
-        counts(&old_redis.url(), &keys).await,
-        counts(&new_redis.url(), &keys).await,
+        counts(&old_redis.url(), &keys, now).await,
+        counts(&new_redis.url(), &keys, now).await,
     );
     eprintln!("old {a:?}\nnew {b:?}");
     for ((x, y), k) in a.iter().zip(&b).zip(&keys) {
