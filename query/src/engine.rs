@@ -169,6 +169,7 @@ impl Engine {
             limits.part_block_bytes,
             Arc::clone(&policies),
             crate::reports::levels::LEVELS,
+            crate::reports::levels::ROLLUP_LEVELS,
             view.lake(),
         ));
         parts.register(&base);

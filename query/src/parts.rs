@@ -53,7 +53,7 @@ use datafusion::prelude::SessionContext;
 use datafusion::execution::object_store::ObjectStoreUrl;
 use futures::StreamExt;
 use verdict_schemas::layout::{
-    HourPartition, RAW_PREFIX, RECONCILE_ROUNDS_PREFIX, parse_date_segment,
+    HourPartition, RAW_PREFIX, RECONCILE_ROUNDS_PREFIX, parse_date_segment, parse_hour_segment,
 };
 
 use crate::answers::{AnswerKey, Answers, describe};
@@ -81,9 +81,21 @@ pub struct Level {
     /// rows per key: memory for an hour's decisions rather than the day's); `None`: a part is
     /// computed at once.
     pub fold: Option<Fold>,
-    /// Its table in the lake, where `verdict query levels` stores its parts of closed days
-    /// (see [`crate::stored`]).
-    pub table: TableDef,
+    /// What its parts are computed from.
+    pub source: Source,
+}
+
+/// What a level's parts are computed from.
+#[derive(Debug, Clone, Copy)]
+pub enum Source {
+    /// The raw decisions. `verdict query levels` stores the parts of closed days in this
+    /// table of the lake (see [`crate::stored`]).
+    Decisions(TableDef),
+    /// A table of the rollup, under this root (`rollup/demand_hourly/`), whose rows are
+    /// hourly already: a day is one file or 24 small ones, so a part is cheap to compute and
+    /// kept, never stored. Its first column is the `date` each row is of: the parts of many
+    /// days are computed in one statement and cut by it.
+    Rollup(&'static str),
 }
 
 /// How a level's rows merge: grouped by `group`, `aggregates` over them, in the level's
@@ -98,6 +110,15 @@ pub struct Fold {
 }
 
 impl Level {
+    /// Its table in the lake, where its parts of closed days are stored; none for a level of
+    /// the rollup.
+    pub fn stored(&self) -> Option<&TableDef> {
+        match &self.source {
+            Source::Decisions(table) => Some(table),
+            Source::Rollup(_) => None,
+        }
+    }
+
     /// The schema of its rows.
     pub fn schema(&self) -> SchemaRef {
         columns(self.columns)
@@ -141,10 +162,16 @@ pub fn columns(spec: &str) -> SchemaRef {
 #[derive(Debug)]
 pub struct Parts {
     kept: Answers,
+    /// The rollup levels' parts, apart: cheap to compute again, they never push out a part
+    /// of the decisions (see [`ROLLUP_SHARE`]).
+    rollup_kept: Answers,
     /// Raw bytes a part is computed from at once (see [`compute`]).
     block_bytes: u64,
     policies: Arc<PoliciesTable>,
+    /// The levels of the decisions: warmed, and stored by `verdict query levels`.
     levels: &'static [Level],
+    /// The levels of the rollup: computed when a query first needs them, then kept.
+    rollup_levels: &'static [Level],
     /// The lake, where the levels' stored parts are (see [`crate::stored`]).
     lake: Arc<dyn ObjectStore>,
     /// The levels' tables there.
@@ -156,6 +183,10 @@ pub struct Parts {
     /// Parts computed from the decisions since the start.
     computed: std::sync::atomic::AtomicU64,
 }
+
+/// The rollup levels' parts are kept in a quarter of the bytes the decisions' parts may
+/// hold, on top of them.
+const ROLLUP_SHARE: usize = 4;
 
 /// A part computed once for every scan that asks for it while one holds it.
 type SharedPart = tokio::sync::OnceCell<Vec<RecordBatch>>;
@@ -223,6 +254,10 @@ pub struct Listing {
     rounds_by_day: HashMap<NaiveDate, Vec<String>>,
     /// The levels' stored parts, by level and day.
     stored: HashMap<(&'static str, NaiveDate), StoredPart>,
+    /// A rollup table's files by day, each with its hour (none for a day compacted into
+    /// one file), as [`Parts::rollup_listing`] found them; empty in a listing of the
+    /// decisions.
+    rollup: HashMap<NaiveDate, Vec<(Option<u8>, String)>>,
 }
 
 impl Listing {
@@ -255,6 +290,27 @@ impl Listing {
         files
     }
 
+    /// The rollup table's files of `piece`'s hours (it never crosses a midnight): a day
+    /// compacted into one file gives that file.
+    fn rollup_files(&self, piece: &Range) -> Vec<String> {
+        let hours = piece.from.hour()..=(piece.to - Duration::milliseconds(1)).hour();
+        self.rollup
+            .get(&piece.from.date_naive())
+            .into_iter()
+            .flatten()
+            .filter(|(hour, _)| hour.is_none_or(|h| hours.contains(&u32::from(h))))
+            .map(|(_, file)| file.clone())
+            .collect()
+    }
+
+    /// The files `level`'s part of `piece` is computed from.
+    fn files_of(&self, level: &Level, piece: &Range) -> Vec<String> {
+        match level.source {
+            Source::Decisions(_) => self.files(piece),
+            Source::Rollup(_) => self.rollup_files(piece),
+        }
+    }
+
     /// The bytes of the raw files of `piece`'s hours.
     fn raw_bytes(&self, piece: &Range) -> u64 {
         self.raw(piece).map(|(_, _, size)| size).sum()
@@ -262,20 +318,24 @@ impl Listing {
 }
 
 impl Parts {
-    /// Keeps up to `max_bytes` of `levels`' parts (0: none; every report computes its
-    /// parts), under the policy of `policies`, reading stored parts from `lake`.
+    /// Keeps up to `max_bytes` of the parts of `levels` (of the decisions) and of
+    /// `rollup_levels` (0: none; every report computes its parts), under the policy of
+    /// `policies`, reading stored parts from `lake`.
     pub fn new(
         max_bytes: usize,
         block_bytes: u64,
         policies: Arc<PoliciesTable>,
         levels: &'static [Level],
+        rollup_levels: &'static [Level],
         lake: Arc<dyn ObjectStore>,
     ) -> Self {
         Self {
             kept: Answers::new(max_bytes),
+            rollup_kept: Answers::new(max_bytes / ROLLUP_SHARE),
             block_bytes,
             policies,
             levels,
+            rollup_levels,
             lake,
             stored: crate::stored::StoredTables::default(),
             shared: std::sync::Mutex::new(HashMap::new()),
@@ -339,13 +399,48 @@ impl Parts {
         for files in rounds_by_day.values_mut() {
             files.sort_unstable();
         }
-        let tables: Vec<TableDef> = self.levels.iter().map(|l| l.table).collect();
+        let tables: Vec<TableDef> = self
+            .levels
+            .iter()
+            .filter_map(|l| l.stored())
+            .copied()
+            .collect();
         let stored = self.stored.parts(&self.lake, &tables).await;
         Ok(Listing {
             policy,
             by_day,
             rounds_by_day,
             stored,
+            rollup: HashMap::new(),
+        })
+    }
+
+    /// What the parts of a rollup table's level computed in `ctx` now are kept under: the
+    /// table's files under `root` by day, as the session's view of the lake lists them (its
+    /// snapshot). Not the policy: the rollup's rows do not depend on it.
+    pub async fn rollup_listing(&self, ctx: &SessionContext, root: &str) -> DfResult<Listing> {
+        let url = ObjectStoreUrl::parse(LAKE_URL)?;
+        let store = ctx.runtime_env().object_store(&url)?;
+        let mut listed = store.list(Some(&object_store::path::Path::from(root)));
+        let mut rollup: HashMap<NaiveDate, Vec<(Option<u8>, String)>> = HashMap::new();
+        while let Some(meta) = listed.next().await {
+            let meta = meta?;
+            let segments = || meta.location.parts();
+            let Some(day) = segments().find_map(|p| parse_date_segment(p.as_ref())) else {
+                continue;
+            };
+            let hour = segments().find_map(|p| parse_hour_segment(p.as_ref()));
+            rollup.entry(day).or_default().push((hour, describe(&meta)));
+        }
+        for files in rollup.values_mut() {
+            files.sort_unstable();
+        }
+        Ok(Listing {
+            policy: None,
+            by_day: HashMap::new(),
+            rounds_by_day: HashMap::new(),
+            stored: HashMap::new(),
+            rollup,
         })
     }
 
@@ -363,6 +458,9 @@ impl Parts {
         pieces: &[Range],
         listing: &Listing,
     ) -> DfResult<Found> {
+        if let Source::Rollup(_) = level.source {
+            return self.rollup_parts(ctx, level, pieces, listing).await;
+        }
         let schema = level.schema();
         let mut found = Found::default();
         for piece in pieces {
@@ -403,6 +501,57 @@ impl Parts {
         Ok(found)
     }
 
+    /// The rows of a rollup table's `level` in each of `pieces`, in `ctx`: kept, or computed
+    /// and kept. The parts not kept are computed in one statement over the range from the
+    /// first of them to the last, and cut by their `date`: a range of five years never
+    /// kept is one scan of the table, not one per day.
+    async fn rollup_parts(
+        &self,
+        ctx: &SessionContext,
+        level: &Level,
+        pieces: &[Range],
+        listing: &Listing,
+    ) -> DfResult<Found> {
+        let schema = level.schema();
+        let mut found = Found::default();
+        let mut missing: Vec<(Range, AnswerKey)> = Vec::new();
+        for piece in pieces {
+            let piece_files = listing.files_of(level, piece);
+            if piece_files.is_empty() {
+                continue;
+            }
+            let key = AnswerKey::new(&(level.sql)(piece, piece), piece_files.clone(), None);
+            found.files.extend(piece_files);
+            match self.rollup_kept.get(&key) {
+                Some((body, _)) => found.batches.extend(decode(body)?),
+                None => missing.push((*piece, key)),
+            }
+        }
+        let (Some((first, _)), Some((last, _))) = (missing.first(), missing.last()) else {
+            return Ok(found);
+        };
+        let span = Range {
+            from: first.from,
+            to: last.to,
+        };
+        let mut by_day = by_date(
+            &schema,
+            rows(ctx, &(level.sql)(&span, &span), &schema).await?,
+        )?;
+        for (piece, key) in missing {
+            let part = by_day.remove(&piece.from.date_naive()).unwrap_or_default();
+            found.made.computed += 1;
+            self.computed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if self.rollup_kept.enabled() {
+                let rows = part.iter().map(RecordBatch::num_rows).sum();
+                self.rollup_kept.put(key, encode(&schema, &part)?, rows);
+            }
+            found.batches.extend(part);
+        }
+        Ok(found)
+    }
+
     /// `level`'s part of `piece` as stored in the lake, when `piece` is a whole day and the
     /// stored part was computed from what `key` names, for the plan to read (it is never
     /// held in memory whole: a week of the review's parts at 134 M decisions is 8 M rows);
@@ -415,15 +564,16 @@ impl Parts {
         listing: &Listing,
     ) -> Option<StoredPart> {
         let day = whole_day(piece)?;
+        let table = level.stored()?;
         let stored = listing
             .stored
-            .get(&(level.table.name, day))
+            .get(&(table.name, day))
             .filter(|s| s.source == key.fingerprint())?;
         match self.lake.head(&stored.path).await {
             Ok(_) => Some(stored.clone()),
             Err(e) => {
                 tracing::warn!(path = %stored.path, error = %e, "a stored part cannot be read; computing it");
-                self.stored.forget(level.table.name).await;
+                self.stored.forget(table.name).await;
                 None
             }
         }
@@ -477,6 +627,9 @@ impl Parts {
         };
         for level in self.levels {
             let piece_files = listing.files(&piece);
+            let Some(table) = level.stored() else {
+                continue;
+            };
             if piece_files.is_empty() {
                 continue;
             }
@@ -484,7 +637,7 @@ impl Parts {
             let source = AnswerKey::new(&sql, piece_files, listing.policy.clone()).fingerprint();
             if listing
                 .stored
-                .get(&(level.table.name, day))
+                .get(&(table.name, day))
                 .is_some_and(|s| s.source == source)
             {
                 done.unchanged += 1;
@@ -498,7 +651,7 @@ impl Parts {
                 continue;
             }
             let part = found.batches;
-            let path = crate::stored::write_part(lake, clock, &level.table, day, &source, &part)
+            let path = crate::stored::write_part(lake, clock, table, day, &source, &part)
                 .await
                 .map_err(|e| DataFusionError::External(Box::new(e)))?;
             tracing::info!(
@@ -523,14 +676,14 @@ impl Parts {
         clock: &Clock,
     ) -> DfResult<LevelsWritten> {
         let mut done = LevelsWritten::default();
-        for level in self.levels {
+        for table in self.levels.iter().filter_map(Level::stored) {
             let gone: Vec<NaiveDate> = listing
                 .stored
                 .keys()
-                .filter(|(f, day)| *f == level.table.name && !listing.by_day.contains_key(day))
+                .filter(|(f, day)| *f == table.name && !listing.by_day.contains_key(day))
                 .map(|(_, day)| *day)
                 .collect();
-            let (removed, deleted) = crate::stored::remove_days(lake, clock, &level.table, &gone)
+            let (removed, deleted) = crate::stored::remove_days(lake, clock, table, &gone)
                 .await
                 .map_err(|e| DataFusionError::External(Box::new(e)))?;
             done.removed += removed;
@@ -541,7 +694,7 @@ impl Parts {
 
     /// Registers each level's table function in `ctx`, reading and keeping parts here.
     pub fn register(self: &Arc<Self>, ctx: &SessionContext) {
-        for level in self.levels {
+        for level in self.levels.iter().chain(self.rollup_levels) {
             ctx.register_udtf(
                 level.function,
                 Arc::new(PartsFunction {
@@ -629,6 +782,47 @@ async fn rows(ctx: &SessionContext, sql: &str, schema: &SchemaRef) -> DfResult<V
         .map(|b| conform(schema, b))
         .collect()
 }
+
+/// `batches` cut by the date of their first column (a rollup level's `date`).
+fn by_date(
+    schema: &SchemaRef,
+    batches: Vec<RecordBatch>,
+) -> DfResult<HashMap<NaiveDate, Vec<RecordBatch>>> {
+    let mut out: HashMap<NaiveDate, Vec<RecordBatch>> = HashMap::new();
+    for batch in batches {
+        let dates = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<arrow::array::Date32Array>()
+            .ok_or_else(|| {
+                DataFusionError::Internal(format!(
+                    "a rollup level's first column is not a date: {}",
+                    schema.field(0)
+                ))
+            })?;
+        let mut rows: HashMap<NaiveDate, Vec<u32>> = HashMap::new();
+        for (i, date) in dates.iter().enumerate() {
+            let Some(day) =
+                date.and_then(|d| NaiveDate::from_num_days_from_ce_opt(d + EPOCH_DAYS_FROM_CE))
+            else {
+                return Err(DataFusionError::Internal(
+                    "a rollup level's row without a date".into(),
+                ));
+            };
+            rows.entry(day).or_default().push(i as u32);
+        }
+        for (day, indices) in rows {
+            let indices = arrow::array::UInt32Array::from(indices);
+            out.entry(day)
+                .or_default()
+                .push(arrow::compute::take_record_batch(&batch, &indices)?);
+        }
+    }
+    Ok(out)
+}
+
+/// Days from 0001-01-01 to 1970-01-01, where `Date32` counts from.
+const EPOCH_DAYS_FROM_CE: i32 = 719_163;
 
 /// The range of the whole `day`.
 fn day_range(day: NaiveDate) -> Option<Range> {
@@ -757,7 +951,10 @@ impl TableProvider for PartsTable {
         let ctx = SessionContext::new_with_state(state.clone());
         let threads = state.config().target_partitions().max(1);
         let mut partitions = vec![Vec::new(); threads];
-        let listing = self.parts.listing(&ctx).await?;
+        let listing = match self.level.source {
+            Source::Decisions(_) => self.parts.listing(&ctx).await?,
+            Source::Rollup(root) => self.parts.rollup_listing(&ctx, root).await?,
+        };
         let found = self
             .parts
             .parts(&ctx, &self.level, &pieces(self.range), &listing)
@@ -871,5 +1068,117 @@ impl ExecutionPlan for PartsExec {
         context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
         self.inner.execute(partition, context)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Array, Date32Array, Int64Array};
+    use chrono::Datelike;
+
+    fn day(text: &str) -> NaiveDate {
+        NaiveDate::parse_from_str(text, "%Y-%m-%d").unwrap()
+    }
+
+    #[test]
+    fn a_rollup_levels_rows_are_cut_by_their_date() {
+        let schema = columns("date date, keys i64");
+        let days = |d: &[&str]| -> Vec<i32> {
+            d.iter()
+                .map(|t| day(t).num_days_from_ce() - EPOCH_DAYS_FROM_CE)
+                .collect()
+        };
+        let batch = |d: &[&str], keys: Vec<i64>| {
+            RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![
+                    Arc::new(Date32Array::from(days(d))),
+                    Arc::new(Int64Array::from(keys)),
+                ],
+            )
+            .unwrap()
+        };
+        let cut = by_date(
+            &schema,
+            vec![
+                batch(&["2026-11-01", "2026-11-02", "2026-11-01"], vec![1, 2, 3]),
+                batch(&["2026-11-02"], vec![4]),
+            ],
+        )
+        .unwrap();
+        let keys = |d: &str| -> Vec<i64> {
+            cut[&day(d)]
+                .iter()
+                .flat_map(|b| {
+                    let a = b.column(1).as_any().downcast_ref::<Int64Array>().unwrap();
+                    (0..a.len()).map(|i| a.value(i)).collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        assert_eq!(cut.len(), 2);
+        assert_eq!(keys("2026-11-01"), vec![1, 3]);
+        assert_eq!(keys("2026-11-02"), vec![2, 4]);
+
+        // A row without a date is an error, not a row lost.
+        let undated = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Date32Array::from(vec![None::<i32>])),
+                Arc::new(Int64Array::from(vec![1])),
+            ],
+        )
+        .unwrap();
+        assert!(by_date(&schema, vec![undated]).is_err());
+    }
+
+    #[test]
+    fn a_rollup_days_files_are_those_of_the_pieces_hours_or_the_days_one() {
+        let t = |text: &str| crate::range::parse_time("t", text).unwrap();
+        let listing = Listing {
+            policy: None,
+            by_day: HashMap::new(),
+            rounds_by_day: HashMap::new(),
+            stored: HashMap::new(),
+            rollup: [
+                (
+                    day("2026-11-01"),
+                    vec![(None, "date=2026-11-01/day.parquet".to_string())],
+                ),
+                (
+                    day("2026-11-02"),
+                    (0..24u8)
+                        .map(|h| (Some(h), format!("date=2026-11-02/hour={h:02}/h.parquet")))
+                        .collect(),
+                ),
+            ]
+            .into(),
+        };
+        let piece = |from: &str, to: &str| Range {
+            from: t(from),
+            to: t(to),
+        };
+        assert_eq!(
+            listing.rollup_files(&piece("2026-11-01T05:00:00Z", "2026-11-01T06:00:00Z")),
+            vec!["date=2026-11-01/day.parquet"]
+        );
+        assert_eq!(
+            listing.rollup_files(&piece("2026-11-02T05:30:00Z", "2026-11-02T07:00:00Z")),
+            vec![
+                "date=2026-11-02/hour=05/h.parquet",
+                "date=2026-11-02/hour=06/h.parquet"
+            ]
+        );
+        assert_eq!(
+            listing
+                .rollup_files(&piece("2026-11-02T00:00:00Z", "2026-11-03T00:00:00Z"))
+                .len(),
+            24
+        );
+        assert!(
+            listing
+                .rollup_files(&piece("2026-11-03T00:00:00Z", "2026-11-04T00:00:00Z"))
+                .is_empty()
+        );
     }
 }

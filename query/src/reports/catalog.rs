@@ -145,7 +145,7 @@ mod tests {
                 &args(&[("from", "2026-11-01"), ("to", "2026-12-01")]),
                 &names(),
                 now(),
-                Form::Served,
+                Form::Portable,
             )
             .unwrap();
         assert!(
@@ -171,7 +171,8 @@ mod tests {
             .unwrap();
         assert!(
             sql.contains(
-                "AND tier = 2 AND route_class = 0 AND key_id = X'00112233445566778899aabbccddeeff'"
+                "AND k.tier = 2 AND k.route_class = 0 \
+                 AND k.key_id = X'00112233445566778899aabbccddeeff'"
             ),
             "{sql}"
         );

@@ -3,6 +3,7 @@
 
 use chrono::{DateTime, Utc};
 
+use super::levels::{DEMAND, merged};
 use super::params::{Args, FROM, ParamSpec, ROUTE, Report, TIER, TO, limit_join};
 use crate::error::QueryError;
 
@@ -44,19 +45,35 @@ pub(super) fn report() -> Report {
 
 /// The SQL of `demand-history`: nearest-rank percentiles over the histogram's buckets, each
 /// the upper bound of the first bucket whose running count of key-hours reaches the rank.
+/// The query service reads each day's key-hours per bucket from kept parts
+/// ([`DEMAND`]); the portable statement sums the histogram's rows.
 fn sql(a: &Args<'_>, now: DateTime<Utc>) -> Result<String, QueryError> {
-    let range = a.range(now, 30)?.sql("hour", false);
-    let filters = a.filters("")?;
+    let range = a.range(now, 30)?;
+    let per_bucket = if a.portable {
+        format!(
+            "SELECT tier, route_class, bucket, SUM(keys) AS keys, SUM(requests) AS requests
+  FROM demand_hourly
+  WHERE {}{}
+  GROUP BY tier, route_class, bucket",
+            range.sql("hour", false),
+            a.filters("")?
+        )
+    } else {
+        merged(
+            &DEMAND,
+            &range,
+            "tier, route_class, bucket",
+            "SUM(keys) AS keys, SUM(requests) AS requests",
+            &a.filters("k.")?,
+        )
+    };
     let too_high = a.number("too_high_use")?;
     let min_key_hours = a.integer("min_key_hours")?.unwrap_or(100).max(1);
     let upper = |b: &str| format!("POWER(2.0, CAST({b} + 1 AS DOUBLE) / 4.0)");
     let rank = |q: f64| format!("MIN(CASE WHEN cum >= CEIL({q} * total) THEN bucket END)");
     Ok(format!(
         "WITH b AS (
-  SELECT tier, route_class, bucket, SUM(keys) AS keys, SUM(requests) AS requests
-  FROM demand_hourly
-  WHERE {range}{filters}
-  GROUP BY tier, route_class, bucket
+  {per_bucket}
 ), c AS (
   SELECT tier, route_class, bucket, keys, requests,
     SUM(keys) OVER (PARTITION BY tier, route_class ORDER BY bucket

@@ -12,7 +12,7 @@
 //! the bench's 8.4 M rows past its 1 GiB per query. How a key's need and peak span are taken
 //! against its region's share is described in [`super::wrong_limits`].
 
-use crate::parts::{Fold, Level, columns};
+use crate::parts::{Fold, Level, Source, columns};
 use crate::range::Range;
 use crate::stored::level_table;
 
@@ -31,15 +31,73 @@ macro_rules! level {
             columns: $columns,
             sql: $sql,
             fold: $fold,
-            table: level_table($function, concat!("levels/", $function, "/"), || {
-                columns($columns)
-            }),
+            source: Source::Decisions(level_table(
+                $function,
+                concat!("levels/", $function, "/"),
+                || columns($columns),
+            )),
         }
     };
 }
 
-/// Every first level the reports keep in parts.
+/// Every first level over the decisions the reports keep in parts (and `verdict query
+/// levels` stores).
 pub const LEVELS: &[Level] = &[REVIEW, SHADOW, VERSIONS, DEGRADED, RATES];
+
+/// Every first level over the rollup the reports keep in parts.
+pub const ROLLUP_LEVELS: &[Level] = &[DEMAND, DENIED];
+
+/// `demand-history`'s: each day's key-hours and requests per limit and bucket of demand,
+/// from the hourly demand histogram. A report over a month reads 30 of these parts (a few
+/// hundred rows each) instead of the month's files, 24 a day for the days the raw table
+/// still holds (the rollup compacts a day into one file only once it is final).
+pub const DEMAND: Level = Level {
+    function: "demand_parts",
+    columns: "date date, tier u8, route_class u8, bucket i32, keys i64, requests i64",
+    sql: demand_part,
+    fold: None,
+    source: Source::Rollup("rollup/demand_hourly/"),
+};
+
+/// `top-denied`'s: each day's refusals, requests allowed and hours refused of every key
+/// the rollup kept (the keys with refusals). A key's hours over several days are the sum
+/// of its days' (an hour lies within one day).
+pub const DENIED: Level = Level {
+    function: "denied_parts",
+    columns: "date date, key_id key, tier u8, route_class u8, denied i64, would_deny i64, \
+              by_bucket i64, by_window i64, allowed i64, hours i64, first_denial time, \
+              last_denial time",
+    sql: denied_part,
+    fold: None,
+    source: Source::Rollup("rollup/denied_hourly/"),
+};
+
+/// [`DENIED`]'s rows over the hours of `range`.
+fn denied_part(range: &Range, _: &Range) -> String {
+    format!(
+        "SELECT date, key_id, tier, route_class, SUM(denied) AS denied,
+    SUM(would_deny) AS would_deny, SUM(denied_by_bucket) AS by_bucket,
+    SUM(denied_by_window) AS by_window, SUM(allowed) AS allowed,
+    verdict_count_distinct(hour) AS hours, MIN(first_denial) AS first_denial,
+    MAX(last_denial) AS last_denial
+  FROM denied_hourly
+  WHERE {}
+  GROUP BY date, key_id, tier, route_class",
+        range.sql("hour", false)
+    )
+}
+
+/// [`DEMAND`]'s rows over the hours of `range`.
+fn demand_part(range: &Range, _: &Range) -> String {
+    format!(
+        "SELECT date, tier, route_class, CAST(bucket AS INT) AS bucket, SUM(keys) AS keys,
+    SUM(requests) AS requests
+  FROM demand_hourly
+  WHERE {}
+  GROUP BY date, tier, route_class, bucket",
+        range.sql("hour", false)
+    )
+}
 
 /// The columns of [`REVIEW`]'s rows.
 const REVIEW_COLUMNS: &str = "tier u8, route_class u8, key_id key, requests i64, demand f64, peak_hour i64, \

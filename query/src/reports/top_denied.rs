@@ -2,6 +2,7 @@
 
 use chrono::{DateTime, Utc};
 
+use super::levels::{DENIED, merged};
 use super::params::{Args, ParamSpec, Report, keyed, limit_join};
 use crate::error::QueryError;
 
@@ -17,31 +18,42 @@ pub(super) fn report() -> Report {
     }
 }
 
-/// The SQL of `top-denied`.
+/// The SQL of `top-denied`. The query service reads each day's keys from kept parts
+/// ([`DENIED`]); the portable statement sums the rollup's rows.
 fn sql(a: &Args<'_>, now: DateTime<Utc>) -> Result<String, QueryError> {
-    let range = a.range(now, 7)?.sql("hour", false);
-    let filters = a.filters("")?;
+    let range = a.range(now, 7)?;
     let limit = a.integer("limit")?.unwrap_or(20);
-    // The hours counted in the sums' one level of aggregation (see `crate::distinct`).
-    let hours = if a.portable {
-        "COUNT(DISTINCT hour)"
-    } else {
-        "verdict_count_distinct(hour)"
-    };
     if !(1..=100_000).contains(&limit) {
         return Err(QueryError::Invalid(format!(
             "parameter limit: {limit} is out of range (1 to 100000)"
         )));
     }
-    Ok(format!(
-        "WITH k AS (
-  SELECT key_id, tier, route_class, SUM(denied) AS denied, SUM(would_deny) AS would_deny,
+    let per_key = if a.portable {
+        format!(
+            "SELECT key_id, tier, route_class, SUM(denied) AS denied, SUM(would_deny) AS would_deny,
     SUM(denied_by_bucket) AS by_bucket, SUM(denied_by_window) AS by_window,
-    SUM(allowed) AS allowed, {hours} AS hours,
+    SUM(allowed) AS allowed, COUNT(DISTINCT hour) AS hours,
     MIN(first_denial) AS first_denial, MAX(last_denial) AS last_denial
   FROM denied_hourly
-  WHERE {range}{filters}
-  GROUP BY key_id, tier, route_class
+  WHERE {}{}
+  GROUP BY key_id, tier, route_class",
+            range.sql("hour", false),
+            a.filters("")?
+        )
+    } else {
+        merged(
+            &DENIED,
+            &range,
+            "key_id, tier, route_class",
+            "SUM(denied) AS denied, SUM(would_deny) AS would_deny,
+    SUM(by_bucket) AS by_bucket, SUM(by_window) AS by_window, SUM(allowed) AS allowed,
+    SUM(hours) AS hours, MIN(first_denial) AS first_denial, MAX(last_denial) AS last_denial",
+            &a.filters("k.")?,
+        )
+    };
+    Ok(format!(
+        "WITH k AS (
+  {per_key}
 )
 SELECT k.key_id, k.tier AS tier_id, p.tier, k.route_class AS route_class_id, p.route_class,
   k.denied, k.would_deny, k.by_bucket, k.by_window, k.allowed, k.hours,

@@ -1007,6 +1007,89 @@ async fn two_days() -> (Vec<DecisionEvent>, Engine, tempfile::TempDir) {
     (all, engine, dir)
 }
 
+/// The reports over the rollup (`demand-history`, `top-denied`) from each day's kept parts
+/// give the rows of their statements over the rollup's files: over whole days, over a
+/// range that starts and ends inside hours, filtered; and when an hour is rolled up again
+/// (a late file), that day's parts are computed again and count it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rollups_reports_from_kept_day_parts_are_those_from_its_files() {
+    let (events, engine, dir) = two_days().await;
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+    // The second day rolled up too (the lake rolls up the first).
+    let rollup = verdict_rollup::Rollup::new(Arc::clone(&store), 2);
+    let roll = |h: i64| {
+        let hour = HourPartition::from_event_time_ms(START_MS + 86_400_000 + h * 3_600_000);
+        let rollup = &rollup;
+        async move { rollup.run_hour(hour.unwrap()).await.expect("a rollup") }
+    };
+    for h in 0..HOURS {
+        roll(h).await;
+    }
+    let at = |d: i64, ms: i64| {
+        chrono::DateTime::from_timestamp_millis(START_MS + d * 86_400_000 + ms)
+            .unwrap()
+            .to_rfc3339()
+    };
+    let ranges = [
+        (at(0, 0), at(2, 0)),
+        (at(0, 5_400_000), at(1, 8_100_000)),
+        (at(1, 0), at(1, 7_200_000)),
+    ];
+    let tier = TIERS[0].to_string();
+    let reports = ["demand-history", "top-denied"];
+    for (from, to) in &ranges {
+        for filter in [vec![], vec![("tier", tier.as_str())]] {
+            for name in reports {
+                let (served, portable) =
+                    served_and_portable(&engine, name, from, to, &filter).await;
+                assert!(
+                    !portable.is_empty(),
+                    "{name} {from} {to} {filter:?}: no rows"
+                );
+                assert_eq!(served, portable, "{name} {from} {to} {filter:?}");
+            }
+        }
+    }
+
+    // A late file into the second day's first hour, rolled up again: the reports count it.
+    let whole = (at(0, 0), at(2, 0));
+    let total = |rows: &[Value], column: &str| -> i64 {
+        rows.iter().map(|r| r[column].as_i64().unwrap_or(0)).sum()
+    };
+    let answers = || async {
+        let mut out = Vec::new();
+        for name in reports {
+            // Every key of top-denied, so that its sums are the whole rollup's.
+            let params: &[(&str, &str)] = if name == "top-denied" {
+                &[("limit", "100000")]
+            } else {
+                &[]
+            };
+            out.push(served_and_portable(&engine, name, &whole.0, &whole.1, params).await);
+        }
+        out
+    };
+    let before = answers().await;
+    late_into_the_second_day(&store, &events, 500).await;
+    roll(0).await;
+    let after = answers().await;
+    for ((name, (served, portable)), (old, _)) in reports.iter().zip(&after).zip(&before) {
+        assert_eq!(served, portable, "{name} after the late hour");
+        let column = if *name == "demand-history" {
+            "requests"
+        } else {
+            "allowed"
+        };
+        assert!(
+            total(served, column) > total(old, column),
+            "{name}: {column} {} before the late hour, {} after",
+            total(old, column),
+            total(served, column)
+        );
+    }
+}
+
 /// A late file into the second day of [`two_days`]: `n` of the first hour's `events` a day
 /// later, from a topic of their own (the raw table writes each Kafka offset once).
 async fn late_into_the_second_day(
