@@ -303,14 +303,6 @@ impl Listing {
             .collect()
     }
 
-    /// The files `level`'s part of `piece` is computed from.
-    fn files_of(&self, level: &Level, piece: &Range) -> Vec<String> {
-        match level.source {
-            Source::Decisions(_) => self.files(piece),
-            Source::Rollup(_) => self.rollup_files(piece),
-        }
-    }
-
     /// The bytes of the raw files of `piece`'s hours.
     fn raw_bytes(&self, piece: &Range) -> u64 {
         self.raw(piece).map(|(_, _, size)| size).sum()
@@ -383,21 +375,10 @@ impl Parts {
             files.sort_unstable();
         }
         let mut rounds_by_day: HashMap<NaiveDate, Vec<String>> = HashMap::new();
-        let mut listed = store.list(Some(&object_store::path::Path::from(
-            RECONCILE_ROUNDS_PREFIX,
-        )));
-        while let Some(meta) = listed.next().await {
-            let meta = meta?;
-            if let Some(day) = meta
-                .location
-                .parts()
-                .find_map(|p| parse_date_segment(p.as_ref()))
-            {
-                rounds_by_day.entry(day).or_default().push(describe(&meta));
-            }
-        }
-        for files in rounds_by_day.values_mut() {
+        for (day, files) in by_day_listed(store.as_ref(), RECONCILE_ROUNDS_PREFIX).await? {
+            let mut files: Vec<String> = files.into_iter().map(|(_, file)| file).collect();
             files.sort_unstable();
+            rounds_by_day.insert(day, files);
         }
         let tables: Vec<TableDef> = self
             .levels
@@ -421,20 +402,7 @@ impl Parts {
     pub async fn rollup_listing(&self, ctx: &SessionContext, root: &str) -> DfResult<Listing> {
         let url = ObjectStoreUrl::parse(LAKE_URL)?;
         let store = ctx.runtime_env().object_store(&url)?;
-        let mut listed = store.list(Some(&object_store::path::Path::from(root)));
-        let mut rollup: HashMap<NaiveDate, Vec<(Option<u8>, String)>> = HashMap::new();
-        while let Some(meta) = listed.next().await {
-            let meta = meta?;
-            let segments = || meta.location.parts();
-            let Some(day) = segments().find_map(|p| parse_date_segment(p.as_ref())) else {
-                continue;
-            };
-            let hour = segments().find_map(|p| parse_hour_segment(p.as_ref()));
-            rollup.entry(day).or_default().push((hour, describe(&meta)));
-        }
-        for files in rollup.values_mut() {
-            files.sort_unstable();
-        }
+        let rollup = by_day_listed(store.as_ref(), root).await?;
         Ok(Listing {
             policy: None,
             by_day: HashMap::new(),
@@ -516,7 +484,7 @@ impl Parts {
         let mut found = Found::default();
         let mut missing: Vec<(Range, AnswerKey)> = Vec::new();
         for piece in pieces {
-            let piece_files = listing.files_of(level, piece);
+            let piece_files = listing.rollup_files(piece);
             if piece_files.is_empty() {
                 continue;
             }
@@ -626,10 +594,10 @@ impl Parts {
             return Ok(done);
         };
         for level in self.levels {
-            let piece_files = listing.files(&piece);
             let Some(table) = level.stored() else {
                 continue;
             };
+            let piece_files = listing.files(&piece);
             if piece_files.is_empty() {
                 continue;
             }
@@ -783,6 +751,29 @@ async fn rows(ctx: &SessionContext, sql: &str, schema: &SchemaRef) -> DfResult<V
         .collect()
 }
 
+/// The objects under `prefix` in a `date=…` folder, by day, each with the hour of its
+/// `hour=…` folder if it is in one and its description ([`describe`]), sorted.
+async fn by_day_listed(
+    store: &dyn ObjectStore,
+    prefix: &str,
+) -> DfResult<HashMap<NaiveDate, Vec<(Option<u8>, String)>>> {
+    let mut listed = store.list(Some(&object_store::path::Path::from(prefix)));
+    let mut by_day: HashMap<NaiveDate, Vec<(Option<u8>, String)>> = HashMap::new();
+    while let Some(meta) = listed.next().await {
+        let meta = meta?;
+        let segments = || meta.location.parts();
+        let Some(day) = segments().find_map(|p| parse_date_segment(p.as_ref())) else {
+            continue;
+        };
+        let hour = segments().find_map(|p| parse_hour_segment(p.as_ref()));
+        by_day.entry(day).or_default().push((hour, describe(&meta)));
+    }
+    for files in by_day.values_mut() {
+        files.sort_unstable();
+    }
+    Ok(by_day)
+}
+
 /// `batches` cut by the date of their first column (a rollup level's `date`).
 fn by_date(
     schema: &SchemaRef,
@@ -801,14 +792,13 @@ fn by_date(
                 ))
             })?;
         let mut rows: HashMap<NaiveDate, Vec<u32>> = HashMap::new();
-        for (i, date) in dates.iter().enumerate() {
-            let Some(day) =
-                date.and_then(|d| NaiveDate::from_num_days_from_ce_opt(d + EPOCH_DAYS_FROM_CE))
-            else {
-                return Err(DataFusionError::Internal(
-                    "a rollup level's row without a date".into(),
-                ));
-            };
+        for i in 0..dates.len() {
+            let day = (!arrow::array::Array::is_null(dates, i))
+                .then(|| dates.value_as_date(i))
+                .flatten()
+                .ok_or_else(|| {
+                    DataFusionError::Internal("a rollup level's row without a date".into())
+                })?;
             rows.entry(day).or_default().push(i as u32);
         }
         for (day, indices) in rows {
@@ -820,9 +810,6 @@ fn by_date(
     }
     Ok(out)
 }
-
-/// Days from 0001-01-01 to 1970-01-01, where `Date32` counts from.
-const EPOCH_DAYS_FROM_CE: i32 = 719_163;
 
 /// The range of the whole `day`.
 fn day_range(day: NaiveDate) -> Option<Range> {
@@ -1075,7 +1062,7 @@ impl ExecutionPlan for PartsExec {
 mod tests {
     use super::*;
     use arrow::array::{Array, Date32Array, Int64Array};
-    use chrono::Datelike;
+    use arrow::datatypes::Date32Type;
 
     fn day(text: &str) -> NaiveDate {
         NaiveDate::parse_from_str(text, "%Y-%m-%d").unwrap()
@@ -1086,7 +1073,7 @@ mod tests {
         let schema = columns("date date, keys i64");
         let days = |d: &[&str]| -> Vec<i32> {
             d.iter()
-                .map(|t| day(t).num_days_from_ce() - EPOCH_DAYS_FROM_CE)
+                .map(|t| Date32Type::from_naive_date(day(t)))
                 .collect()
         };
         let batch = |d: &[&str], keys: Vec<i64>| {

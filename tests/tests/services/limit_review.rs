@@ -1026,15 +1026,10 @@ async fn the_rollups_reports_from_kept_day_parts_are_those_from_its_files() {
     for h in 0..HOURS {
         roll(h).await;
     }
-    let at = |d: i64, ms: i64| {
-        chrono::DateTime::from_timestamp_millis(START_MS + d * 86_400_000 + ms)
-            .unwrap()
-            .to_rfc3339()
-    };
     let ranges = [
-        (at(0, 0), at(2, 0)),
-        (at(0, 5_400_000), at(1, 8_100_000)),
-        (at(1, 0), at(1, 7_200_000)),
+        (at_day(0, 0), at_day(2, 0)),
+        (at_day(0, 5_400_000), at_day(1, 8_100_000)),
+        (at_day(1, 0), at_day(1, 7_200_000)),
     ];
     let tier = TIERS[0].to_string();
     let reports = ["demand-history", "top-denied"];
@@ -1053,7 +1048,7 @@ async fn the_rollups_reports_from_kept_day_parts_are_those_from_its_files() {
     }
 
     // A late file into the second day's first hour, rolled up again: the reports count it.
-    let whole = (at(0, 0), at(2, 0));
+    let whole = (at_day(0, 0), at_day(2, 0));
     let total = |rows: &[Value], column: &str| -> i64 {
         rows.iter().map(|r| r[column].as_i64().unwrap_or(0)).sum()
     };
@@ -1088,6 +1083,13 @@ async fn the_rollups_reports_from_kept_day_parts_are_those_from_its_files() {
             total(served, column)
         );
     }
+}
+
+/// `ms` milliseconds into the `d`-th day of [`two_days`], as a report's parameter.
+fn at_day(d: i64, ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(START_MS + d * 86_400_000 + ms)
+        .unwrap()
+        .to_rfc3339()
 }
 
 /// A late file into the second day of [`two_days`]: `n` of the first hour's `events` a day
@@ -1279,15 +1281,10 @@ async fn the_review_from_kept_parts_is_the_review_from_the_decisions() {
     // Both days are closed: the warming computes every level's part of each.
     let warmed = engine.warm_parts().await.unwrap();
     assert_eq!((warmed.kept, warmed.computed), (0, 2), "{warmed:?}");
-    let day = |d: i64, ms: i64| {
-        chrono::DateTime::from_timestamp_millis(START_MS + d * 86_400_000 + ms)
-            .unwrap()
-            .to_rfc3339()
-    };
     let ranges = [
-        (day(0, 0), day(2, 0)),
-        (day(0, 5_400_000), day(1, 8_100_000)),
-        (day(0, 0), day(0, 7_200_000)),
+        (at_day(0, 0), at_day(2, 0)),
+        (at_day(0, 5_400_000), at_day(1, 8_100_000)),
+        (at_day(0, 0), at_day(0, 7_200_000)),
     ];
     let tier = TIERS[0].to_string();
     for (from, to) in &ranges {
@@ -1315,7 +1312,7 @@ async fn the_review_from_kept_parts_is_the_review_from_the_decisions() {
 
     // A late file into the second day: its part is computed again, the first day's is not,
     // and the review counts the new decisions.
-    let whole = (day(0, 0), day(2, 0));
+    let whole = (at_day(0, 0), at_day(2, 0));
     let requests =
         |rows: &[Value]| -> i64 { rows.iter().map(|r| r["requests"].as_i64().unwrap()).sum() };
     let params = [("min_keys", "2")];
